@@ -1,0 +1,23 @@
+# The two commands: `make run` serves on 127.0.0.1:50051, `make test` runs every test.
+# Both install PostgreSQL and Redis from Debian's packages when missing and start private
+# instances under .local/ on their own ports.
+
+SERVICES := deploy/local/services.sh
+
+.PHONY: run test lint stop build
+
+run: ## Start PostgreSQL and Redis, migrate, seed demo SKUs and serve (Ctrl-C stops all)
+	@$(SERVICES) run
+
+test: ## Run the whole test suite against throwaway PostgreSQL and Redis
+	@$(SERVICES) test
+
+lint: ## Formatting and clippy, warnings denied
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+stop: ## Stop what `make run` or `make test` started
+	@$(SERVICES) stop
+
+build:
+	cargo build --workspace --locked

@@ -1,0 +1,87 @@
+//! Parsed requests. Each mutating command carries the fingerprint that idempotency compares:
+//! a key replayed with a request of a different fingerprint is refused, never executed.
+
+use sha2::{Digest, Sha256};
+
+use crate::domain::{IdempotencyKey, Reason, Sku, StockDelta};
+
+/// SHA-256 over a canonical encoding of a command (operation name and every field that
+/// changes its meaning), so that equal requests, and only they, share a fingerprint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+/// Builds a fingerprint from length-prefixed fields, so that ("ab", "c") and ("a", "bc")
+/// never collide.
+#[derive(Debug)]
+struct FingerprintBuilder(Sha256);
+
+impl FingerprintBuilder {
+    fn new(operation: &str) -> Self {
+        let mut builder = Self(Sha256::new());
+        builder.field(operation.as_bytes());
+        builder
+    }
+
+    fn field(&mut self, bytes: &[u8]) -> &mut Self {
+        self.0.update((bytes.len() as u64).to_be_bytes());
+        self.0.update(bytes);
+        self
+    }
+
+    fn finish(self) -> Fingerprint {
+        Fingerprint(self.0.finalize().into())
+    }
+}
+
+/// Add (positive delta) or remove units of one SKU.
+#[derive(Clone, Debug)]
+pub struct AdjustStock {
+    pub sku: Sku,
+    pub delta: StockDelta,
+    pub idempotency_key: IdempotencyKey,
+    pub reason: Reason,
+}
+
+impl AdjustStock {
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new("AdjustStock");
+        builder
+            .field(self.sku.as_str().as_bytes())
+            .field(&self.delta.get().to_be_bytes())
+            .field(self.reason.as_str().as_bytes());
+        builder.finish()
+    }
+}
+
+/// Read the levels of distinct SKUs, answered in request order.
+#[derive(Clone, Debug)]
+pub struct GetStock {
+    skus: Vec<Sku>,
+}
+
+impl GetStock {
+    /// `skus` must be non-empty, distinct and at most
+    /// [`MAX_SKUS_PER_READ`](crate::domain::MAX_SKUS_PER_READ); the boundary checks this and
+    /// reports each offending field, so here it is only asserted.
+    pub fn new(skus: Vec<Sku>) -> Self {
+        debug_assert!(!skus.is_empty() && skus.len() <= crate::domain::MAX_SKUS_PER_READ);
+        Self { skus }
+    }
+
+    pub fn skus(&self) -> &[Sku] {
+        &self.skus
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,45 @@
+use super::*;
+
+#[test]
+fn sku_accepts_the_documented_alphabet() {
+    let sku = Sku::parse("Widget-01.blue_L:2").unwrap();
+    assert_eq!(sku.as_str(), "Widget-01.blue_L:2");
+    assert!(Sku::parse(&"a".repeat(MAX_SKU_LEN)).is_ok());
+}
+
+#[test]
+fn sku_rejects_empty_long_and_unsafe_characters() {
+    assert!(Sku::parse("").is_err());
+    assert!(Sku::parse(&"a".repeat(MAX_SKU_LEN + 1)).is_err());
+    for bad in ["a b", "{tag}", "a\nb", "é", "a*b", "a/b"] {
+        assert!(Sku::parse(bad).is_err(), "{bad:?} should be refused");
+    }
+}
+
+#[test]
+fn keys_are_printable_ascii_without_spaces() {
+    assert!(IdempotencyKey::parse("order-17/attempt#2").is_ok());
+    assert!(IdempotencyKey::parse("").is_err());
+    assert!(IdempotencyKey::parse("has space").is_err());
+    assert!(IdempotencyKey::parse("tab\t").is_err());
+    assert!(IdempotencyKey::parse(&"k".repeat(MAX_KEY_LEN + 1)).is_err());
+    assert!(OrderId::parse(&"o".repeat(MAX_KEY_LEN)).is_ok());
+}
+
+#[test]
+fn reason_counts_characters_and_refuses_control_characters() {
+    assert!(Reason::parse("").is_ok());
+    assert!(Reason::parse(&"é".repeat(MAX_REASON_CHARS)).is_ok());
+    assert!(Reason::parse(&"é".repeat(MAX_REASON_CHARS + 1)).is_err());
+    assert!(Reason::parse("bell\u{7}").is_err());
+}
+
+#[test]
+fn delta_is_non_zero_and_bounded() {
+    assert_eq!(StockDelta::parse(-5).unwrap().get(), -5);
+    assert!(StockDelta::parse(0).is_err());
+    assert!(StockDelta::parse(MAX_DELTA).is_ok());
+    assert!(StockDelta::parse(-MAX_DELTA).is_ok());
+    assert!(StockDelta::parse(MAX_DELTA + 1).is_err());
+    assert!(StockDelta::parse(i64::MIN).is_err());
+}

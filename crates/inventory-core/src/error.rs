@@ -1,0 +1,110 @@
+//! Every failure a caller can observe. Each variant asks for a different reaction from the
+//! client (fix the request, wait for stock, retry, ...); the gRPC layer maps them to status
+//! codes in one exhaustive `match`.
+
+use std::fmt;
+
+use crate::domain::Sku;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// One invalid field of a request, named by its path in the request (`lines[2].sku`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldViolation {
+    pub field: String,
+    pub description: String,
+}
+
+impl FieldViolation {
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            description: description.into(),
+        }
+    }
+}
+
+/// An external system the service needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dependency {
+    Postgres,
+    Redis,
+}
+
+impl fmt::Display for Dependency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Postgres => "PostgreSQL",
+            Self::Redis => "Redis",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed; nothing was changed.
+    #[error("invalid request: {}", describe_violations(.0))]
+    InvalidArgument(Vec<FieldViolation>),
+
+    /// The named SKUs do not exist.
+    #[error("unknown SKU: {}", join(.0))]
+    UnknownSkus(Vec<Sku>),
+
+    /// Removing the units would take `on_hand` below what reservations hold.
+    #[error("cannot remove {requested} units of {sku}: on_hand {on_hand}, reserved {reserved}")]
+    BelowReserved {
+        sku: Sku,
+        requested: i64,
+        on_hand: i64,
+        reserved: i64,
+    },
+
+    /// Adding the units would take `on_hand` above the largest level a SKU may hold.
+    #[error("adding {requested} units of {sku} would exceed the stock limit of {limit}")]
+    StockLimit {
+        sku: Sku,
+        requested: i64,
+        limit: i64,
+    },
+
+    /// The idempotency key was already used for a different request.
+    #[error("idempotency key was already used for a different request")]
+    IdempotencyKeyReused,
+
+    /// A dependency cannot be reached; the request changed nothing and may be retried.
+    #[error("{dependency} is unavailable")]
+    Unavailable {
+        dependency: Dependency,
+        #[source]
+        source: BoxError,
+    },
+
+    /// A bug or an unexpected reply; the cause goes to the logs only.
+    #[error("internal error")]
+    Internal(#[source] BoxError),
+}
+
+impl Error {
+    pub fn unavailable(dependency: Dependency, source: impl Into<BoxError>) -> Self {
+        Self::Unavailable {
+            dependency,
+            source: source.into(),
+        }
+    }
+
+    pub fn internal(source: impl Into<BoxError>) -> Self {
+        Self::Internal(source.into())
+    }
+}
+
+fn join(skus: &[Sku]) -> String {
+    skus.iter().map(Sku::as_str).collect::<Vec<_>>().join(", ")
+}
+
+fn describe_violations(violations: &[FieldViolation]) -> String {
+    violations
+        .iter()
+        .map(|v| format!("{}: {}", v.field, v.description))
+        .collect::<Vec<_>>()
+        .join("; ")
+}

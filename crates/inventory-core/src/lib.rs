@@ -1,0 +1,22 @@
+//! The reservation core: the rules of the inventory, free of I/O.
+//!
+//! This crate owns what a valid request is, what each operation promises and which errors a
+//! caller can see. It talks to storage only through the traits in [`ports`], which the
+//! adapters (`inventory-postgres`, `inventory-redis`) implement. It must not depend on tonic,
+//! fred, tokio-postgres or any other I/O crate: `cargo tree -p inventory-core` shows it.
+//!
+//! # Layout
+//! - [`domain`] — newtypes that can only hold valid values (`Sku`, `IdempotencyKey`, ...), and the
+//!   limits they enforce.
+//! - [`command`] — parsed requests, each with the fingerprint that idempotency compares.
+//! - [`error`] — every failure a caller can observe, one variant per distinct client action.
+//! - [`ports`] — what the core needs from storage.
+//! - [`service`] — the use cases the gRPC layer calls.
+
+pub mod command;
+pub mod domain;
+pub mod error;
+pub mod ports;
+pub mod service;
+
+pub use error::{Dependency, Error, FieldViolation};

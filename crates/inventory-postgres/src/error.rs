@@ -1,0 +1,45 @@
+//! Driver errors, classified: a connection problem means "retry later" (`UNAVAILABLE`); anything
+//! else is a bug or an unexpected state and stays opaque to the caller.
+
+use deadpool_postgres::PoolError;
+use inventory_core::{Dependency, Error};
+use tokio_postgres::error::SqlState;
+
+pub(crate) fn from_db(error: tokio_postgres::Error) -> Error {
+    if is_unavailable(&error) {
+        Error::unavailable(Dependency::Postgres, error)
+    } else {
+        Error::internal(error)
+    }
+}
+
+pub(crate) fn from_pool(error: PoolError) -> Error {
+    match error {
+        PoolError::Backend(error) => from_db(error),
+        PoolError::Timeout(_) | PoolError::Closed => {
+            Error::unavailable(Dependency::Postgres, error)
+        }
+        PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => Error::internal(error),
+    }
+}
+
+fn is_unavailable(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    match error.code() {
+        // No SQLSTATE: unavailable if the cause is I/O (refused, reset, timed out); a decoding
+        // failure, say, is a bug instead.
+        None => std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>()),
+        Some(code) => {
+            code.code().starts_with("08")
+                || [
+                    SqlState::ADMIN_SHUTDOWN,
+                    SqlState::CRASH_SHUTDOWN,
+                    SqlState::CANNOT_CONNECT_NOW,
+                    SqlState::TOO_MANY_CONNECTIONS,
+                ]
+                .contains(code)
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! The PostgreSQL repository: the system of record, and the only place that can guarantee
+//! stock is never oversold.
+//!
+//! Every stock change is a conditional statement judged by its affected rows, inside one
+//! transaction together with its idempotency record and its outbox event; the table
+//! constraints refuse negative availability even if that logic were wrong. This crate
+//! implements the `inventory-core` ports and depends on no other adapter.
+//!
+//! # Layout
+//! - [`connect`] — configuration parsing and the connection pool.
+//! - [`migrate`] — the embedded, versioned schema and a lock so concurrent runs are safe.
+//! - `store` — [`PgStore`], the `StockStore` implementation, one transaction per use case.
+//! - `stock`, `idempotency`, `outbox` — the SQL, one module per table.
+//! - `error` — driver errors classified as unavailable or internal.
+
+pub mod connect;
+mod error;
+mod idempotency;
+pub mod migrate;
+mod outbox;
+mod stock;
+mod store;
+
+pub use connect::{PoolSettings, connect, parse_url};
+pub use deadpool_postgres::Pool;
+pub use store::PgStore;
+/// Parsed connection settings (`DATABASE_URL`); its `Debug` output hides the password.
+pub use tokio_postgres::Config as PgConfig;

@@ -1,0 +1,96 @@
+//! SQL for the `stock` table.
+//!
+//! Invariant relied on: `0 <= reserved <= on_hand <= MAX_ON_HAND` is enforced by CHECK
+//! constraints, so every statement here may assume it and none can break it.
+
+use deadpool_postgres::Transaction;
+use inventory_core::domain::{MAX_ON_HAND, Sku, StockLevel};
+use tokio_postgres::Row;
+
+/// Adds units, creating the SKU on its first positive adjustment. The `WHERE` on the conflict
+/// branch keeps `on_hand` within the limit: no row comes back when it would not be.
+const ADD: &str = "
+    INSERT INTO stock AS s (sku, on_hand) VALUES ($1, $2)
+    ON CONFLICT (sku) DO UPDATE
+        SET on_hand = s.on_hand + EXCLUDED.on_hand, updated_at = now()
+        WHERE s.on_hand + EXCLUDED.on_hand <= $3
+    RETURNING s.on_hand, s.reserved";
+
+/// Removes units only while what is left still covers the reserved units; no row comes back
+/// when the SKU is unknown or the removal would cut into reservations.
+const REMOVE: &str = "
+    UPDATE stock SET on_hand = on_hand - $2, updated_at = now()
+    WHERE sku = $1 AND on_hand - $2 >= reserved
+    RETURNING on_hand, reserved";
+
+const READ_ONE: &str = "SELECT on_hand, reserved FROM stock WHERE sku = $1";
+
+const READ_MANY: &str = "SELECT sku, on_hand, reserved FROM stock WHERE sku = ANY($1)";
+
+/// `Some(level)` if the units were added, `None` if that would exceed [`MAX_ON_HAND`].
+pub(crate) async fn add(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+    units: i64,
+) -> Result<Option<StockLevel>, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(ADD).await?;
+    let row = tx
+        .query_opt(&statement, &[&sku.as_str(), &units, &MAX_ON_HAND])
+        .await?;
+    Ok(row.map(|row| level(sku, &row)))
+}
+
+/// `Some(level)` if the units were removed, `None` if the SKU is unknown or too few unreserved
+/// units are left (tell them apart with [`read`]).
+pub(crate) async fn remove(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+    units: i64,
+) -> Result<Option<StockLevel>, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(REMOVE).await?;
+    let row = tx.query_opt(&statement, &[&sku.as_str(), &units]).await?;
+    Ok(row.map(|row| level(sku, &row)))
+}
+
+pub(crate) async fn read(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+) -> Result<Option<StockLevel>, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(READ_ONE).await?;
+    let row = tx.query_opt(&statement, &[&sku.as_str()]).await?;
+    Ok(row.map(|row| level(sku, &row)))
+}
+
+/// The stored levels of whichever of `skus` exist, in no particular order.
+pub(crate) async fn read_many(
+    client: &deadpool_postgres::Client,
+    skus: &[Sku],
+) -> Result<Vec<StockLevel>, tokio_postgres::Error> {
+    let statement = client.prepare_cached(READ_MANY).await?;
+    let names: Vec<&str> = skus.iter().map(Sku::as_str).collect();
+    let rows = client.query(&statement, &[&names]).await?;
+    rows.iter()
+        .map(|row| {
+            let sku: &str = row.try_get(0)?;
+            Ok(StockLevel {
+                // The CHECK constraint on `stock.sku` matches `Sku::parse`, and the value was
+                // asked for by an equal `Sku`.
+                sku: skus
+                    .iter()
+                    .find(|s| s.as_str() == sku)
+                    .cloned()
+                    .expect("row for a requested SKU"),
+                on_hand: row.try_get(1)?,
+                reserved: row.try_get(2)?,
+            })
+        })
+        .collect()
+}
+
+fn level(sku: &Sku, row: &Row) -> StockLevel {
+    StockLevel {
+        sku: sku.clone(),
+        on_hand: row.get(0),
+        reserved: row.get(1),
+    }
+}

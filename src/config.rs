@@ -1,0 +1,154 @@
+//! Command line and environment. Every setting is a flag with an environment variable of the
+//! same meaning; `--help` lists them. Values are checked before anything binds or connects, so
+//! bad configuration ends the process at once with a clear message.
+
+use std::{net::SocketAddr, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use inventory_postgres::{PgConfig, PoolSettings};
+use inventory_redis::{KeyPrefix, RedisConfig, RedisSettings};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "inventory-server",
+    version,
+    about = "Inventory reservation gRPC service"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the gRPC API until SIGTERM or SIGINT.
+    Serve(Box<ServeArgs>),
+    /// Apply pending database migrations, then exit. Safe to run from several replicas at once.
+    Migrate(DatabaseArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// Log line format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL connection URL, e.g. postgres://user:pass@host:5432/inventory.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Most PostgreSQL connections this replica opens.
+    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 16,
+          value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub database_pool_size: u16,
+
+    /// Longest wait for a PostgreSQL connection before answering UNAVAILABLE.
+    #[arg(long, env = "DATABASE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub database_timeout: Duration,
+
+    /// Redis URL: redis://, rediss://, redis-sentinel:// or redis-cluster://.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: String,
+
+    /// Namespace of every Redis key: environment, and tenant where Redis is shared.
+    #[arg(long, env = "REDIS_KEY_PREFIX", default_value = "inventory:local")]
+    pub redis_key_prefix: String,
+
+    /// Upper bound on each Redis command; a slower Redis counts as unavailable.
+    #[arg(long, env = "REDIS_COMMAND_TIMEOUT", default_value = "250ms", value_parser = humantime::parse_duration)]
+    pub redis_command_timeout: Duration,
+
+    /// Upper bound on opening a Redis connection.
+    #[arg(long, env = "REDIS_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub redis_connect_timeout: Duration,
+
+    /// Address the gRPC server listens on.
+    #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:50051")]
+    pub listen_addr: SocketAddr,
+
+    /// After SIGTERM, how long in-flight calls may take to finish before they are cut off.
+    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+/// Everything `serve` needs, parsed and checked.
+#[derive(Debug)]
+pub struct Settings {
+    pub listen_addr: SocketAddr,
+    pub database: PgConfig,
+    pub pool: PoolSettings,
+    pub redis: RedisConfig,
+    pub redis_settings: RedisSettings,
+    pub shutdown_grace: Duration,
+}
+
+impl Settings {
+    /// Checks every value and reports all problems at once.
+    pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let mut problems = Vec::new();
+        let database = parse_database_url(&args.database.database_url)
+            .map_err(|problem| problems.push(problem))
+            .ok();
+        let redis = inventory_redis::parse_url(&args.redis_url)
+            .map_err(|error| problems.push(format!("REDIS_URL is not a valid Redis URL: {error}")))
+            .ok();
+        let key_prefix = KeyPrefix::parse(&args.redis_key_prefix)
+            .map_err(|problem| problems.push(format!("REDIS_KEY_PREFIX {problem}")))
+            .ok();
+        for (name, value) in [
+            ("DATABASE_TIMEOUT", args.database_timeout),
+            ("REDIS_COMMAND_TIMEOUT", args.redis_command_timeout),
+            ("REDIS_CONNECT_TIMEOUT", args.redis_connect_timeout),
+        ] {
+            if value.is_zero() {
+                problems.push(format!("{name} must be greater than zero"));
+            }
+        }
+        match (database, redis, key_prefix) {
+            (Some(database), Some(redis), Some(key_prefix)) if problems.is_empty() => Ok(Self {
+                listen_addr: args.listen_addr,
+                database,
+                pool: PoolSettings {
+                    max_size: usize::from(args.database_pool_size),
+                    acquire_timeout: args.database_timeout,
+                },
+                redis,
+                redis_settings: RedisSettings {
+                    key_prefix,
+                    command_timeout: args.redis_command_timeout,
+                    connect_timeout: args.redis_connect_timeout,
+                },
+                shutdown_grace: args.shutdown_grace,
+            }),
+            _ => Err(ConfigError(problems)),
+        }
+    }
+}
+
+/// Parses `DATABASE_URL` without echoing it: it may hold a password.
+pub fn parse_database_url(url: &str) -> Result<PgConfig, String> {
+    inventory_postgres::parse_url(url)
+        .map_err(|error| format!("DATABASE_URL is not a valid PostgreSQL URL: {error}"))
+}
+
+/// Every problem found in the configuration.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n  {}", .0.join("\n  "))]
+pub struct ConfigError(pub Vec<String>);

@@ -1,0 +1,20 @@
+//! `inventory-server`: the deployable gRPC service. It owns the wire (protobuf, status codes,
+//! health, reflection), configuration and process lifecycle; the rules live in
+//! `inventory-core`, storage in `inventory-postgres` and `inventory-redis`.
+//!
+//! # Layout
+//! - [`proto`] — code generated from `proto/` by `build.rs`.
+//! - [`config`] — flags and environment, checked before anything starts.
+//! - [`parse`] — protobuf requests to core commands, with field violations.
+//! - [`grpc`] — the service implementation, thin on purpose.
+//! - [`status`] — the one map from core errors to gRPC statuses.
+//! - [`startup`] — building, serving and the shutdown sequence.
+//! - [`telemetry`] — logging.
+
+pub mod config;
+pub mod grpc;
+pub mod parse;
+pub mod proto;
+pub mod startup;
+pub mod status;
+pub mod telemetry;

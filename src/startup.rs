@@ -1,0 +1,154 @@
+//! Assembly: [`Application::build`] connects and binds (port 0 works, for tests), then
+//! [`Application::run_until_stopped`] serves until the shutdown future completes.
+//!
+//! Shutdown order: health turns NOT_SERVING (so load balancers and probes stop sending work),
+//! the server stops accepting and lets in-flight calls finish, bounded by the grace period;
+//! then the pools close.
+
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use inventory_core::service::Inventory;
+use inventory_postgres::{PgStore, Pool};
+use inventory_redis::Redis;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tonic_health::{ServingStatus, server::HealthReporter};
+
+use crate::{
+    config::Settings,
+    grpc::InventoryApi,
+    proto::{self, inventory_service_server::InventoryServiceServer},
+};
+
+/// How long start-up waits for the first Redis connection before serving anyway.
+const REDIS_STARTUP_WAIT: Duration = Duration::from_secs(2);
+
+#[derive(Debug)]
+pub struct Application {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    pool: Pool,
+    redis: Redis,
+    shutdown_grace: Duration,
+}
+
+impl Application {
+    /// Connects the pools and binds the listener. Neither PostgreSQL nor Redis has to be up
+    /// yet: requests that need them answer `UNAVAILABLE` until they are.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let pool = inventory_postgres::connect(settings.database, &settings.pool)
+            .context("cannot build the PostgreSQL pool")?;
+        let redis = Redis::connect(settings.redis, &settings.redis_settings)
+            .context("cannot build the Redis client")?;
+        if !redis.wait_connected(REDIS_STARTUP_WAIT).await {
+            tracing::warn!("Redis is not reachable yet; Reserve fails closed until it is");
+        }
+        let listener = TcpListener::bind(settings.listen_addr)
+            .await
+            .with_context(|| format!("cannot listen on {}", settings.listen_addr))?;
+        let local_addr = listener.local_addr()?;
+        Ok(Self {
+            listener,
+            local_addr,
+            pool,
+            redis,
+            shutdown_grace: settings.shutdown_grace,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serves until `shutdown` completes, then drains and closes.
+    pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let inventory = Arc::new(Inventory::new(PgStore::new(self.pool.clone())));
+        let api = InventoryServiceServer::new(InventoryApi::new(inventory));
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        set_health(&health, ServingStatus::Serving).await;
+
+        let reflection_v1 = reflection_builder().build_v1()?;
+        // grpcurl 1.8 and many other tools speak only the v1alpha protocol.
+        let reflection_v1alpha = reflection_builder().build_v1alpha()?;
+
+        let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = Server::builder()
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(api)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), async {
+                let _ = stopped.await;
+            });
+        tokio::pin!(server);
+        tracing::info!(addr = %self.local_addr, "serving");
+
+        tokio::select! {
+            result = &mut server => result.context("gRPC server failed")?,
+            () = shutdown => {
+                tracing::info!(grace = ?self.shutdown_grace, "shutting down: draining in-flight calls");
+                set_health(&health, ServingStatus::NotServing).await;
+                let _ = stop_accepting.send(());
+                match tokio::time::timeout(self.shutdown_grace, &mut server).await {
+                    Ok(result) => result.context("gRPC server failed while draining")?,
+                    // Open streams never finish on their own; they are cut off here.
+                    Err(_) => tracing::warn!("grace period over: closing the calls still open"),
+                }
+            }
+        }
+
+        self.pool.close();
+        self.redis.quit().await;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // Lets grpcurl decode the rich error details (BadRequest, ErrorInfo, ...).
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+}
+
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    health.set_service_status("", status).await;
+    health
+        .set_service_status(
+            <InventoryServiceServer<InventoryApi> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+}
+
+/// Completes on SIGTERM (Kubernetes) or SIGINT (Ctrl-C).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}

@@ -1,0 +1,91 @@
+//! The one place where errors become gRPC statuses. The match is exhaustive on purpose: a new
+//! error variant does not compile until someone decides what the client sees. Internal causes
+//! are logged here and never sent: no SQL, driver or Redis text reaches a client.
+
+use std::{collections::HashMap, time::Duration};
+
+use inventory_core::{Dependency, Error};
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+/// `ErrorInfo.domain` of every error this service returns.
+const ERROR_DOMAIN: &str = "inventory.v1";
+/// How long a client should wait before retrying after `UNAVAILABLE`.
+const UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_millis(500);
+
+pub fn to_status(error: Error) -> Status {
+    match error {
+        Error::InvalidArgument(violations) => {
+            let mut details = ErrorDetails::new();
+            for violation in &violations {
+                details.add_bad_request_violation(&violation.field, &violation.description);
+            }
+            details.set_error_info("INVALID_ARGUMENT", ERROR_DOMAIN, HashMap::new());
+            Status::with_error_details(
+                Code::InvalidArgument,
+                Error::InvalidArgument(violations).to_string(),
+                details,
+            )
+        }
+        Error::UnknownSkus(ref skus) => {
+            let joined = skus
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(",");
+            let mut details = ErrorDetails::new();
+            details.set_error_info(
+                "SKU_NOT_FOUND",
+                ERROR_DOMAIN,
+                HashMap::from([("skus".to_string(), joined)]),
+            );
+            Status::with_error_details(Code::NotFound, error.to_string(), details)
+        }
+        Error::BelowReserved { ref sku, .. } => {
+            let mut details = ErrorDetails::new();
+            details
+                .add_precondition_failure_violation(
+                    "STOCK_RESERVED",
+                    sku.as_str(),
+                    error.to_string(),
+                )
+                .set_error_info("STOCK_RESERVED", ERROR_DOMAIN, sku_metadata(sku.as_str()));
+            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
+        }
+        Error::StockLimit { ref sku, .. } => {
+            let mut details = ErrorDetails::new();
+            details
+                .add_precondition_failure_violation("STOCK_LIMIT", sku.as_str(), error.to_string())
+                .set_error_info("STOCK_LIMIT", ERROR_DOMAIN, sku_metadata(sku.as_str()));
+            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
+        }
+        Error::IdempotencyKeyReused => {
+            let mut details = ErrorDetails::new();
+            details.set_error_info("IDEMPOTENCY_KEY_REUSED", ERROR_DOMAIN, HashMap::new());
+            Status::with_error_details(Code::AlreadyExists, error.to_string(), details)
+        }
+        Error::Unavailable {
+            dependency,
+            ref source,
+        } => {
+            tracing::warn!(%dependency, error = %source, "dependency unavailable");
+            let reason = match dependency {
+                Dependency::Postgres => "POSTGRES_UNAVAILABLE",
+                Dependency::Redis => "REDIS_UNAVAILABLE",
+            };
+            let mut details = ErrorDetails::new();
+            details
+                .set_retry_info(Some(UNAVAILABLE_RETRY_DELAY))
+                .set_error_info(reason, ERROR_DOMAIN, HashMap::new());
+            Status::with_error_details(Code::Unavailable, error.to_string(), details)
+        }
+        Error::Internal(ref source) => {
+            tracing::error!(error = %source, cause = ?source, "internal error");
+            Status::internal("internal error")
+        }
+    }
+}
+
+fn sku_metadata(sku: &str) -> HashMap<String, String> {
+    HashMap::from([("sku".to_string(), sku.to_string())])
+}

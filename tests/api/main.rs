@@ -1,0 +1,13 @@
+//! Black-box tests of `inventory-server` against real PostgreSQL and Redis.
+//!
+//! `make test` starts both and sets `DATABASE_URL` (a role that may create databases) and
+//! `REDIS_URL`. Every test gets its own database, cloned from a migrated template, its own
+//! Redis key prefix, and its own server on an ephemeral port.
+//!
+//! One binary with modules, so the suite links once.
+
+mod config;
+mod helpers;
+mod migrations;
+mod server;
+mod stock;

@@ -1,0 +1,284 @@
+//! The server as operators and people see it: health, reflection, grpcurl, shutdown, outages.
+
+use std::{process::Command, time::Duration};
+
+use inventory_server::proto::{
+    AdjustStockRequest, ConfirmReservationRequest, GetReservationRequest,
+    ReleaseReservationRequest, ReserveRequest, WatchEventsRequest,
+};
+use tokio_stream::StreamExt as _;
+use tonic::Code;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+use tonic_types::StatusExt as _;
+
+use crate::helpers::{error_reason, grpcurl, spawn_app, test_settings};
+
+const SERVICE: &str = "inventory.v1.InventoryService";
+
+#[tokio::test]
+async fn health_reports_serving_for_the_server_and_the_service() {
+    let app = spawn_app().await;
+    let mut health = HealthClient::new(app.channel().await);
+    for service in ["", SERVICE] {
+        let response = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            response.into_inner().status(),
+            ServingStatus::Serving,
+            "{service:?}"
+        );
+    }
+    let unknown = health
+        .check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn shutdown_turns_health_not_serving_then_stops() {
+    let app = spawn_app().await;
+    let mut health = HealthClient::new(app.channel().await);
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: SERVICE.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.next().await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::Serving);
+
+    let stopped = tokio::spawn(app.stop());
+    let next = watch.next().await.unwrap().unwrap();
+    assert_eq!(next.status(), ServingStatus::NotServing);
+    // The open Watch stream never ends by itself: the grace period cuts it off.
+    tokio::time::timeout(Duration::from_secs(10), stopped)
+        .await
+        .expect("stops within the grace period")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn reflection_serves_both_protocol_versions() {
+    use tonic_reflection::pb::{v1, v1alpha};
+    let app = spawn_app().await;
+
+    let mut client = v1::server_reflection_client::ServerReflectionClient::new(app.channel().await);
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        responses.next().await.unwrap().unwrap().message_response
+    else {
+        panic!("expected a service list");
+    };
+    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.contains(&SERVICE.to_string()), "{names:?}");
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_string()),
+        "{names:?}"
+    );
+
+    let mut client =
+        v1alpha::server_reflection_client::ServerReflectionClient::new(app.channel().await);
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "google.rpc.BadRequest".into(),
+            ),
+        ),
+    };
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = responses.next().await.unwrap().unwrap().message_response;
+    assert!(
+        matches!(
+            response,
+            Some(v1alpha::server_reflection_response::MessageResponse::FileDescriptorResponse(_))
+        ),
+        "error-detail descriptors are served: {response:?}"
+    );
+}
+
+fn run_grpcurl(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(grpcurl())
+        .args(args)
+        .output()
+        .expect("run grpcurl");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn grpcurl_drives_the_server_through_reflection() {
+    let app = spawn_app().await;
+    let addr = app.addr.to_string();
+    let result = tokio::task::spawn_blocking(move || {
+        let listed = run_grpcurl(&["-plaintext", &addr, "list"]);
+        let described = run_grpcurl(&["-plaintext", &addr, "describe", SERVICE]);
+        let adjusted = run_grpcurl(&[
+            "-plaintext",
+            "-d",
+            r#"{"sku":"SKU-1","delta":7,"idempotency_key":"grpcurl-1","reason":"by hand"}"#,
+            &addr,
+            "inventory.v1.InventoryService/AdjustStock",
+        ]);
+        let read = run_grpcurl(&[
+            "-plaintext",
+            "-d",
+            r#"{"skus":["SKU-1"]}"#,
+            &addr,
+            "inventory.v1.InventoryService/GetStock",
+        ]);
+        let invalid = run_grpcurl(&[
+            "-plaintext",
+            "-d",
+            r#"{"sku":"","delta":7,"idempotency_key":"grpcurl-2"}"#,
+            &addr,
+            "inventory.v1.InventoryService/AdjustStock",
+        ]);
+        (listed, described, adjusted, read, invalid)
+    })
+    .await
+    .unwrap();
+    let (listed, described, adjusted, read, invalid) = result;
+
+    assert!(listed.0, "{listed:?}");
+    assert!(listed.1.lines().any(|l| l == SERVICE), "{}", listed.1);
+    assert!(
+        listed.1.lines().any(|l| l == "grpc.health.v1.Health"),
+        "{}",
+        listed.1
+    );
+    assert!(described.1.contains("rpc Reserve"), "{}", described.1);
+
+    assert!(adjusted.0, "{adjusted:?}");
+    let level: serde_json::Value = serde_json::from_str(&adjusted.1).unwrap();
+    // int64 fields are strings in the protobuf JSON mapping.
+    assert_eq!(level["onHand"], "7");
+    assert_eq!(level["available"], "7");
+
+    assert!(read.0, "{read:?}");
+    let levels: serde_json::Value = serde_json::from_str(&read.1).unwrap();
+    assert_eq!(levels["levels"][0]["sku"], "SKU-1");
+
+    // grpcurl decodes the field violations because reflection serves their descriptors.
+    assert!(!invalid.0);
+    assert!(invalid.2.contains("InvalidArgument"), "{}", invalid.2);
+    assert!(invalid.2.contains("google.rpc.BadRequest"), "{}", invalid.2);
+    assert!(invalid.2.contains(r#""field":"sku""#), "{}", invalid.2);
+}
+
+#[tokio::test]
+async fn rpcs_of_later_milestones_answer_unimplemented() {
+    let mut app = spawn_app().await;
+    let client = &mut app.client;
+    let codes = [
+        client
+            .reserve(ReserveRequest::default())
+            .await
+            .unwrap_err()
+            .code(),
+        client
+            .confirm_reservation(ConfirmReservationRequest::default())
+            .await
+            .unwrap_err()
+            .code(),
+        client
+            .release_reservation(ReleaseReservationRequest::default())
+            .await
+            .unwrap_err()
+            .code(),
+        client
+            .get_reservation(GetReservationRequest::default())
+            .await
+            .unwrap_err()
+            .code(),
+        client
+            .watch_events(WatchEventsRequest::default())
+            .await
+            .map(|_| ())
+            .unwrap_err()
+            .code(),
+    ];
+    assert_eq!(codes, [Code::Unimplemented; 5]);
+}
+
+#[tokio::test]
+async fn postgres_down_is_unavailable_with_retry_advice() {
+    // Nothing listens on port 1: every connection attempt is refused at once.
+    let settings = test_settings("postgres://postgres@127.0.0.1:1/inventory".parse().unwrap());
+    let mut app = spawn_app_with_unreachable_database(settings).await;
+    let status = app
+        .client
+        .adjust_stock(AdjustStockRequest {
+            sku: "SKU-1".into(),
+            delta: 1,
+            idempotency_key: "k".into(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(error_reason(&status), "POSTGRES_UNAVAILABLE");
+    assert!(status.get_details_retry_info().is_some());
+    // No driver text leaks into the message.
+    assert_eq!(status.message(), "PostgreSQL is unavailable");
+}
+
+/// Like `spawn_app_with`, for settings whose database cannot be reached (the harness's direct
+/// database connection would fail).
+async fn spawn_app_with_unreachable_database(
+    settings: inventory_server::config::Settings,
+) -> UnreachableApp {
+    let application = inventory_server::startup::Application::build(settings)
+        .await
+        .unwrap();
+    let addr = application.local_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(application.run_until_stopped(async {
+        let _ = stopped.await;
+    }));
+    let client =
+        inventory_server::proto::inventory_service_client::InventoryServiceClient::connect(
+            format!("http://{addr}"),
+        )
+        .await
+        .unwrap();
+    UnreachableApp {
+        client,
+        _stop: stop,
+    }
+}
+
+struct UnreachableApp {
+    client: inventory_server::proto::inventory_service_client::InventoryServiceClient<
+        tonic::transport::Channel,
+    >,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}

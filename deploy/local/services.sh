@@ -94,6 +94,7 @@ start_postgres() {
     log "PostgreSQL already running on 127.0.0.1:$PG_PORT"
     return
   fi
+  port_busy "$PG_PORT" && die "port $PG_PORT is taken by another process; stop it or free the port"
   # Durability does not matter for throwaway test data; speed does.
   [ "$PROFILE" = test ] && extra=(-c fsync=off -c synchronous_commit=off -c full_page_writes=off)
   log "starting PostgreSQL on 127.0.0.1:$PG_PORT"
@@ -110,12 +111,19 @@ stop_postgres() {
   pg_as_owner "$bin/pg_ctl" -D "$PGDATA_DIR" -m fast -w stop >/dev/null 2>&1 || true
 }
 
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+redis_running() {
+  [ -f "$REDIS_DIR/redis.pid" ] && kill -0 "$(cat "$REDIS_DIR/redis.pid")" 2>/dev/null
+}
+
 start_redis() {
   mkdir -p "$REDIS_DIR"
-  if redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+  if redis_running; then
     log "Redis already running on 127.0.0.1:$REDIS_PORT"
     return
   fi
+  port_busy "$REDIS_PORT" && die "port $REDIS_PORT is taken by another process; stop it or free the port"
   log "starting Redis on 127.0.0.1:$REDIS_PORT"
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes \
     --dir "$REDIS_DIR" --pidfile "$REDIS_DIR/redis.pid" --logfile "$REDIS_DIR/redis.log" \
@@ -129,7 +137,7 @@ start_redis() {
 }
 
 stop_redis() {
-  if redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+  if redis_running; then
     log "stopping Redis on 127.0.0.1:$REDIS_PORT"
     redis-cli -h 127.0.0.1 -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
   fi

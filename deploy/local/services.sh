@@ -188,7 +188,7 @@ cmd_test() {
 cmd_run() {
   PROFILE=run
   profile_settings run
-  local grpcurl server_pid
+  local grpcurl
   ensure_packages
   grpcurl=$(ensure_grpcurl)
   start_services
@@ -200,15 +200,16 @@ cmd_run() {
   local bin="$ROOT/target/debug/inventory-server"
   "$bin" migrate
   "$bin" serve &
-  server_pid=$!
-  echo "$server_pid" >"$STATE/server.pid"
-  trap 'kill -TERM "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; rm -f "$STATE/server.pid"; stop_services' EXIT
+  # Global, not local: the EXIT trap runs after this function has returned.
+  SERVER_PID=$!
+  echo "$SERVER_PID" >"$STATE/server.pid"
+  trap 'kill -TERM "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; rm -f "$STATE/server.pid"; stop_services' EXIT
   trap 'exit 0' INT TERM
 
   local addr=$LISTEN_ADDR
   for _ in $(seq 100); do
     "$grpcurl" -plaintext "$addr" grpc.health.v1.Health/Check >/dev/null 2>&1 && break
-    kill -0 "$server_pid" 2>/dev/null || die "the server exited during start-up"
+    kill -0 "$SERVER_PID" 2>/dev/null || die "the server exited during start-up"
     sleep 0.1
   done
   local sku units
@@ -231,7 +232,7 @@ Demo SKUs: DEMO-TSHIRT (25), DEMO-MUG (10), DEMO-POSTER (1). Try, in another ter
 
 Ctrl-C (or 'make stop' elsewhere) stops the server, PostgreSQL and Redis.
 EOF
-  wait "$server_pid"
+  wait "$SERVER_PID"
 }
 
 cmd_stop() {

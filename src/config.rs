@@ -5,8 +5,9 @@
 use std::{net::SocketAddr, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use inventory_core::domain::Ttl;
 use inventory_postgres::{PgConfig, PoolSettings};
-use inventory_redis::{KeyPrefix, RedisConfig, RedisSettings};
+use inventory_redis::{KeyPrefix, LeaseSettings, RedisConfig, RedisSettings};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -79,6 +80,28 @@ pub struct ServeArgs {
     #[arg(long, env = "REDIS_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
     pub redis_connect_timeout: Duration,
 
+    /// How long a lease lasts if its holder neither writes nor releases (crash, cancelled call).
+    #[arg(long, env = "LEASE_TTL", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub lease_ttl: Duration,
+
+    /// Longest a Reserve waits for a busy SKU's lease (the client's deadline may cut it shorter)
+    /// before answering ABORTED.
+    #[arg(long, env = "LEASE_WAIT", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub lease_wait: Duration,
+
+    /// Hold of a Reserve that sets no ttl (1s to 24h).
+    #[arg(long, env = "RESERVATION_DEFAULT_TTL", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub reservation_default_ttl: Duration,
+
+    /// How often this replica looks for expired holds to return their stock.
+    #[arg(long, env = "SWEEP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub sweep_interval: Duration,
+
+    /// Most holds one sweep transaction expires.
+    #[arg(long, env = "SWEEP_BATCH", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub sweep_batch: u32,
+
     /// Address the gRPC server listens on.
     #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:50051")]
     pub listen_addr: SocketAddr,
@@ -96,6 +119,11 @@ pub struct Settings {
     pub pool: PoolSettings,
     pub redis: RedisConfig,
     pub redis_settings: RedisSettings,
+    pub leases: LeaseSettings,
+    pub lease_wait: Duration,
+    pub default_ttl: Ttl,
+    pub sweep_interval: Duration,
+    pub sweep_batch: usize,
     pub shutdown_grace: Duration,
 }
 
@@ -112,31 +140,49 @@ impl Settings {
         let key_prefix = KeyPrefix::parse(&args.redis_key_prefix)
             .map_err(|problem| problems.push(format!("REDIS_KEY_PREFIX {problem}")))
             .ok();
+        let default_ttl = Ttl::parse(args.reservation_default_ttl)
+            .map_err(|problem| problems.push(format!("RESERVATION_DEFAULT_TTL {problem}")))
+            .ok();
         for (name, value) in [
             ("DATABASE_TIMEOUT", args.database_timeout),
             ("REDIS_COMMAND_TIMEOUT", args.redis_command_timeout),
             ("REDIS_CONNECT_TIMEOUT", args.redis_connect_timeout),
+            ("LEASE_TTL", args.lease_ttl),
+            ("LEASE_WAIT", args.lease_wait),
+            ("SWEEP_INTERVAL", args.sweep_interval),
         ] {
             if value.is_zero() {
                 problems.push(format!("{name} must be greater than zero"));
             }
         }
-        match (database, redis, key_prefix) {
-            (Some(database), Some(redis), Some(key_prefix)) if problems.is_empty() => Ok(Self {
-                listen_addr: args.listen_addr,
-                database,
-                pool: PoolSettings {
-                    max_size: usize::from(args.database_pool_size),
-                    acquire_timeout: args.database_timeout,
-                },
-                redis,
-                redis_settings: RedisSettings {
-                    key_prefix,
-                    command_timeout: args.redis_command_timeout,
-                    connect_timeout: args.redis_connect_timeout,
-                },
-                shutdown_grace: args.shutdown_grace,
-            }),
+        match (database, redis, key_prefix, default_ttl) {
+            (Some(database), Some(redis), Some(key_prefix), Some(default_ttl))
+                if problems.is_empty() =>
+            {
+                Ok(Self {
+                    listen_addr: args.listen_addr,
+                    database,
+                    pool: PoolSettings {
+                        max_size: usize::from(args.database_pool_size),
+                        acquire_timeout: args.database_timeout,
+                    },
+                    redis,
+                    redis_settings: RedisSettings {
+                        key_prefix,
+                        command_timeout: args.redis_command_timeout,
+                        connect_timeout: args.redis_connect_timeout,
+                    },
+                    leases: LeaseSettings {
+                        ttl: args.lease_ttl,
+                        ..LeaseSettings::default()
+                    },
+                    lease_wait: args.lease_wait,
+                    default_ttl,
+                    sweep_interval: args.sweep_interval,
+                    sweep_batch: args.sweep_batch as usize,
+                    shutdown_grace: args.shutdown_grace,
+                })
+            }
             _ => Err(ConfigError(problems)),
         }
     }

@@ -1,28 +1,62 @@
 //! The `inventory.v1.InventoryService` implementation: parse the request, call the core, map
 //! the answer. No rule lives here.
 
-use std::{pin::Pin, sync::Arc};
+use std::{
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
 
 use inventory_core::{
-    command::{AdjustStock, GetStock},
-    domain::StockLevel,
-    service::Inventory,
+    command::{AdjustStock, GetStock, ReservationRef, Reserve},
+    domain::{Reservation, ReservationState, StockLevel},
 };
-use inventory_postgres::PgStore;
 use tokio_stream::Stream;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, metadata::MetadataMap};
 
-use crate::{proto, status::to_status};
+use crate::{proto, startup::Service, status::to_status};
 
 #[derive(Debug)]
 pub struct InventoryApi {
-    inventory: Arc<Inventory<PgStore>>,
+    inventory: Arc<Service>,
+    /// Longest a `Reserve` waits for busy leases, whatever the client's deadline.
+    lease_wait: Duration,
 }
 
 impl InventoryApi {
-    pub fn new(inventory: Arc<Inventory<PgStore>>) -> Self {
-        Self { inventory }
+    pub fn new(inventory: Arc<Service>, lease_wait: Duration) -> Self {
+        Self {
+            inventory,
+            lease_wait,
+        }
     }
+
+    /// The lease budget of a request: the server's bound, shortened by the client's deadline.
+    /// A quarter of the client's time is kept for the write and the answer, so a caller that
+    /// waited in vain hears `ABORTED` (retry) rather than its own deadline expiring.
+    fn lease_deadline(&self, metadata: &MetadataMap) -> Instant {
+        let budget = match client_timeout(metadata) {
+            Some(timeout) => self.lease_wait.min(timeout - timeout / 4),
+            None => self.lease_wait,
+        };
+        Instant::now() + budget
+    }
+}
+
+/// The `grpc-timeout` header (`<digits><unit>`, unit one of H M S m u n), if present and valid.
+fn client_timeout(metadata: &MetadataMap) -> Option<Duration> {
+    let raw = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = raw.split_at(raw.len().checked_sub(1)?);
+    let value: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(value.saturating_mul(3600)),
+        "M" => Duration::from_secs(value.saturating_mul(60)),
+        "S" => Duration::from_secs(value),
+        "m" => Duration::from_millis(value),
+        "u" => Duration::from_micros(value),
+        "n" => Duration::from_nanos(value),
+        _ => return None,
+    })
 }
 
 impl From<StockLevel> for proto::StockLevel {
@@ -34,6 +68,41 @@ impl From<StockLevel> for proto::StockLevel {
             reserved: level.reserved,
         }
     }
+}
+
+impl From<ReservationState> for proto::ReservationState {
+    fn from(state: ReservationState) -> Self {
+        match state {
+            ReservationState::Held => Self::Held,
+            ReservationState::Confirmed => Self::Confirmed,
+            ReservationState::Released => Self::Released,
+            ReservationState::Expired => Self::Expired,
+        }
+    }
+}
+
+impl From<Reservation> for proto::Reservation {
+    fn from(reservation: Reservation) -> Self {
+        Self {
+            reservation_id: reservation.id.to_string(),
+            order_id: reservation.order_id.as_str().to_owned(),
+            state: proto::ReservationState::from(reservation.state).into(),
+            lines: reservation
+                .lines
+                .into_iter()
+                .map(|line| proto::ReservationLine {
+                    sku: line.sku.as_str().to_owned(),
+                    quantity: line.quantity.get(),
+                })
+                .collect(),
+            created_at: Some(timestamp(reservation.created_at)),
+            expires_at: Some(timestamp(reservation.expires_at)),
+        }
+    }
+}
+
+fn timestamp(time: SystemTime) -> prost_types::Timestamp {
+    prost_types::Timestamp::from(time)
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, Status>> + Send>>;
@@ -66,38 +135,53 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         }))
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "Reserve"))]
     async fn reserve(
         &self,
-        _request: Request<proto::ReserveRequest>,
+        request: Request<proto::ReserveRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
-        Err(Status::unimplemented("Reserve is not implemented yet"))
+        let deadline = self.lease_deadline(request.metadata());
+        let command = Reserve::try_from(request.into_inner()).map_err(to_status)?;
+        let reservation = self
+            .inventory
+            .reserve(&command, deadline)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(reservation.into()))
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "ConfirmReservation"))]
     async fn confirm_reservation(
         &self,
-        _request: Request<proto::ConfirmReservationRequest>,
+        request: Request<proto::ConfirmReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
-        Err(Status::unimplemented(
-            "ConfirmReservation is not implemented yet",
-        ))
+        let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
+        let reservation = self.inventory.confirm(target).await.map_err(to_status)?;
+        Ok(Response::new(reservation.into()))
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "ReleaseReservation"))]
     async fn release_reservation(
         &self,
-        _request: Request<proto::ReleaseReservationRequest>,
+        request: Request<proto::ReleaseReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
-        Err(Status::unimplemented(
-            "ReleaseReservation is not implemented yet",
-        ))
+        let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
+        let reservation = self.inventory.release(target).await.map_err(to_status)?;
+        Ok(Response::new(reservation.into()))
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "GetReservation"))]
     async fn get_reservation(
         &self,
-        _request: Request<proto::GetReservationRequest>,
+        request: Request<proto::GetReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
-        Err(Status::unimplemented(
-            "GetReservation is not implemented yet",
-        ))
+        let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
+        let reservation = self
+            .inventory
+            .get_reservation(target)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(reservation.into()))
     }
 
     type WatchEventsStream = EventStream;
@@ -107,5 +191,39 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         _request: Request<proto::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
         Err(Status::unimplemented("WatchEvents is not implemented yet"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metadata(timeout: &str) -> MetadataMap {
+        let mut metadata = MetadataMap::new();
+        metadata.insert("grpc-timeout", timeout.parse().unwrap());
+        metadata
+    }
+
+    #[test]
+    fn grpc_timeout_header_is_parsed_in_every_unit() {
+        assert_eq!(
+            client_timeout(&metadata("2S")),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            client_timeout(&metadata("50m")),
+            Some(Duration::from_millis(50))
+        );
+        assert_eq!(
+            client_timeout(&metadata("1H")),
+            Some(Duration::from_secs(3600))
+        );
+        assert_eq!(
+            client_timeout(&metadata("7u")),
+            Some(Duration::from_micros(7))
+        );
+        assert_eq!(client_timeout(&metadata("x")), None);
+        assert_eq!(client_timeout(&metadata("10q")), None);
+        assert_eq!(client_timeout(&MetadataMap::new()), None);
     }
 }

@@ -3,10 +3,15 @@
 
 use std::collections::HashMap;
 
+use std::time::Duration;
+
 use inventory_core::{
     Error, FieldViolation,
-    command::{AdjustStock, GetStock},
-    domain::{IdempotencyKey, MAX_SKUS_PER_READ, Reason, Sku, StockDelta},
+    command::{AdjustStock, GetStock, ReservationRef, Reserve},
+    domain::{
+        IdempotencyKey, Line, MAX_LINES, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
+        ReservationId, Sku, StockDelta, Ttl,
+    },
 };
 
 use crate::proto;
@@ -26,12 +31,13 @@ impl Violations {
         self.0.push(FieldViolation::new(field, description));
     }
 
-    /// `Ok(value)` only if no violation was recorded.
-    fn finish<T>(self, value: Option<T>) -> Result<T, Error> {
-        match value {
-            Some(value) if self.0.is_empty() => Ok(value),
-            _ => Err(Error::InvalidArgument(self.0)),
+    /// Builds the command only if no violation was recorded (so constructors may assume a
+    /// valid request), and reports every violation otherwise.
+    fn finish<T>(self, build: impl FnOnce() -> Option<T>) -> Result<T, Error> {
+        if !self.0.is_empty() {
+            return Err(Error::InvalidArgument(self.0));
         }
+        build().ok_or_else(|| Error::internal("a request without violations did not parse"))
     }
 }
 
@@ -47,15 +53,14 @@ impl TryFrom<proto::AdjustStockRequest> for AdjustStock {
             IdempotencyKey::parse(&request.idempotency_key),
         );
         let reason = violations.check("reason", Reason::parse(&request.reason));
-        let command = (|| {
+        violations.finish(|| {
             Some(AdjustStock {
                 sku: sku?,
                 delta: delta?,
                 idempotency_key: idempotency_key?,
                 reason: reason?,
             })
-        })();
-        violations.finish(command)
+        })
     }
 }
 
@@ -73,7 +78,7 @@ impl TryFrom<proto::GetStockRequest> for GetStock {
                 format!("must name at most {MAX_SKUS_PER_READ} SKUs"),
             );
             // Do not spend work on (or echo) an oversized list.
-            return violations.finish(None);
+            return violations.finish(|| None);
         }
         let mut skus = Vec::with_capacity(request.skus.len());
         let mut first_seen: HashMap<&str, usize> = HashMap::new();
@@ -88,7 +93,93 @@ impl TryFrom<proto::GetStockRequest> for GetStock {
                 skus.push(sku);
             }
         }
-        violations.finish(Some(skus)).map(GetStock::new)
+        violations.finish(|| Some(GetStock::new(skus)))
+    }
+}
+
+impl TryFrom<proto::ReserveRequest> for Reserve {
+    type Error = Error;
+
+    fn try_from(request: proto::ReserveRequest) -> Result<Self, Error> {
+        let mut violations = Violations::default();
+        let idempotency_key = violations.check(
+            "idempotency_key",
+            IdempotencyKey::parse(&request.idempotency_key),
+        );
+        let order_id = violations.check("order_id", OrderId::parse(&request.order_id));
+        let ttl = match request.ttl {
+            None => Some(None),
+            Some(ttl) => violations
+                .check("ttl", parse_duration(ttl).and_then(Ttl::parse))
+                .map(Some),
+        };
+        if request.lines.is_empty() {
+            violations.add("lines", "must have at least one line");
+        }
+        if request.lines.len() > MAX_LINES {
+            violations.add("lines", format!("must have at most {MAX_LINES} lines"));
+            return violations.finish(|| None);
+        }
+        let mut lines = Vec::with_capacity(request.lines.len());
+        let mut first_seen: HashMap<&str, usize> = HashMap::new();
+        for (index, line) in request.lines.iter().enumerate() {
+            let sku = violations.check(format!("lines[{index}].sku"), Sku::parse(&line.sku));
+            let quantity = violations.check(
+                format!("lines[{index}].quantity"),
+                Quantity::parse(line.quantity),
+            );
+            if let Some(first) = first_seen.get(line.sku.as_str()) {
+                violations.add(
+                    format!("lines[{index}].sku"),
+                    format!("duplicates lines[{first}].sku"),
+                );
+                continue;
+            }
+            first_seen.insert(&line.sku, index);
+            if let (Some(sku), Some(quantity)) = (sku, quantity) {
+                lines.push(Line { sku, quantity });
+            }
+        }
+        violations.finish(|| Some(Reserve::new(idempotency_key?, order_id?, lines, ttl?)))
+    }
+}
+
+/// A protobuf `Duration`, if it is a valid non-negative one.
+fn parse_duration(raw: prost_types::Duration) -> Result<Duration, String> {
+    let nanos = u32::try_from(raw.nanos).ok().filter(|n| *n < 1_000_000_000);
+    match (u64::try_from(raw.seconds), nanos) {
+        (Ok(seconds), Some(nanos)) => Ok(Duration::new(seconds, nanos)),
+        _ => Err("must be a positive duration".into()),
+    }
+}
+
+fn reservation_ref(raw: &str) -> Result<ReservationRef, Error> {
+    let mut violations = Violations::default();
+    let id = violations.check("reservation_id", ReservationId::parse(raw));
+    violations.finish(|| id.map(|id| ReservationRef { id }))
+}
+
+impl TryFrom<proto::ConfirmReservationRequest> for ReservationRef {
+    type Error = Error;
+
+    fn try_from(request: proto::ConfirmReservationRequest) -> Result<Self, Error> {
+        reservation_ref(&request.reservation_id)
+    }
+}
+
+impl TryFrom<proto::ReleaseReservationRequest> for ReservationRef {
+    type Error = Error;
+
+    fn try_from(request: proto::ReleaseReservationRequest) -> Result<Self, Error> {
+        reservation_ref(&request.reservation_id)
+    }
+}
+
+impl TryFrom<proto::GetReservationRequest> for ReservationRef {
+    type Error = Error;
+
+    fn try_from(request: proto::GetReservationRequest) -> Result<Self, Error> {
+        reservation_ref(&request.reservation_id)
     }
 }
 

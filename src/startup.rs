@@ -8,9 +8,12 @@
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
-use inventory_core::service::Inventory;
+use inventory_core::{
+    pause::PausePoints,
+    service::{Inventory, InventoryConfig},
+};
 use inventory_postgres::{PgStore, Pool};
-use inventory_redis::Redis;
+use inventory_redis::{Redis, RedisLeases};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
@@ -25,12 +28,19 @@ use crate::{
 /// How long start-up waits for the first Redis connection before serving anyway.
 const REDIS_STARTUP_WAIT: Duration = Duration::from_secs(2);
 
+/// The core, wired to its adapters.
+pub type Service = Inventory<PgStore, RedisLeases>;
+
 #[derive(Debug)]
 pub struct Application {
     listener: TcpListener,
     local_addr: SocketAddr,
     pool: Pool,
     redis: Redis,
+    inventory: Arc<Service>,
+    lease_wait: Duration,
+    sweep_interval: Duration,
+    sweep_batch: usize,
     shutdown_grace: Duration,
 }
 
@@ -49,11 +59,22 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen_addr))?;
         let local_addr = listener.local_addr()?;
+        let inventory = Arc::new(Inventory::new(
+            PgStore::new(pool.clone()),
+            RedisLeases::new(redis.clone(), settings.leases),
+            InventoryConfig {
+                default_ttl: settings.default_ttl,
+            },
+        ));
         Ok(Self {
             listener,
             local_addr,
             pool,
             redis,
+            inventory,
+            lease_wait: settings.lease_wait,
+            sweep_interval: settings.sweep_interval,
+            sweep_batch: settings.sweep_batch,
             shutdown_grace: settings.shutdown_grace,
         })
     }
@@ -62,10 +83,28 @@ impl Application {
         self.local_addr
     }
 
+    /// The wired core: tests use it to run a sweep or arm pause points.
+    pub fn inventory(&self) -> Arc<Service> {
+        Arc::clone(&self.inventory)
+    }
+
+    pub fn pause_points(&self) -> PausePoints {
+        self.inventory.pause_points().clone()
+    }
+
     /// Serves until `shutdown` completes, then drains and closes.
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let inventory = Arc::new(Inventory::new(PgStore::new(self.pool.clone())));
-        let api = InventoryServiceServer::new(InventoryApi::new(inventory));
+        let api = InventoryServiceServer::new(InventoryApi::new(
+            Arc::clone(&self.inventory),
+            self.lease_wait,
+        ));
+        let (stop_sweeping, sweeping_stopped) = tokio::sync::watch::channel(false);
+        let sweeper = tokio::spawn(sweep(
+            Arc::clone(&self.inventory),
+            self.sweep_interval,
+            self.sweep_batch,
+            sweeping_stopped,
+        ));
 
         let (health, health_service) = tonic_health::server::health_reporter();
         set_health(&health, ServingStatus::Serving).await;
@@ -100,10 +139,45 @@ impl Application {
             }
         }
 
+        let _ = stop_sweeping.send(true);
+        let _ = sweeper.await;
         self.pool.close();
         self.redis.quit().await;
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// The expiry sweeper, one per replica. Every `interval` it expires overdue holds in batches
+/// until none is left; replicas sweeping at once take disjoint rows (`SKIP LOCKED`).
+async fn sweep(
+    inventory: Arc<Service>,
+    interval: Duration,
+    batch: usize,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stopped.changed() => return,
+        }
+        loop {
+            match inventory.expire_due(batch).await {
+                Ok(expired) if expired > 0 => {
+                    tracing::info!(expired, "expired holds returned their stock");
+                    if expired < batch {
+                        break;
+                    }
+                }
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "expiry sweep failed; retrying next interval");
+                    break;
+                }
+            }
+        }
     }
 }
 

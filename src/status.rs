@@ -12,6 +12,8 @@ use tonic_types::{ErrorDetails, StatusExt};
 const ERROR_DOMAIN: &str = "inventory.v1";
 /// How long a client should wait before retrying after `UNAVAILABLE`.
 const UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_millis(500);
+/// How long a client should wait before retrying a `Reserve` that lost a lease race.
+const ABORTED_RETRY_DELAY: Duration = Duration::from_millis(50);
 
 pub fn to_status(error: Error) -> Status {
     match error {
@@ -40,6 +42,59 @@ pub fn to_status(error: Error) -> Status {
                 HashMap::from([("skus".to_string(), joined)]),
             );
             Status::with_error_details(Code::NotFound, error.to_string(), details)
+        }
+        Error::UnknownReservation(id) => {
+            let mut details = ErrorDetails::new();
+            details.set_error_info(
+                "RESERVATION_NOT_FOUND",
+                ERROR_DOMAIN,
+                HashMap::from([("reservation_id".to_string(), id.to_string())]),
+            );
+            Status::with_error_details(Code::NotFound, error.to_string(), details)
+        }
+        Error::InsufficientStock(ref shortfalls) => {
+            let mut details = ErrorDetails::new();
+            for shortfall in shortfalls {
+                details.add_precondition_failure_violation(
+                    "INSUFFICIENT_STOCK",
+                    shortfall.sku.as_str(),
+                    format!(
+                        "requested {}, available {}",
+                        shortfall.requested, shortfall.available
+                    ),
+                );
+            }
+            let skus = shortfalls
+                .iter()
+                .map(|s| s.sku.as_str())
+                .collect::<Vec<_>>()
+                .join(",");
+            details.set_error_info(
+                "INSUFFICIENT_STOCK",
+                ERROR_DOMAIN,
+                HashMap::from([("skus".to_string(), skus)]),
+            );
+            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
+        }
+        Error::WrongState { id, state, .. } => {
+            let mut details = ErrorDetails::new();
+            details
+                .add_precondition_failure_violation(
+                    "RESERVATION_STATE",
+                    id.to_string(),
+                    error.to_string(),
+                )
+                .set_error_info(
+                    "INVALID_RESERVATION_STATE",
+                    ERROR_DOMAIN,
+                    HashMap::from([("state".to_string(), state.to_string())]),
+                );
+            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
+        }
+        Error::LeaseBusy { ref sku, .. } => aborted("LEASE_BUSY", sku.as_str(), &error),
+        Error::LeaseLost { ref sku } => {
+            tracing::warn!(%sku, "write fenced off: the lease was lost");
+            aborted("LEASE_LOST", sku.as_str(), &error)
         }
         Error::BelowReserved { ref sku, .. } => {
             let mut details = ErrorDetails::new();
@@ -84,6 +139,15 @@ pub fn to_status(error: Error) -> Status {
             Status::internal("internal error")
         }
     }
+}
+
+/// A refused attempt that a plain retry may win: `ABORTED` with a short retry delay.
+fn aborted(reason: &str, sku: &str, error: &Error) -> Status {
+    let mut details = ErrorDetails::new();
+    details
+        .set_retry_info(Some(ABORTED_RETRY_DELAY))
+        .set_error_info(reason, ERROR_DOMAIN, sku_metadata(sku));
+    Status::with_error_details(Code::Aborted, error.to_string(), details)
 }
 
 fn sku_metadata(sku: &str) -> HashMap<String, String> {

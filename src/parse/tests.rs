@@ -65,3 +65,91 @@ fn get_stock_refuses_empty_and_oversized_lists() {
     let error = GetStock::try_from(proto::GetStockRequest { skus: many }).unwrap_err();
     assert_eq!(violations(error).len(), 1);
 }
+
+fn line(sku: &str, quantity: i64) -> proto::ReservationLine {
+    proto::ReservationLine {
+        sku: sku.into(),
+        quantity,
+    }
+}
+
+fn reserve_request(lines: Vec<proto::ReservationLine>) -> proto::ReserveRequest {
+    proto::ReserveRequest {
+        idempotency_key: "k".into(),
+        order_id: "order-1".into(),
+        lines,
+        ttl: None,
+    }
+}
+
+fn fields(error: Error) -> Vec<String> {
+    violations(error)
+        .into_iter()
+        .map(|(field, _)| field)
+        .collect()
+}
+
+#[test]
+fn reserve_names_each_bad_line_field_by_index() {
+    let request = reserve_request(vec![line("A", 1), line("", 0), line("A", 2)]);
+    assert_eq!(
+        fields(Reserve::try_from(request).unwrap_err()),
+        ["lines[1].sku", "lines[1].quantity", "lines[2].sku"]
+    );
+}
+
+#[test]
+fn reserve_checks_the_envelope() {
+    let mut request = reserve_request(vec![]);
+    request.idempotency_key.clear();
+    request.order_id = "x".repeat(129);
+    request.ttl = Some(prost_types::Duration {
+        seconds: 0,
+        nanos: 500_000_000,
+    });
+    assert_eq!(
+        fields(Reserve::try_from(request).unwrap_err()),
+        ["idempotency_key", "order_id", "ttl", "lines"]
+    );
+}
+
+#[test]
+fn reserve_refuses_malformed_durations() {
+    for (seconds, nanos) in [(-1, 0), (5, -1), (5, 1_000_000_000), (86_401, 0)] {
+        let mut request = reserve_request(vec![line("A", 1)]);
+        request.ttl = Some(prost_types::Duration { seconds, nanos });
+        assert_eq!(fields(Reserve::try_from(request).unwrap_err()), ["ttl"]);
+    }
+}
+
+#[test]
+fn reserve_refuses_too_many_lines_without_echoing_them() {
+    let lines = (0..=MAX_LINES).map(|i| line(&format!("S{i}"), 1)).collect();
+    assert_eq!(
+        fields(Reserve::try_from(reserve_request(lines)).unwrap_err()),
+        ["lines"]
+    );
+}
+
+#[test]
+fn reserve_parses_a_valid_request() {
+    let mut request = reserve_request(vec![line("B", 2), line("A", 1)]);
+    request.ttl = Some(prost_types::Duration {
+        seconds: 30,
+        nanos: 0,
+    });
+    let command = Reserve::try_from(request).unwrap();
+    assert_eq!(command.lines().len(), 2);
+    assert_eq!(command.ttl.unwrap().get(), Duration::from_secs(30));
+}
+
+#[test]
+fn reservation_ids_must_be_uuids() {
+    let request = proto::GetReservationRequest {
+        reservation_id: "nope".into(),
+    };
+    assert_eq!(
+        fields(ReservationRef::try_from(request).unwrap_err()),
+        ["reservation_id"]
+    );
+}

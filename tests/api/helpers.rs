@@ -3,13 +3,19 @@
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
+    process::Stdio,
+    sync::Arc,
     time::Duration,
 };
 
+use fred::prelude::{ClientLike as _, KeysInterface as _};
+use inventory_core::{domain::Ttl, pause::PausePoints};
 use inventory_postgres::{PgConfig, PoolSettings};
-use inventory_redis::{KeyPrefix, RedisSettings};
+use inventory_redis::{KeyPrefix, LeaseSettings, RedisSettings};
 use inventory_server::{
-    config::Settings, proto::inventory_service_client::InventoryServiceClient, startup::Application,
+    config::Settings,
+    proto::inventory_service_client::InventoryServiceClient,
+    startup::{Application, Service},
 };
 use sha2::{Digest, Sha256};
 use tokio::{sync::oneshot, task::JoinHandle};
@@ -144,6 +150,12 @@ pub struct TestApp {
     pub client: InventoryServiceClient<Channel>,
     /// Direct access to the test's database, to check what a call did (or did not) change.
     pub db: tokio_postgres::Client,
+    /// The wired core, to run a sweep by hand.
+    pub inventory: Arc<Service>,
+    pub pauses: PausePoints,
+    /// The app's Redis key prefix and a client of the same Redis, to inspect or damage keys.
+    pub key_prefix: KeyPrefix,
+    pub redis: fred::clients::Client,
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<anyhow::Result<()>>>,
 }
@@ -192,8 +204,13 @@ impl Drop for TestApp {
     }
 }
 
-/// Settings for a test server on an ephemeral port.
+/// Settings for a test server on an ephemeral port, against the suite's Redis.
 pub fn test_settings(database: PgConfig) -> Settings {
+    test_settings_with_redis(database, &redis_url())
+}
+
+/// Settings for a test server on an ephemeral port, against the Redis at `redis_url`.
+pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings {
     Settings {
         listen_addr: "127.0.0.1:0".parse().unwrap(),
         database,
@@ -201,13 +218,20 @@ pub fn test_settings(database: PgConfig) -> Settings {
             max_size: 8,
             acquire_timeout: Duration::from_secs(2),
         },
-        redis: inventory_redis::parse_url(&redis_url()).expect("REDIS_URL is valid"),
+        redis: inventory_redis::parse_url(redis_url).expect("a valid Redis URL"),
         redis_settings: RedisSettings {
             key_prefix: KeyPrefix::parse(&format!("test:{}", uuid::Uuid::new_v4().simple()))
                 .unwrap(),
             command_timeout: Duration::from_millis(250),
             connect_timeout: Duration::from_secs(1),
         },
+        leases: LeaseSettings::default(),
+        // Generous: races of a hundred callers on one SKU must end in stock outcomes, not in
+        // lease timeouts, even on a loaded two-core machine.
+        lease_wait: Duration::from_secs(20),
+        default_ttl: Ttl::parse(Duration::from_secs(900)).unwrap(),
+        sweep_interval: Duration::from_millis(100),
+        sweep_batch: 100,
         shutdown_grace: Duration::from_secs(5),
     }
 }
@@ -219,10 +243,22 @@ pub async fn spawn_app() -> TestApp {
 
 pub async fn spawn_app_with(settings: Settings) -> TestApp {
     let db = connect(&settings.database).await;
+    let key_prefix = settings.redis_settings.key_prefix.clone();
+    // Bounded and reconnecting, so a test that kills its Redis never hangs on this client.
+    let redis = fred::types::Builder::from_config(settings.redis.clone())
+        .with_performance_config(|performance| {
+            performance.default_command_timeout = Duration::from_secs(2);
+        })
+        .set_policy(fred::types::config::ReconnectPolicy::new_constant(0, 50))
+        .build()
+        .unwrap();
+    redis.init().await.expect("connect to the test Redis");
     let application = Application::build(settings)
         .await
         .expect("build the server");
     let addr = application.local_addr();
+    let inventory = application.inventory();
+    let pauses = application.pause_points();
     let (shutdown, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(application.run_until_stopped(async {
         let _ = stopped.await;
@@ -234,6 +270,10 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         addr,
         client,
         db,
+        inventory,
+        pauses,
+        key_prefix,
+        redis,
         shutdown: Some(shutdown),
         server: Some(server),
     }
@@ -270,4 +310,126 @@ pub fn grpcurl() -> PathBuf {
     std::env::var_os("GRPCURL")
         .map(PathBuf::from)
         .expect("GRPCURL is not set: run the suite with `make test`, which installs grpcurl")
+}
+
+impl TestApp {
+    /// The fence counter Redis holds for `sku` (0 when the key is missing).
+    pub async fn redis_fence(&self, sku: &str) -> i64 {
+        let sku = inventory_core::domain::Sku::parse(sku).unwrap();
+        let value: Option<i64> = self.redis.get(self.key_prefix.fence(&sku)).await.unwrap();
+        value.unwrap_or(0)
+    }
+
+    pub fn lease_key(&self, sku: &str) -> String {
+        self.key_prefix
+            .lease(&inventory_core::domain::Sku::parse(sku).unwrap())
+    }
+
+    pub fn fence_key(&self, sku: &str) -> String {
+        self.key_prefix
+            .fence(&inventory_core::domain::Sku::parse(sku).unwrap())
+    }
+
+    /// The fence PostgreSQL last accepted for `sku`.
+    pub async fn stored_fence(&self, sku: &str) -> i64 {
+        self.db
+            .query_one("SELECT fence_token FROM stock WHERE sku = $1", &[&sku])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// `(on_hand, reserved)` of `sku` as stored.
+    pub async fn level(&self, sku: &str) -> (i64, i64) {
+        let row = self
+            .db
+            .query_one(
+                "SELECT on_hand, reserved FROM stock WHERE sku = $1",
+                &[&sku],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    }
+}
+
+/// A `redis-server` process of the test's own, which it may kill, pause and restart.
+#[derive(Debug)]
+pub struct RedisProcess {
+    port: u16,
+    dir: tempdir::Dir,
+    child: Option<tokio::process::Child>,
+}
+
+/// A scratch folder removed on drop.
+mod tempdir {
+    #[derive(Debug)]
+    pub struct Dir(pub std::path::PathBuf);
+
+    impl Dir {
+        pub fn new() -> Self {
+            let path = std::env::temp_dir()
+                .join(format!("inventory-redis-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir_all(&path).unwrap();
+            Self(path)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl RedisProcess {
+    pub async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut process = Self {
+            port,
+            dir: tempdir::Dir::new(),
+            child: None,
+        };
+        process.restart().await;
+        process
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts (again) on the same port, empty: no persistence, as a cache-only Redis runs.
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let child = tokio::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir.0)
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start redis-server (make test installs it)");
+        self.child = Some(child);
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("redis-server did not start on port {}", self.port);
+    }
+
+    /// SIGKILL: the process is gone at once, with everything it held.
+    pub async fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().await.unwrap();
+    }
 }

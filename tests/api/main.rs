@@ -7,7 +7,9 @@
 //! One binary with modules, so the suite links once.
 
 mod config;
+mod faults;
 mod helpers;
 mod migrations;
+mod reservations;
 mod server;
 mod stock;

@@ -3,7 +3,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::domain::{IdempotencyKey, Reason, Sku, StockDelta};
+use crate::domain::{IdempotencyKey, Line, OrderId, Reason, ReservationId, Sku, StockDelta, Ttl};
 
 /// SHA-256 over a canonical encoding of a command (operation name and every field that
 /// changes its meaning), so that equal requests, and only they, share a fingerprint.
@@ -81,6 +81,69 @@ impl GetStock {
     pub fn skus(&self) -> &[Sku] {
         &self.skus
     }
+}
+
+/// Hold stock for every line of an order, all lines or none.
+#[derive(Clone, Debug)]
+pub struct Reserve {
+    pub idempotency_key: IdempotencyKey,
+    pub order_id: OrderId,
+    lines: Vec<Line>,
+    /// `None`: the service's default hold.
+    pub ttl: Option<Ttl>,
+}
+
+impl Reserve {
+    /// `lines` must be non-empty, at most [`MAX_LINES`](crate::domain::MAX_LINES), with
+    /// distinct SKUs; the boundary checks and reports each offending field.
+    pub fn new(
+        idempotency_key: IdempotencyKey,
+        order_id: OrderId,
+        lines: Vec<Line>,
+        ttl: Option<Ttl>,
+    ) -> Self {
+        debug_assert!(!lines.is_empty() && lines.len() <= crate::domain::MAX_LINES);
+        Self {
+            idempotency_key,
+            order_id,
+            lines,
+            ttl,
+        }
+    }
+
+    /// The lines in request order.
+    pub fn lines(&self) -> &[Line] {
+        &self.lines
+    }
+
+    /// The lines ordered by SKU: the order every lock and lease is taken in, so two carts
+    /// with the same SKUs in opposite orders never wait on each other in a cycle.
+    pub fn lines_by_sku(&self) -> Vec<&Line> {
+        let mut lines: Vec<&Line> = self.lines.iter().collect();
+        lines.sort_by(|a, b| a.sku.cmp(&b.sku));
+        lines
+    }
+
+    /// Covers the order, the lines as a set (their order does not change the request) and the
+    /// requested hold.
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new("Reserve");
+        builder.field(self.order_id.as_str().as_bytes());
+        for line in self.lines_by_sku() {
+            builder
+                .field(line.sku.as_str().as_bytes())
+                .field(&line.quantity.get().to_be_bytes());
+        }
+        let ttl_nanos = self.ttl.map_or(0, |ttl| ttl.get().as_nanos());
+        builder.field(&ttl_nanos.to_be_bytes());
+        builder.finish()
+    }
+}
+
+/// Names one reservation (confirm, release, read).
+#[derive(Clone, Copy, Debug)]
+pub struct ReservationRef {
+    pub id: ReservationId,
 }
 
 #[cfg(test)]

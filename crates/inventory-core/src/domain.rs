@@ -1,7 +1,9 @@
 //! Domain values. Each newtype has a private field and a `parse`, so a value that exists past
 //! the gRPC boundary is valid by construction.
 
-use std::fmt;
+use std::{fmt, time::Duration};
+
+use uuid::Uuid;
 
 /// Longest SKU, in bytes. SKUs become part of Redis keys, so they are short and plain.
 pub const MAX_SKU_LEN: usize = 64;
@@ -15,6 +17,14 @@ pub const MAX_DELTA: i64 = 1_000_000_000;
 pub const MAX_ON_HAND: i64 = 1_000_000_000_000;
 /// Most SKUs one `GetStock` may read.
 pub const MAX_SKUS_PER_READ: usize = 100;
+/// Most lines one reservation may have.
+pub const MAX_LINES: usize = 100;
+/// Largest quantity of one reservation line.
+pub const MAX_QUANTITY: i64 = 1_000_000;
+/// Shortest hold a reservation may ask for.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+/// Longest hold a reservation may ask for.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// A stock keeping unit: 1 to [`MAX_SKU_LEN`] characters from `A-Z a-z 0-9 . _ - :`.
 ///
@@ -130,6 +140,156 @@ impl StockDelta {
 
     pub fn get(self) -> i64 {
         self.0
+    }
+}
+
+/// Units of one reservation line: 1 to [`MAX_QUANTITY`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Quantity(i64);
+
+impl Quantity {
+    pub fn parse(raw: i64) -> Result<Self, String> {
+        if !(1..=MAX_QUANTITY).contains(&raw) {
+            return Err(format!("must be between 1 and {MAX_QUANTITY}"));
+        }
+        Ok(Self(raw))
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+/// How long a reservation holds its stock: [`MIN_TTL`] to [`MAX_TTL`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ttl(Duration);
+
+impl Ttl {
+    pub fn parse(raw: Duration) -> Result<Self, String> {
+        if !(MIN_TTL..=MAX_TTL).contains(&raw) {
+            return Err(format!(
+                "must be between {}s and {}s",
+                MIN_TTL.as_secs(),
+                MAX_TTL.as_secs()
+            ));
+        }
+        Ok(Self(raw))
+    }
+
+    pub fn get(self) -> Duration {
+        self.0
+    }
+}
+
+/// A reservation's identifier: a UUID, printed in its hyphenated form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReservationId(Uuid);
+
+impl ReservationId {
+    pub fn new_random() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() {
+            return Err("must not be empty".into());
+        }
+        // Only the canonical hyphenated form: one id, one spelling.
+        if raw.len() != 36 {
+            return Err("must be a UUID like 0b7e5a4c-3f1d-4a9e-9c2b-6d8f0e1a2b3c".into());
+        }
+        Uuid::try_parse(raw)
+            .map(Self)
+            .map_err(|_| "must be a UUID like 0b7e5a4c-3f1d-4a9e-9c2b-6d8f0e1a2b3c".into())
+    }
+
+    pub fn from_uuid(uuid: Uuid) -> Self {
+        Self(uuid)
+    }
+
+    pub fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl fmt::Display for ReservationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+/// Where a reservation is in its life. `Held` is the only state that changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReservationState {
+    Held,
+    Confirmed,
+    Released,
+    Expired,
+}
+
+impl ReservationState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Held => "HELD",
+            Self::Confirmed => "CONFIRMED",
+            Self::Released => "RELEASED",
+            Self::Expired => "EXPIRED",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        Some(match raw {
+            "HELD" => Self::Held,
+            "CONFIRMED" => Self::Confirmed,
+            "RELEASED" => Self::Released,
+            "EXPIRED" => Self::Expired,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for ReservationState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One SKU and the units held of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Line {
+    pub sku: Sku,
+    pub quantity: Quantity,
+}
+
+/// A reservation as stored; `state` is already `Expired` for a hold past `expires_at`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub id: ReservationId,
+    pub order_id: OrderId,
+    pub state: ReservationState,
+    pub lines: Vec<Line>,
+    pub created_at: std::time::SystemTime,
+    pub expires_at: std::time::SystemTime,
+}
+
+/// A fencing token: handed out with each lease, strictly increasing per SKU while Redis keeps
+/// its counter. PostgreSQL accepts a write only with a token above the last one it accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FenceToken(i64);
+
+impl FenceToken {
+    pub fn new(value: i64) -> Self {
+        Self(value)
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FenceToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
     }
 }
 

@@ -4,7 +4,17 @@
 
 use std::fmt;
 
-use crate::domain::Sku;
+use std::time::Duration;
+
+use crate::domain::{ReservationId, ReservationState, Sku};
+
+/// A line that could not be held: what was asked and what was left.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shortfall {
+    pub sku: Sku,
+    pub requested: i64,
+    pub available: i64,
+}
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -49,6 +59,31 @@ pub enum Error {
     /// The named SKUs do not exist.
     #[error("unknown SKU: {}", join(.0))]
     UnknownSkus(Vec<Sku>),
+
+    /// The reservation does not exist.
+    #[error("unknown reservation {0}")]
+    UnknownReservation(ReservationId),
+
+    /// Not enough units are available for these lines; nothing was reserved.
+    #[error("not enough stock for {}", shortfall_skus(.0))]
+    InsufficientStock(Vec<Shortfall>),
+
+    /// The reservation is in a state the requested transition cannot leave from.
+    #[error("cannot {action} reservation {id}: it is {state}")]
+    WrongState {
+        id: ReservationId,
+        state: ReservationState,
+        action: &'static str,
+    },
+
+    /// No lease for the SKU could be obtained within the request's budget; nothing changed.
+    #[error("{sku} is busy: no lease within {waited:?}")]
+    LeaseBusy { sku: Sku, waited: Duration },
+
+    /// The lease expired or passed to another holder before the write, and the write was
+    /// refused by its fencing token; nothing changed.
+    #[error("the lease on {sku} was lost before the write")]
+    LeaseLost { sku: Sku },
 
     /// Removing the units would take `on_hand` below what reservations hold.
     #[error("cannot remove {requested} units of {sku}: on_hand {on_hand}, reserved {reserved}")]
@@ -99,6 +134,14 @@ impl Error {
 
 fn join(skus: &[Sku]) -> String {
     skus.iter().map(Sku::as_str).collect::<Vec<_>>().join(", ")
+}
+
+fn shortfall_skus(shortfalls: &[Shortfall]) -> String {
+    shortfalls
+        .iter()
+        .map(|s| s.sku.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn describe_violations(violations: &[FieldViolation]) -> String {

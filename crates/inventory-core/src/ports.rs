@@ -1,11 +1,11 @@
 //! What the core needs from the outside world. Adapters implement these traits; the core never
 //! names a driver.
 
-use std::future::Future;
+use std::{future::Future, time::Instant};
 
 use crate::{
-    command::{AdjustStock, GetStock},
-    domain::StockLevel,
+    command::{AdjustStock, GetStock, ReservationRef, Reserve},
+    domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
 };
 
@@ -26,4 +26,83 @@ pub trait StockStore: Send + Sync + 'static {
         &self,
         query: &GetStock,
     ) -> impl Future<Output = Result<Vec<StockLevel>, Error>> + Send;
+}
+
+/// What a reservation write came to.
+#[derive(Debug)]
+pub enum WriteOutcome {
+    /// The answer for the caller: a new reservation, a final refusal (stored with the
+    /// idempotency key) or the replay of the key's stored outcome.
+    Answered(Result<Reservation, Error>),
+    /// A line's stored fence was not below the holder's token. Nothing was written.
+    Fenced { sku: Sku, stored: FenceToken },
+}
+
+/// Reservations in the system of record.
+pub trait ReservationStore: Send + Sync + 'static {
+    /// In one transaction: claims the idempotency key (or replays its outcome), then for each
+    /// line in SKU order adds the quantity to `reserved` only if enough is available and the
+    /// stored fence is strictly below the line's token, which becomes the stored fence. All
+    /// lines or none. `fences` holds one token per line, in SKU order.
+    fn reserve(
+        &self,
+        command: &Reserve,
+        ttl: Ttl,
+        fences: &[(Sku, FenceToken)],
+    ) -> impl Future<Output = Result<WriteOutcome, Error>> + Send;
+
+    /// HELD -> CONFIRMED; a confirmed reservation is returned unchanged.
+    fn confirm(
+        &self,
+        target: ReservationRef,
+    ) -> impl Future<Output = Result<Reservation, Error>> + Send;
+
+    /// HELD -> RELEASED; a released or expired reservation is returned unchanged.
+    fn release(
+        &self,
+        target: ReservationRef,
+    ) -> impl Future<Output = Result<Reservation, Error>> + Send;
+
+    fn get_reservation(
+        &self,
+        target: ReservationRef,
+    ) -> impl Future<Output = Result<Reservation, Error>> + Send;
+
+    /// Expires up to `batch` holds past their `expires_at`, returning their stock; safe to run
+    /// from many replicas at once. Returns how many it expired.
+    fn expire_due(&self, batch: usize) -> impl Future<Output = Result<usize, Error>> + Send;
+}
+
+/// A granted lease: the random token that identifies its holder, and its fencing token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub sku: Sku,
+    /// Opaque, from a cryptographically secure source; release compares it.
+    pub holder: String,
+    pub fence: FenceToken,
+}
+
+/// Per-SKU leases. They limit contention only: correctness never depends on them.
+pub trait LeaseService: Send + Sync + 'static {
+    /// Waits (bounded, with jittered backoff) until the SKU's lease is free and takes it with
+    /// the next fencing token, atomically. Past `deadline`: [`Error::LeaseBusy`].
+    fn acquire(
+        &self,
+        sku: &Sku,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Lease, Error>> + Send;
+
+    /// Deletes the lease only if `lease` still holds it; `false` if it had expired or passed on.
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Whether `lease` still holds the SKU's lease.
+    fn is_held(&self, lease: &Lease) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Raises the SKU's fence counter to at least `floor` (never lowers it), after PostgreSQL
+    /// showed that the counter fell behind.
+    fn raise_fence(
+        &self,
+        sku: &Sku,
+        floor: FenceToken,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
 }

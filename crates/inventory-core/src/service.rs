@@ -1,21 +1,54 @@
-//! The use cases the gRPC layer calls. Today they delegate to the store, whose single
-//! transaction already carries the rules; reservations will add lease coordination here.
+//! The use cases the gRPC layer calls.
+//!
+//! `reserve` is the only one that coordinates: leases first (to queue contention on Redis),
+//! then one fenced SQL transaction that alone decides. Confirm, release and reads need no
+//! lease, since none of them can oversell, and so keep working while Redis is down.
+
+use std::time::Instant;
 
 use crate::{
-    command::{AdjustStock, GetStock},
-    domain::StockLevel,
+    command::{AdjustStock, GetStock, ReservationRef, Reserve},
+    domain::{Reservation, Sku, StockLevel, Ttl},
     error::Error,
-    ports::StockStore,
+    pause::{PausePoint, PausePoints},
+    ports::{Lease, LeaseService, ReservationStore, StockStore, WriteOutcome},
 };
 
-#[derive(Debug)]
-pub struct Inventory<S> {
-    store: S,
+/// How many times one `Reserve` raises a lagging fence counter and tries again before giving
+/// up with [`Error::LeaseLost`]. One is enough unless Redis keeps losing data mid-request.
+const MAX_FENCE_RECOVERIES: usize = 3;
+
+#[derive(Clone, Debug)]
+pub struct InventoryConfig {
+    /// The hold a `Reserve` without a TTL gets.
+    pub default_ttl: Ttl,
 }
 
-impl<S: StockStore> Inventory<S> {
-    pub fn new(store: S) -> Self {
-        Self { store }
+#[derive(Debug)]
+pub struct Inventory<S, L> {
+    store: S,
+    leases: L,
+    config: InventoryConfig,
+    pauses: PausePoints,
+}
+
+impl<S, L> Inventory<S, L>
+where
+    S: StockStore + ReservationStore,
+    L: LeaseService,
+{
+    pub fn new(store: S, leases: L, config: InventoryConfig) -> Self {
+        Self {
+            store,
+            leases,
+            config,
+            pauses: PausePoints::default(),
+        }
+    }
+
+    /// The pause points of this instance, for tests to arm.
+    pub fn pause_points(&self) -> &PausePoints {
+        &self.pauses
     }
 
     pub async fn adjust_stock(&self, command: &AdjustStock) -> Result<StockLevel, Error> {
@@ -24,5 +57,107 @@ impl<S: StockStore> Inventory<S> {
 
     pub async fn get_stock(&self, query: &GetStock) -> Result<Vec<StockLevel>, Error> {
         self.store.get_stock(query).await
+    }
+
+    /// Leases for every line (in SKU order), then the fenced write.
+    ///
+    /// A write refused by a fence means one of two things. If our lease is gone, another
+    /// holder took over while we stalled: we are the stale writer and report
+    /// [`Error::LeaseLost`], never success. If we still hold it, Redis handed out a token
+    /// below what PostgreSQL already accepted (its counter was lost or rolled back): raise the
+    /// counter above the stored fence and try again, so no legitimate holder is locked out.
+    #[tracing::instrument(skip_all, fields(order_id = command.order_id.as_str(), lines = command.lines().len()))]
+    pub async fn reserve(
+        &self,
+        command: &Reserve,
+        deadline: Instant,
+    ) -> Result<Reservation, Error> {
+        let ttl = command.ttl.unwrap_or(self.config.default_ttl);
+        let skus: Vec<Sku> = command
+            .lines_by_sku()
+            .into_iter()
+            .map(|l| l.sku.clone())
+            .collect();
+        let mut recoveries = 0;
+        loop {
+            let leases = self.acquire_all(&skus, deadline).await?;
+            self.pauses.reach(PausePoint::LeaseGranted).await;
+            let fences: Vec<_> = leases.iter().map(|l| (l.sku.clone(), l.fence)).collect();
+            let outcome = self.store.reserve(command, ttl, &fences).await;
+            match outcome {
+                Ok(WriteOutcome::Answered(answer)) => {
+                    self.pauses.reach(PausePoint::Committed).await;
+                    self.release_all(&leases).await;
+                    return answer;
+                }
+                Ok(WriteOutcome::Fenced { sku, stored }) => {
+                    let lease = leases
+                        .iter()
+                        .find(|l| l.sku == sku)
+                        .expect("the fenced line has a lease");
+                    let still_ours = self.leases.is_held(lease).await;
+                    self.release_all(&leases).await;
+                    if !still_ours? {
+                        tracing::warn!(%sku, token = %lease.fence, %stored, "stale lease holder fenced off");
+                        return Err(Error::LeaseLost { sku });
+                    }
+                    if recoveries == MAX_FENCE_RECOVERIES {
+                        return Err(Error::LeaseLost { sku });
+                    }
+                    recoveries += 1;
+                    tracing::warn!(%sku, token = %lease.fence, %stored, "fence counter behind PostgreSQL; raising it");
+                    self.leases.raise_fence(&sku, stored).await?;
+                }
+                Err(error) => {
+                    self.release_all(&leases).await;
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    pub async fn confirm(&self, target: ReservationRef) -> Result<Reservation, Error> {
+        self.store.confirm(target).await
+    }
+
+    pub async fn release(&self, target: ReservationRef) -> Result<Reservation, Error> {
+        self.store.release(target).await
+    }
+
+    pub async fn get_reservation(&self, target: ReservationRef) -> Result<Reservation, Error> {
+        self.store.get_reservation(target).await
+    }
+
+    /// One sweep: expires up to `batch` overdue holds.
+    pub async fn expire_due(&self, batch: usize) -> Result<usize, Error> {
+        self.store.expire_due(batch).await
+    }
+
+    /// Takes the leases in the given (SKU) order; on failure, gives back the ones taken.
+    async fn acquire_all(&self, skus: &[Sku], deadline: Instant) -> Result<Vec<Lease>, Error> {
+        let mut leases = Vec::with_capacity(skus.len());
+        for sku in skus {
+            match self.leases.acquire(sku, deadline).await {
+                Ok(lease) => leases.push(lease),
+                Err(error) => {
+                    self.release_all(&leases).await;
+                    return Err(error);
+                }
+            }
+        }
+        Ok(leases)
+    }
+
+    /// Best effort: a lease that cannot be released expires on its own.
+    async fn release_all(&self, leases: &[Lease]) {
+        for lease in leases.iter().rev() {
+            match self.leases.release(lease).await {
+                Ok(true) => {}
+                Ok(false) => tracing::debug!(sku = %lease.sku, "lease had already expired"),
+                Err(error) => {
+                    tracing::debug!(sku = %lease.sku, %error, "lease not released; it will expire")
+                }
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! - [`connect`] — configuration parsing and the connection pool.
 //! - [`migrate`] — the embedded, versioned schema and a lock so concurrent runs are safe.
 //! - `store` — [`PgStore`], the `StockStore` implementation, one transaction per use case.
-//! - `stock`, `idempotency`, `outbox` — the SQL, one module per table.
+//! - `stock`, `reservations`, `idempotency`, `outbox` — the SQL, one module per table.
 //! - `error` — driver errors classified as unavailable or internal.
 
 pub mod connect;
@@ -18,6 +18,8 @@ mod error;
 mod idempotency;
 pub mod migrate;
 mod outbox;
+mod reservations;
+mod reserve;
 mod stock;
 mod store;
 

@@ -2,13 +2,61 @@
 //! they describe, so an event exists exactly when its change committed.
 
 use deadpool_postgres::Transaction;
-use inventory_core::domain::Sku;
+use inventory_core::domain::{Reservation, ReservationState, Sku, StockLevel};
+use serde_json::json;
 use uuid::Uuid;
 
 const APPEND_SKU_EVENT: &str = "
     INSERT INTO outbox (event_id, event_type, sku, payload) VALUES ($1, $2, $3, $4)";
 
+const APPEND_RESERVATION_EVENT: &str = "
+    INSERT INTO outbox (event_id, event_type, reservation_id, payload) VALUES ($1, $2, $3, $4)";
+
 pub(crate) const STOCK_ADJUSTED: &str = "STOCK_ADJUSTED";
+
+/// The event type recording a reservation's move to `state`.
+pub(crate) fn reservation_event(state: ReservationState) -> &'static str {
+    match state {
+        ReservationState::Held => "RESERVATION_HELD",
+        ReservationState::Confirmed => "RESERVATION_CONFIRMED",
+        ReservationState::Released => "RESERVATION_RELEASED",
+        ReservationState::Expired => "RESERVATION_EXPIRED",
+    }
+}
+
+/// Appends the event of `reservation` entering its current state, with the levels of its
+/// SKUs right after the change.
+pub(crate) async fn append_reservation_event(
+    tx: &Transaction<'_>,
+    reservation: &Reservation,
+    levels: &[StockLevel],
+) -> Result<(), tokio_postgres::Error> {
+    let payload = json!({
+        "order_id": reservation.order_id.as_str(),
+        "state": reservation.state.as_str(),
+        "lines": reservation.lines.iter().map(|line| json!({
+            "sku": line.sku.as_str(),
+            "quantity": line.quantity.get(),
+        })).collect::<Vec<_>>(),
+        "levels": levels.iter().map(|level| json!({
+            "sku": level.sku.as_str(),
+            "on_hand": level.on_hand,
+            "reserved": level.reserved,
+        })).collect::<Vec<_>>(),
+    });
+    let statement = tx.prepare_cached(APPEND_RESERVATION_EVENT).await?;
+    tx.execute(
+        &statement,
+        &[
+            &Uuid::new_v4(),
+            &reservation_event(reservation.state),
+            &reservation.id.as_uuid(),
+            &payload,
+        ],
+    )
+    .await?;
+    Ok(())
+}
 
 pub(crate) async fn append_sku_event(
     tx: &Transaction<'_>,

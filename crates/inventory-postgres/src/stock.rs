@@ -4,7 +4,7 @@
 //! constraints, so every statement here may assume it and none can break it.
 
 use deadpool_postgres::Transaction;
-use inventory_core::domain::{MAX_ON_HAND, Sku, StockLevel};
+use inventory_core::domain::{FenceToken, MAX_ON_HAND, Sku, StockLevel};
 use tokio_postgres::Row;
 
 /// Adds units, creating the SKU on its first positive adjustment. The `WHERE` on the conflict
@@ -21,6 +21,28 @@ const ADD: &str = "
 const REMOVE: &str = "
     UPDATE stock SET on_hand = on_hand - $2, updated_at = now()
     WHERE sku = $1 AND on_hand - $2 >= reserved
+    RETURNING on_hand, reserved";
+
+/// Holds units for a lease holder: only while enough is available, and only with a fencing
+/// token strictly above the last accepted one, which it then becomes. Strictly: after a Redis
+/// failover two holders can be handed the same number, and only one of them may write.
+const RESERVE: &str = "
+    UPDATE stock SET reserved = reserved + $2, fence_token = $3, updated_at = now()
+    WHERE sku = $1 AND fence_token < $3 AND on_hand - reserved >= $2
+    RETURNING on_hand, reserved";
+
+const READ_WITH_FENCE: &str = "SELECT on_hand, reserved, fence_token FROM stock WHERE sku = $1";
+
+/// Confirmed units leave the stock: both columns drop, so `available` is unchanged.
+const SHIP: &str = "
+    UPDATE stock SET on_hand = on_hand - $2, reserved = reserved - $2, updated_at = now()
+    WHERE sku = $1
+    RETURNING on_hand, reserved";
+
+/// Released or expired units go back to `available`.
+const UNRESERVE: &str = "
+    UPDATE stock SET reserved = reserved - $2, updated_at = now()
+    WHERE sku = $1
     RETURNING on_hand, reserved";
 
 const READ_ONE: &str = "SELECT on_hand, reserved FROM stock WHERE sku = $1";
@@ -59,6 +81,53 @@ pub(crate) async fn read(
     let statement = tx.prepare_cached(READ_ONE).await?;
     let row = tx.query_opt(&statement, &[&sku.as_str()]).await?;
     Ok(row.map(|row| level(sku, &row)))
+}
+
+/// `Some(level)` if the units were held under `fence`; `None` if the SKU is unknown, too few
+/// units are available or the fence is stale (tell them apart with [`read_with_fence`]).
+pub(crate) async fn reserve(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+    units: i64,
+    fence: FenceToken,
+) -> Result<Option<StockLevel>, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(RESERVE).await?;
+    let row = tx
+        .query_opt(&statement, &[&sku.as_str(), &units, &fence.get()])
+        .await?;
+    Ok(row.map(|row| level(sku, &row)))
+}
+
+pub(crate) async fn read_with_fence(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+) -> Result<Option<(StockLevel, FenceToken)>, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(READ_WITH_FENCE).await?;
+    let row = tx.query_opt(&statement, &[&sku.as_str()]).await?;
+    Ok(row.map(|row| (level(sku, &row), FenceToken::new(row.get(2)))))
+}
+
+/// Takes confirmed units out of stock. The CHECK constraints make an impossible request
+/// (more than is reserved) an error instead of a wrong level.
+pub(crate) async fn ship(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+    units: i64,
+) -> Result<StockLevel, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(SHIP).await?;
+    let row = tx.query_one(&statement, &[&sku.as_str(), &units]).await?;
+    Ok(level(sku, &row))
+}
+
+/// Returns held units to `available`.
+pub(crate) async fn unreserve(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+    units: i64,
+) -> Result<StockLevel, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(UNRESERVE).await?;
+    let row = tx.query_one(&statement, &[&sku.as_str(), &units]).await?;
+    Ok(level(sku, &row))
 }
 
 /// The stored levels of whichever of `skus` exist, in no particular order.

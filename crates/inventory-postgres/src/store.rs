@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// Callers are not authenticated yet, so every key lives in one shared scope.
-const ANONYMOUS_CALLER: &str = "";
+pub(crate) const ANONYMOUS_CALLER: &str = "";
 
 #[derive(Clone, Debug)]
 pub struct PgStore {

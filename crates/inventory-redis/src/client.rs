@@ -27,6 +27,7 @@ pub struct RedisSettings {
 pub struct Redis {
     client: fred::clients::Client,
     prefix: KeyPrefix,
+    command_timeout: Duration,
 }
 
 /// Parses a `redis://`, `rediss://`, `redis-sentinel://` or `redis-cluster://` URL without
@@ -88,6 +89,7 @@ impl Redis {
         Ok(Self {
             client,
             prefix: settings.key_prefix.clone(),
+            command_timeout: settings.command_timeout,
         })
     }
 
@@ -99,8 +101,16 @@ impl Redis {
         )
     }
 
+    pub(crate) fn client(&self) -> &fred::clients::Client {
+        &self.client
+    }
+
     pub fn is_connected(&self) -> bool {
         self.client.is_connected()
+    }
+
+    pub fn command_timeout(&self) -> Duration {
+        self.command_timeout
     }
 
     pub fn prefix(&self) -> &KeyPrefix {

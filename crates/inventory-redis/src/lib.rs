@@ -9,12 +9,15 @@
 //! # Layout
 //! - [`keys`] — the key namespace (environment prefix, hash tag per SKU).
 //! - [`client`] — connection settings and the connected client.
+//! - [`leases`] — the lease scripts and [`RedisLeases`], the core's `LeaseService`.
 
 pub mod client;
 pub mod keys;
+pub mod leases;
 
 pub use client::parse_url;
 pub use client::{Redis, RedisSettings};
 /// Parsed connection settings (`REDIS_URL`).
 pub use fred::prelude::Config as RedisConfig;
 pub use keys::KeyPrefix;
+pub use leases::{LeaseSettings, RedisLeases};

@@ -1,4 +1,7 @@
+use std::time::Duration;
+
 use super::*;
+use crate::domain::Quantity;
 
 fn adjust(sku: &str, delta: i64, key: &str, reason: &str) -> AdjustStock {
     AdjustStock {
@@ -31,4 +34,39 @@ fn field_boundaries_are_part_of_the_fingerprint() {
         adjust("AB", 5, "k", "C").fingerprint(),
         adjust("A", 5, "k", "BC").fingerprint()
     );
+}
+
+fn reserve(lines: &[(&str, i64)], ttl: Option<u64>) -> Reserve {
+    Reserve::new(
+        IdempotencyKey::parse("k").unwrap(),
+        OrderId::parse("order-1").unwrap(),
+        lines
+            .iter()
+            .map(|(sku, quantity)| Line {
+                sku: Sku::parse(sku).unwrap(),
+                quantity: Quantity::parse(*quantity).unwrap(),
+            })
+            .collect(),
+        ttl.map(|secs| Ttl::parse(Duration::from_secs(secs)).unwrap()),
+    )
+}
+
+#[test]
+fn reserve_fingerprint_ignores_line_order_but_not_content() {
+    let base = reserve(&[("A", 1), ("B", 2)], None).fingerprint();
+    assert_eq!(base, reserve(&[("B", 2), ("A", 1)], None).fingerprint());
+    assert_ne!(base, reserve(&[("A", 1), ("B", 3)], None).fingerprint());
+    assert_ne!(base, reserve(&[("A", 1)], None).fingerprint());
+    assert_ne!(base, reserve(&[("A", 1), ("B", 2)], Some(60)).fingerprint());
+}
+
+#[test]
+fn lines_are_locked_in_sku_order() {
+    let command = reserve(&[("C", 1), ("A", 1), ("B", 1)], None);
+    let order: Vec<&str> = command
+        .lines_by_sku()
+        .iter()
+        .map(|l| l.sku.as_str())
+        .collect();
+    assert_eq!(order, ["A", "B", "C"]);
 }

@@ -43,3 +43,39 @@ fn delta_is_non_zero_and_bounded() {
     assert!(StockDelta::parse(MAX_DELTA + 1).is_err());
     assert!(StockDelta::parse(i64::MIN).is_err());
 }
+
+#[test]
+fn quantity_and_ttl_are_bounded() {
+    assert!(Quantity::parse(0).is_err());
+    assert!(Quantity::parse(-1).is_err());
+    assert!(Quantity::parse(MAX_QUANTITY).is_ok());
+    assert!(Quantity::parse(MAX_QUANTITY + 1).is_err());
+    assert!(Ttl::parse(Duration::from_millis(999)).is_err());
+    assert!(Ttl::parse(MIN_TTL).is_ok());
+    assert!(Ttl::parse(MAX_TTL).is_ok());
+    assert!(Ttl::parse(MAX_TTL + Duration::from_nanos(1)).is_err());
+}
+
+#[test]
+fn reservation_ids_are_canonical_uuids() {
+    let id = ReservationId::new_random();
+    assert_eq!(ReservationId::parse(&id.to_string()), Ok(id));
+    assert!(ReservationId::parse("").is_err());
+    assert!(ReservationId::parse("not-a-uuid").is_err());
+    // The simple (unhyphenated) and braced spellings are refused: one id, one spelling.
+    assert!(ReservationId::parse(&id.as_uuid().simple().to_string()).is_err());
+    assert!(ReservationId::parse(&format!("{{{id}}}")).is_err());
+}
+
+#[test]
+fn states_round_trip_through_their_names() {
+    for state in [
+        ReservationState::Held,
+        ReservationState::Confirmed,
+        ReservationState::Released,
+        ReservationState::Expired,
+    ] {
+        assert_eq!(ReservationState::parse(state.as_str()), Some(state));
+    }
+    assert_eq!(ReservationState::parse("held"), None);
+}

@@ -1,0 +1,254 @@
+//! SQL for the `reservations` and `reservation_lines` tables.
+//!
+//! Invariants relied on: a reservation's lines never change after insert; only `state` moves,
+//! and only away from `HELD`. "Expired" is judged by PostgreSQL's clock (`now()`), one clock
+//! for every replica, so a hold past `expires_at` reads as `EXPIRED` everywhere at once, swept
+//! or not.
+
+use std::time::SystemTime;
+
+use deadpool_postgres::{GenericClient, Transaction};
+use inventory_core::{
+    Error,
+    domain::{
+        FenceToken, Line, OrderId, Quantity, Reservation, ReservationId, ReservationState, Sku, Ttl,
+    },
+};
+use tokio_postgres::Row;
+
+/// The state every reader sees: a hold past its expiry is expired, swept or not.
+const EFFECTIVE_STATE: &str =
+    "CASE WHEN state = 'HELD' AND expires_at <= now() THEN 'EXPIRED' ELSE state END";
+
+const INSERT: &str = "
+    INSERT INTO reservations (reservation_id, order_id, state, caller, idempotency_key, expires_at)
+    VALUES ($1, $2, 'HELD', $3, $4, now() + make_interval(secs => $5))
+    RETURNING created_at, expires_at";
+
+const INSERT_LINES: &str = "
+    INSERT INTO reservation_lines (reservation_id, sku, quantity, fence_token)
+    SELECT $1, * FROM unnest($2::text[], $3::bigint[], $4::bigint[])";
+
+const LINES: &str = "
+    SELECT sku, quantity FROM reservation_lines WHERE reservation_id = $1 ORDER BY sku";
+
+const SET_STATE: &str = "
+    UPDATE reservations SET state = $2, updated_at = now() WHERE reservation_id = $1";
+
+/// Holds past their expiry, oldest first. `SKIP LOCKED` lets several sweepers (one per
+/// replica) take disjoint batches at the same moment instead of queueing on each other.
+const LOCK_DUE: &str = "
+    SELECT reservation_id, order_id, created_at, expires_at FROM reservations
+    WHERE state = 'HELD' AND expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED";
+
+const LINES_OF_MANY: &str = "
+    SELECT reservation_id, sku, quantity FROM reservation_lines
+    WHERE reservation_id = ANY($1) ORDER BY reservation_id, sku";
+
+const EXPIRE_MANY: &str = "
+    UPDATE reservations SET state = 'EXPIRED', updated_at = now()
+    WHERE reservation_id = ANY($1)";
+
+/// A reservation row, before its lines are attached.
+#[derive(Debug)]
+pub(crate) struct Header {
+    pub id: ReservationId,
+    pub order_id: OrderId,
+    /// As stored.
+    pub stored_state: ReservationState,
+    /// As every reader sees it (`EXPIRED` once overdue).
+    pub state: ReservationState,
+    pub created_at: SystemTime,
+    pub expires_at: SystemTime,
+}
+
+impl Header {
+    pub fn with_lines(self, lines: Vec<Line>) -> Reservation {
+        Reservation {
+            id: self.id,
+            order_id: self.order_id,
+            state: self.state,
+            lines,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+pub(crate) struct NewReservation<'a> {
+    pub id: ReservationId,
+    pub order_id: &'a OrderId,
+    pub caller: &'a str,
+    pub idempotency_key: &'a str,
+    pub ttl: Ttl,
+}
+
+/// Inserts a `HELD` reservation; returns `(created_at, expires_at)` by PostgreSQL's clock.
+pub(crate) async fn insert(
+    tx: &Transaction<'_>,
+    new: &NewReservation<'_>,
+) -> Result<(SystemTime, SystemTime), tokio_postgres::Error> {
+    let statement = tx.prepare_cached(INSERT).await?;
+    let row = tx
+        .query_one(
+            &statement,
+            &[
+                &new.id.as_uuid(),
+                &new.order_id.as_str(),
+                &new.caller,
+                &new.idempotency_key,
+                &new.ttl.get().as_secs_f64(),
+            ],
+        )
+        .await?;
+    Ok((row.try_get(0)?, row.try_get(1)?))
+}
+
+pub(crate) async fn insert_lines(
+    tx: &Transaction<'_>,
+    id: ReservationId,
+    lines: &[(&Line, FenceToken)],
+) -> Result<(), tokio_postgres::Error> {
+    let statement = tx.prepare_cached(INSERT_LINES).await?;
+    let skus: Vec<&str> = lines.iter().map(|(l, _)| l.sku.as_str()).collect();
+    let quantities: Vec<i64> = lines.iter().map(|(l, _)| l.quantity.get()).collect();
+    let fences: Vec<i64> = lines.iter().map(|(_, f)| f.get()).collect();
+    tx.execute(&statement, &[&id.as_uuid(), &skus, &quantities, &fences])
+        .await?;
+    Ok(())
+}
+
+/// The reservation's row, locked for update when `for_update`.
+pub(crate) async fn header(
+    client: &impl GenericClient,
+    id: ReservationId,
+    for_update: bool,
+) -> Result<Option<Header>, Error> {
+    let sql = format!(
+        "SELECT order_id, state, {EFFECTIVE_STATE}, created_at, expires_at
+         FROM reservations WHERE reservation_id = $1{}",
+        if for_update { " FOR UPDATE" } else { "" }
+    );
+    let statement = client
+        .prepare_cached(&sql)
+        .await
+        .map_err(crate::error::from_db)?;
+    let row = client
+        .query_opt(&statement, &[&id.as_uuid()])
+        .await
+        .map_err(crate::error::from_db)?;
+    row.map(|row| {
+        Ok(Header {
+            id,
+            order_id: stored(OrderId::parse(row.try_get(0).map_err(Error::internal)?))?,
+            stored_state: state(&row, 1)?,
+            state: state(&row, 2)?,
+            created_at: row.try_get(3).map_err(Error::internal)?,
+            expires_at: row.try_get(4).map_err(Error::internal)?,
+        })
+    })
+    .transpose()
+}
+
+pub(crate) async fn lines(
+    client: &impl GenericClient,
+    id: ReservationId,
+) -> Result<Vec<Line>, Error> {
+    let statement = client
+        .prepare_cached(LINES)
+        .await
+        .map_err(crate::error::from_db)?;
+    let rows = client
+        .query(&statement, &[&id.as_uuid()])
+        .await
+        .map_err(crate::error::from_db)?;
+    rows.iter().map(|row| line(row, 0)).collect()
+}
+
+pub(crate) async fn set_state(
+    tx: &Transaction<'_>,
+    id: ReservationId,
+    state: ReservationState,
+) -> Result<(), tokio_postgres::Error> {
+    let statement = tx.prepare_cached(SET_STATE).await?;
+    tx.execute(&statement, &[&id.as_uuid(), &state.as_str()])
+        .await?;
+    Ok(())
+}
+
+/// Locks up to `batch` overdue holds (skipping ones another transaction holds) and returns
+/// them with their lines.
+pub(crate) async fn lock_due(tx: &Transaction<'_>, batch: i64) -> Result<Vec<Reservation>, Error> {
+    let statement = tx
+        .prepare_cached(LOCK_DUE)
+        .await
+        .map_err(crate::error::from_db)?;
+    let rows = tx
+        .query(&statement, &[&batch])
+        .await
+        .map_err(crate::error::from_db)?;
+    let mut due = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
+        due.push(Reservation {
+            id: ReservationId::from_uuid(uuid),
+            order_id: stored(OrderId::parse(row.try_get(1).map_err(Error::internal)?))?,
+            state: ReservationState::Held,
+            lines: Vec::new(),
+            created_at: row.try_get(2).map_err(Error::internal)?,
+            expires_at: row.try_get(3).map_err(Error::internal)?,
+        });
+    }
+    if due.is_empty() {
+        return Ok(due);
+    }
+    let ids: Vec<uuid::Uuid> = due.iter().map(|r| r.id.as_uuid()).collect();
+    let statement = tx
+        .prepare_cached(LINES_OF_MANY)
+        .await
+        .map_err(crate::error::from_db)?;
+    let rows = tx
+        .query(&statement, &[&ids])
+        .await
+        .map_err(crate::error::from_db)?;
+    for row in &rows {
+        let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
+        let reservation = due
+            .iter_mut()
+            .find(|r| r.id.as_uuid() == uuid)
+            .expect("lines belong to a locked reservation");
+        reservation.lines.push(line(row, 1)?);
+    }
+    Ok(due)
+}
+
+pub(crate) async fn mark_expired(
+    tx: &Transaction<'_>,
+    ids: &[uuid::Uuid],
+) -> Result<(), tokio_postgres::Error> {
+    let statement = tx.prepare_cached(EXPIRE_MANY).await?;
+    tx.execute(&statement, &[&ids]).await?;
+    Ok(())
+}
+
+fn line(row: &Row, first: usize) -> Result<Line, Error> {
+    Ok(Line {
+        sku: stored(Sku::parse(row.try_get(first).map_err(Error::internal)?))?,
+        quantity: stored(Quantity::parse(
+            row.try_get(first + 1).map_err(Error::internal)?,
+        ))?,
+    })
+}
+
+fn state(row: &Row, index: usize) -> Result<ReservationState, Error> {
+    let raw: &str = row.try_get(index).map_err(Error::internal)?;
+    ReservationState::parse(raw).ok_or_else(|| Error::internal(format!("unknown state {raw:?}")))
+}
+
+/// A stored value that fails its own parser means the schema and the code disagree.
+fn stored<T>(parsed: Result<T, String>) -> Result<T, Error> {
+    parsed.map_err(|problem| Error::internal(format!("stored value is invalid: {problem}")))
+}

@@ -1,0 +1,219 @@
+//! Per-SKU leases with fencing tokens.
+//!
+//! Grant is one Lua script: `SET lease <holder> NX PX ttl` and, only if that succeeded,
+//! `INCR fence`. Being one script, token order is grant order. The fence counter never gets a
+//! TTL and is never deleted by the service: losing it is survivable (PostgreSQL keeps the
+//! highest accepted token and the core raises the counter past it) but not free.
+//!
+//! Every call fails fast: a disconnected client answers at once, a slow Redis within the
+//! command timeout. fred ignores per-call options on the Lua path (fred #353), so the bound
+//! comes from the client's default command timeout, with an outer timeout as a backstop. A
+//! timed-out script may still run on Redis later; that is harmless here (the lease expires
+//! on its own and the counter only grows), and the caller hears `UNAVAILABLE`, never success.
+
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
+
+use fred::{
+    error::{Error as RedisError, ErrorKind},
+    interfaces::KeysInterface,
+    types::scripts::Script,
+};
+use inventory_core::{
+    Dependency, Error,
+    domain::{FenceToken, Sku},
+    ports::{Lease, LeaseService},
+};
+
+use crate::client::Redis;
+
+/// KEYS: lease, fence. ARGV: holder, ttl in ms. Returns the new fencing token, or 0 when the
+/// lease is held by someone else.
+const ACQUIRE: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+return 0
+"#;
+
+/// KEYS: lease. ARGV: holder. Deletes the lease only if this holder still has it.
+const RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+/// KEYS: fence. ARGV: floor. Raises the counter to the floor, never lowers it.
+const RAISE_FENCE: &str = r#"
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local floor = tonumber(ARGV[1])
+if current < floor then
+  redis.call('SET', KEYS[1], floor)
+  return floor
+end
+return current
+"#;
+
+/// How leases behave.
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    /// How long a lease lasts if its holder never releases it (crash, cancelled call).
+    pub ttl: Duration,
+    /// First backoff step while a lease is busy; doubles up to `max_backoff`, with full jitter.
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(2),
+            min_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(25),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct RedisLeases {
+    redis: Redis,
+    settings: LeaseSettings,
+    acquire: Script,
+    release: Script,
+    raise_fence: Script,
+}
+
+impl RedisLeases {
+    pub fn new(redis: Redis, settings: LeaseSettings) -> Self {
+        Self {
+            redis,
+            settings,
+            acquire: Script::from_lua(ACQUIRE),
+            release: Script::from_lua(RELEASE),
+            raise_fence: Script::from_lua(RAISE_FENCE),
+        }
+    }
+
+    pub fn redis(&self) -> &Redis {
+        &self.redis
+    }
+
+    /// One grant attempt: `Some(token)` if granted, `None` if busy.
+    pub async fn try_acquire(&self, sku: &Sku, holder: &str) -> Result<Option<FenceToken>, Error> {
+        let prefix = self.redis.prefix();
+        let ttl_ms = self.settings.ttl.as_millis().max(1) as i64;
+        let token: i64 = self
+            .bounded(self.acquire.evalsha_with_reload(
+                self.redis.client(),
+                vec![prefix.lease(sku), prefix.fence(sku)],
+                vec![holder.to_owned(), ttl_ms.to_string()],
+            ))
+            .await?;
+        Ok((token > 0).then(|| FenceToken::new(token)))
+    }
+
+    /// Refuses at once while disconnected, and bounds the call by the command timeout.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, Error> {
+        if !self.redis.is_connected() {
+            return Err(Error::unavailable(Dependency::Redis, "not connected"));
+        }
+        match tokio::time::timeout(self.redis.command_timeout() * 2, call).await {
+            Ok(result) => result.map_err(classify),
+            Err(_) => Err(Error::unavailable(Dependency::Redis, "command timed out")),
+        }
+    }
+}
+
+impl LeaseService for RedisLeases {
+    async fn acquire(&self, sku: &Sku, deadline: Instant) -> Result<Lease, Error> {
+        let holder = new_holder_token()?;
+        let started = Instant::now();
+        let mut step = self.settings.min_backoff;
+        loop {
+            if let Some(fence) = self.try_acquire(sku, &holder).await? {
+                return Ok(Lease {
+                    sku: sku.clone(),
+                    holder,
+                    fence,
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::LeaseBusy {
+                    sku: sku.clone(),
+                    waited: now - started,
+                });
+            }
+            tokio::time::sleep(jitter(step).min(deadline - now)).await;
+            step = (step * 2).min(self.settings.max_backoff);
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, Error> {
+        let deleted: i64 = self
+            .bounded(self.release.evalsha_with_reload(
+                self.redis.client(),
+                vec![self.redis.prefix().lease(&lease.sku)],
+                vec![lease.holder.clone()],
+            ))
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    async fn is_held(&self, lease: &Lease) -> Result<bool, Error> {
+        let holder: Option<String> = self
+            .bounded(
+                self.redis
+                    .client()
+                    .get(self.redis.prefix().lease(&lease.sku)),
+            )
+            .await?;
+        Ok(holder.as_deref() == Some(lease.holder.as_str()))
+    }
+
+    async fn raise_fence(&self, sku: &Sku, floor: FenceToken) -> Result<(), Error> {
+        let _: i64 = self
+            .bounded(self.raise_fence.evalsha_with_reload(
+                self.redis.client(),
+                vec![self.redis.prefix().fence(sku)],
+                vec![floor.get().to_string()],
+            ))
+            .await?;
+        Ok(())
+    }
+}
+
+/// 128 bits from the operating system's CSPRNG, hex-encoded: unguessable, so no other
+/// process can release or impersonate this holder's lease.
+fn new_holder_token() -> Result<String, Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| Error::internal(e.to_string()))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Full jitter: uniform in `[0, step]`, so waiters on one SKU spread out instead of retrying
+/// in lockstep.
+fn jitter(step: Duration) -> Duration {
+    let fraction = f64::from(getrandom::u32().unwrap_or(u32::MAX / 2)) / f64::from(u32::MAX);
+    step.mul_f64(fraction)
+}
+
+/// Fail closed: anything that is not plainly a bug counts as Redis being unavailable.
+fn classify(error: RedisError) -> Error {
+    match error.kind() {
+        ErrorKind::InvalidCommand
+        | ErrorKind::InvalidArgument
+        | ErrorKind::Parse
+        | ErrorKind::Protocol
+        | ErrorKind::Config
+        | ErrorKind::Url
+        | ErrorKind::NotFound => Error::internal(error),
+        _ => Error::unavailable(Dependency::Redis, error),
+    }
+}

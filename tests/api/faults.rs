@@ -1,0 +1,377 @@
+//! The failure cases the design exists for, each driven deterministically: a holder paused past
+//! its lease (a latch at a named pause point), a stale release, Redis forgetting its fence
+//! counters, Redis dying, a response lost after commit.
+
+use std::time::{Duration, Instant};
+
+use fred::prelude::{ClientLike as _, KeysInterface as _};
+use inventory_core::{domain::Sku, pause::PausePoint, ports::LeaseService as _};
+use inventory_redis::{LeaseSettings, RedisLeases};
+use inventory_server::proto::{GetStockRequest, ReservationState};
+use tonic::Code;
+use tonic_types::StatusExt as _;
+
+use crate::{
+    helpers::{
+        RedisProcess, TestApp, error_reason, fresh_database, spawn_app, spawn_app_with,
+        test_settings_with_redis,
+    },
+    reservations::{reserve, stock},
+};
+
+/// Waits until Redis has expired `key` by itself, after its TTL was cut to 1 ms.
+async fn expire_now(app: &TestApp, key: &str) {
+    let _: bool = app.redis.pexpire(key, 1, None).await.unwrap();
+    for _ in 0..500 {
+        let exists: i64 = app.redis.exists(key).await.unwrap();
+        if exists == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("{key} did not expire");
+}
+
+#[tokio::test]
+async fn a_holder_paused_past_its_lease_is_fenced_off_even_with_stock_to_spare() {
+    let app = spawn_app().await;
+    // Plenty of stock: only the fence can stop the stale write.
+    stock(&app, "SKU-1", 1_000).await;
+
+    let mut held = app.pauses.arm(PausePoint::LeaseGranted);
+    let mut client_a = app.client.clone();
+    let a = tokio::spawn(async move { client_a.reserve(reserve("a", &[("SKU-1", 7)])).await });
+    held.reached().await;
+    let token_a = app.redis_fence("SKU-1").await;
+
+    // A stalls; its lease runs out; B takes the SKU with a newer token and commits.
+    expire_now(&app, &app.lease_key("SKU-1")).await;
+    let b = app
+        .client
+        .clone()
+        .reserve(reserve("b", &[("SKU-1", 5)]))
+        .await
+        .unwrap();
+    let token_b = app.stored_fence("SKU-1").await;
+    assert!(token_b > token_a);
+
+    held.resume();
+    let status = a.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert_eq!(error_reason(&status), "LEASE_LOST");
+    assert!(status.get_details_retry_info().is_some());
+
+    // A changed nothing: only B's units are held, the fence is B's, A left no trace.
+    assert_eq!(app.level("SKU-1").await, (1_000, 5));
+    assert_eq!(app.stored_fence("SKU-1").await, token_b);
+    let rows: i64 = app
+        .db
+        .query_one(
+            "SELECT count(*) FROM reservations WHERE idempotency_key = 'a'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
+    let keys: i64 = app
+        .db
+        .query_one("SELECT count(*) FROM idempotency_keys WHERE key = 'a'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(keys, 0, "a lost lease is transient: the key is not stored");
+    assert_eq!(b.into_inner().state(), ReservationState::Held);
+
+    // A's retry with the same key is a fresh attempt, and wins legitimately.
+    let retry = app
+        .client
+        .clone()
+        .reserve(reserve("a", &[("SKU-1", 7)]))
+        .await
+        .unwrap();
+    assert_eq!(retry.into_inner().state(), ReservationState::Held);
+    assert_eq!(app.level("SKU-1").await, (1_000, 12));
+}
+
+#[tokio::test]
+async fn a_stale_release_does_not_delete_the_next_holders_lease() {
+    let app = spawn_app().await;
+    let leases = RedisLeases::new(
+        inventory_redis::Redis::connect(
+            inventory_redis::parse_url(&crate::helpers::redis_url()).unwrap(),
+            &inventory_redis::RedisSettings {
+                key_prefix: app.key_prefix.clone(),
+                command_timeout: Duration::from_millis(250),
+                connect_timeout: Duration::from_secs(1),
+            },
+        )
+        .unwrap(),
+        LeaseSettings::default(),
+    );
+    assert!(leases.redis().wait_connected(Duration::from_secs(5)).await);
+    let sku = Sku::parse("SKU-1").unwrap();
+    let deadline = || Instant::now() + Duration::from_secs(5);
+
+    let a = leases.acquire(&sku, deadline()).await.unwrap();
+    expire_now(&app, &app.lease_key("SKU-1")).await;
+    let b = leases.acquire(&sku, deadline()).await.unwrap();
+    assert!(b.fence > a.fence);
+
+    assert!(
+        !leases.release(&a).await.unwrap(),
+        "A no longer holds the lease"
+    );
+    assert!(!leases.is_held(&a).await.unwrap());
+    assert!(
+        leases.is_held(&b).await.unwrap(),
+        "B's lease survived A's release"
+    );
+    let holder: Option<String> = app.redis.get(app.lease_key("SKU-1")).await.unwrap();
+    assert_eq!(holder.as_deref(), Some(b.holder.as_str()));
+    assert!(leases.release(&b).await.unwrap());
+    assert_ne!(a.holder, b.holder);
+    assert_eq!(a.holder.len(), 32, "128 random bits, hex");
+}
+
+/// After a few writes, Redis loses the fence counter in some way; the next `Reserve` must
+/// still succeed, with a token above the one PostgreSQL stored.
+async fn survives_counter_loss(app: &mut TestApp, lose: impl std::future::Future<Output = ()>) {
+    stock(app, "SKU-1", 100).await;
+    for i in 0..3 {
+        app.client
+            .reserve(reserve(&format!("before-{i}"), &[("SKU-1", 1)]))
+            .await
+            .unwrap();
+    }
+    let stored_before = app.stored_fence("SKU-1").await;
+    assert!(stored_before >= 3);
+
+    lose.await;
+    assert!(
+        app.redis_fence("SKU-1").await < stored_before,
+        "the counter was lost"
+    );
+
+    let after = app
+        .client
+        .reserve(reserve("after", &[("SKU-1", 1)]))
+        .await
+        .expect("a legitimate holder is not locked out");
+    assert_eq!(after.into_inner().state(), ReservationState::Held);
+    let stored_after = app.stored_fence("SKU-1").await;
+    assert!(
+        stored_after > stored_before,
+        "{stored_after} > {stored_before}"
+    );
+    assert!(
+        app.redis_fence("SKU-1").await >= stored_after,
+        "the counter was raised, not lowered"
+    );
+    assert_eq!(app.level("SKU-1").await, (100, 4));
+}
+
+#[tokio::test]
+async fn a_wiped_fence_counter_heals_itself() {
+    let mut app = spawn_app().await;
+    let key = app.fence_key("SKU-1");
+    let redis = app.redis.clone();
+    survives_counter_loss(&mut app, async move {
+        let _: i64 = redis.del(key).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_flushed_redis_heals_itself() {
+    let redis_process = RedisProcess::start().await;
+    let mut app = spawn_app_with(test_settings_with_redis(
+        fresh_database().await,
+        &redis_process.url(),
+    ))
+    .await;
+    let redis = app.redis.clone();
+    survives_counter_loss(&mut app, async move {
+        let _: () = redis.flushall(false).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_redis_restarted_empty_heals_itself() {
+    let mut redis_process = RedisProcess::start().await;
+    let mut app = spawn_app_with(test_settings_with_redis(
+        fresh_database().await,
+        &redis_process.url(),
+    ))
+    .await;
+    let observer = app.redis.clone();
+    let server = app.client.clone();
+    survives_counter_loss(&mut app, async {
+        redis_process.kill().await;
+        redis_process.restart().await;
+        // Both the service's client and the test's reconnect on their own.
+        wait_until_reserving(server, "reconnect-probe").await;
+        let _ = observer.ping::<()>(None).await;
+    })
+    .await;
+}
+
+/// Retries one `Reserve` (same key, so at most one takes effect) until Redis is back.
+async fn wait_until_reserving(
+    mut client: inventory_server::proto::inventory_service_client::InventoryServiceClient<
+        tonic::transport::Channel,
+    >,
+    key: &str,
+) {
+    for _ in 0..200 {
+        match client.reserve(reserve(key, &[("PROBE", 1)])).await {
+            // PROBE does not exist: NOT_FOUND proves the lease was granted again.
+            Err(status) if status.code() == Code::NotFound => return,
+            Err(status) if status.code() == Code::Unavailable => {}
+            other => panic!("unexpected {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("Reserve never came back after Redis did");
+}
+
+#[tokio::test]
+async fn with_redis_down_reserve_fails_closed_and_everything_else_works() {
+    let mut redis_process = RedisProcess::start().await;
+    let mut app = spawn_app_with(test_settings_with_redis(
+        fresh_database().await,
+        &redis_process.url(),
+    ))
+    .await;
+    stock(&app, "SKU-1", 10).await;
+    let to_confirm = app
+        .client
+        .reserve(reserve("c", &[("SKU-1", 2)]))
+        .await
+        .unwrap()
+        .into_inner();
+    let to_release = app
+        .client
+        .reserve(reserve("r", &[("SKU-1", 3)]))
+        .await
+        .unwrap()
+        .into_inner();
+
+    redis_process.kill().await;
+    let before = app.row_counts().await;
+    for attempt in 0..3 {
+        let started = Instant::now();
+        let status = app
+            .client
+            .reserve(reserve(&format!("down-{attempt}"), &[("SKU-1", 1)]))
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert_eq!(error_reason(&status), "REDIS_UNAVAILABLE");
+        assert!(took < Duration::from_secs(2), "answered in {took:?}");
+    }
+    assert_eq!(app.row_counts().await, before, "Reserve wrote nothing");
+    assert_eq!(app.level("SKU-1").await, (10, 5));
+
+    // None of these can oversell, so none needs Redis.
+    let levels = app
+        .client
+        .get_stock(GetStockRequest {
+            skus: vec!["SKU-1".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(levels.levels[0].reserved, 5);
+    let confirmed = app
+        .client
+        .confirm_reservation(inventory_server::proto::ConfirmReservationRequest {
+            reservation_id: to_confirm.reservation_id.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(confirmed.into_inner().state(), ReservationState::Confirmed);
+    let released = app
+        .client
+        .release_reservation(inventory_server::proto::ReleaseReservationRequest {
+            reservation_id: to_release.reservation_id.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(released.into_inner().state(), ReservationState::Released);
+    assert_eq!(app.level("SKU-1").await, (8, 0));
+
+    // Redis returns: Reserve works again, without a restart of the service.
+    redis_process.restart().await;
+    let mut back = None;
+    for _ in 0..200 {
+        match app.client.reserve(reserve("after", &[("SKU-1", 1)])).await {
+            Ok(reservation) => {
+                back = Some(reservation.into_inner());
+                break;
+            }
+            Err(status) => assert_eq!(status.code(), Code::Unavailable, "{status:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        back.expect("Reserve works again").state(),
+        ReservationState::Held
+    );
+}
+
+#[tokio::test]
+async fn a_busy_lease_past_the_client_deadline_is_aborted_with_retry_advice() {
+    let app = spawn_app().await;
+    stock(&app, "SKU-1", 10).await;
+    let mut held = app.pauses.arm(PausePoint::LeaseGranted);
+    let mut client_a = app.client.clone();
+    let a = tokio::spawn(async move { client_a.reserve(reserve("a", &[("SKU-1", 1)])).await });
+    held.reached().await;
+
+    // B's client allows 300 ms; the lease stays busy longer, so B gives up with ABORTED
+    // (before its own deadline turns the call into DEADLINE_EXCEEDED).
+    let mut request = tonic::Request::new(reserve("b", &[("SKU-1", 1)]));
+    request.set_timeout(Duration::from_millis(300));
+    let status = app.client.clone().reserve(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert_eq!(error_reason(&status), "LEASE_BUSY");
+    assert!(status.get_details_retry_info().is_some());
+
+    held.resume();
+    assert!(a.await.unwrap().is_ok());
+    assert_eq!(app.level("SKU-1").await, (10, 1));
+}
+
+#[tokio::test]
+async fn a_response_lost_after_commit_is_recovered_by_retrying_the_key() {
+    let app = spawn_app().await;
+    stock(&app, "SKU-1", 10).await;
+    let mut held = app.pauses.arm(PausePoint::Committed);
+    let mut client = app.client.clone();
+    let lost = tokio::spawn(async move { client.reserve(reserve("k1", &[("SKU-1", 4)])).await });
+    held.reached().await;
+    // The client gives up while the server sits between commit and response.
+    lost.abort();
+    let _ = lost.await;
+    held.resume();
+
+    let retry = app
+        .client
+        .clone()
+        .reserve(reserve("k1", &[("SKU-1", 4)]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(retry.state(), ReservationState::Held);
+    assert_eq!(app.level("SKU-1").await, (10, 4), "stock moved once");
+    let count: i64 = app
+        .db
+        .query_one("SELECT count(*) FROM reservations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 1);
+}

@@ -2,7 +2,10 @@
 
 use std::{process::Command, time::Duration};
 
-use inventory_server::proto::{AdjustStockRequest, WatchEventsRequest};
+use fred::prelude::KeysInterface as _;
+use inventory_server::proto::{
+    AdjustStockRequest, ReservationLine, ReserveRequest, WatchEventsRequest,
+};
 use tokio_stream::StreamExt as _;
 use tonic::Code;
 use tonic_health::pb::{
@@ -223,6 +226,26 @@ async fn postgres_down_is_unavailable_with_retry_advice() {
     assert!(status.get_details_retry_info().is_some());
     // No driver text leaks into the message.
     assert_eq!(status.message(), "PostgreSQL is unavailable");
+
+    // Reserve gets its lease, fails on PostgreSQL, and gives the lease back.
+    let status = app
+        .client
+        .reserve(ReserveRequest {
+            idempotency_key: "k".into(),
+            order_id: "o".into(),
+            lines: vec![ReservationLine {
+                sku: "SKU-1".into(),
+                quantity: 1,
+            }],
+            ttl: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(error_reason(&status), "POSTGRES_UNAVAILABLE");
+    let sku = inventory_core::domain::Sku::parse("SKU-1").unwrap();
+    let lease: Option<String> = app.redis.get(app.key_prefix.lease(&sku)).await.unwrap();
+    assert_eq!(lease, None, "the lease was released");
 }
 
 /// Like `spawn_app_with`, for settings whose database cannot be reached (the harness's direct
@@ -230,6 +253,11 @@ async fn postgres_down_is_unavailable_with_retry_advice() {
 async fn spawn_app_with_unreachable_database(
     settings: inventory_server::config::Settings,
 ) -> UnreachableApp {
+    let key_prefix = settings.redis_settings.key_prefix.clone();
+    let redis = fred::types::Builder::from_config(settings.redis.clone())
+        .build()
+        .unwrap();
+    fred::prelude::ClientLike::init(&redis).await.unwrap();
     let application = inventory_server::startup::Application::build(settings)
         .await
         .unwrap();
@@ -246,6 +274,8 @@ async fn spawn_app_with_unreachable_database(
         .unwrap();
     UnreachableApp {
         client,
+        redis,
+        key_prefix,
         _stop: stop,
     }
 }
@@ -254,5 +284,7 @@ struct UnreachableApp {
     client: inventory_server::proto::inventory_service_client::InventoryServiceClient<
         tonic::transport::Channel,
     >,
+    redis: fred::clients::Client,
+    key_prefix: inventory_redis::KeyPrefix,
     _stop: tokio::sync::oneshot::Sender<()>,
 }

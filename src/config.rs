@@ -102,6 +102,14 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub sweep_batch: u32,
 
+    /// How long events stay in the outbox (and so in WatchEvents); older ones are pruned.
+    #[arg(long, env = "EVENT_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
+    pub event_retention: Duration,
+
+    /// How long an idempotency key and its stored outcome are kept (at least 24h).
+    #[arg(long, env = "IDEMPOTENCY_RETENTION", default_value = "48h", value_parser = humantime::parse_duration)]
+    pub idempotency_retention: Duration,
+
     /// Address the gRPC server listens on.
     #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:50051")]
     pub listen_addr: SocketAddr,
@@ -110,6 +118,9 @@ pub struct ServeArgs {
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
 }
+
+/// Retries of the same request within a day must always replay.
+const MIN_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Everything `serve` needs, parsed and checked.
 #[derive(Debug)]
@@ -124,6 +135,8 @@ pub struct Settings {
     pub default_ttl: Ttl,
     pub sweep_interval: Duration,
     pub sweep_batch: usize,
+    pub event_retention: Duration,
+    pub idempotency_retention: Duration,
     pub shutdown_grace: Duration,
 }
 
@@ -155,6 +168,12 @@ impl Settings {
                 problems.push(format!("{name} must be greater than zero"));
             }
         }
+        if args.idempotency_retention < MIN_IDEMPOTENCY_RETENTION {
+            problems.push("IDEMPOTENCY_RETENTION must be at least 24h".into());
+        }
+        if args.event_retention.is_zero() {
+            problems.push("EVENT_RETENTION must be greater than zero".into());
+        }
         match (database, redis, key_prefix, default_ttl) {
             (Some(database), Some(redis), Some(key_prefix), Some(default_ttl))
                 if problems.is_empty() =>
@@ -180,6 +199,8 @@ impl Settings {
                     default_ttl,
                     sweep_interval: args.sweep_interval,
                     sweep_batch: args.sweep_batch as usize,
+                    event_retention: args.event_retention,
+                    idempotency_retention: args.idempotency_retention,
                     shutdown_grace: args.shutdown_grace,
                 })
             }

@@ -8,25 +8,28 @@ use std::{
 };
 
 use inventory_core::{
-    command::{AdjustStock, GetStock, ReservationRef, Reserve},
-    domain::{Reservation, ReservationState, StockLevel},
+    command::{AdjustStock, GetStock, ReservationRef, Reserve, WatchEvents},
+    domain::{Line, Reservation, ReservationState, StockLevel},
+    events::{Change, Event},
 };
-use tokio_stream::Stream;
+use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, metadata::MetadataMap};
 
-use crate::{proto, startup::Service, status::to_status};
+use crate::{events::EventHub, proto, startup::Service, status::to_status};
 
 #[derive(Debug)]
 pub struct InventoryApi {
     inventory: Arc<Service>,
+    events: EventHub,
     /// Longest a `Reserve` waits for busy leases, whatever the client's deadline.
     lease_wait: Duration,
 }
 
 impl InventoryApi {
-    pub fn new(inventory: Arc<Service>, lease_wait: Duration) -> Self {
+    pub fn new(inventory: Arc<Service>, events: EventHub, lease_wait: Duration) -> Self {
         Self {
             inventory,
+            events,
             lease_wait,
         }
     }
@@ -81,20 +84,74 @@ impl From<ReservationState> for proto::ReservationState {
     }
 }
 
+fn lines(lines: Vec<Line>) -> Vec<proto::ReservationLine> {
+    lines
+        .into_iter()
+        .map(|line| proto::ReservationLine {
+            sku: line.sku.as_str().to_owned(),
+            quantity: line.quantity.get(),
+        })
+        .collect()
+}
+
+impl From<Event> for proto::Event {
+    fn from(event: Event) -> Self {
+        use proto::event::{Payload, Subject};
+        let (kind, subject, payload) = match event.change {
+            Change::StockAdjusted {
+                sku,
+                delta,
+                reason,
+                level,
+            } => (
+                proto::EventType::StockAdjusted,
+                Subject::Sku(sku.as_str().to_owned()),
+                Payload::StockAdjusted(proto::StockAdjusted {
+                    delta,
+                    reason,
+                    level: Some(level.into()),
+                }),
+            ),
+            Change::Reservation {
+                reservation_id,
+                order_id,
+                state,
+                lines: changed,
+                levels,
+            } => (
+                match state {
+                    ReservationState::Held => proto::EventType::ReservationHeld,
+                    ReservationState::Confirmed => proto::EventType::ReservationConfirmed,
+                    ReservationState::Released => proto::EventType::ReservationReleased,
+                    ReservationState::Expired => proto::EventType::ReservationExpired,
+                },
+                Subject::ReservationId(reservation_id.to_string()),
+                Payload::ReservationChanged(proto::ReservationChanged {
+                    order_id: order_id.as_str().to_owned(),
+                    state: proto::ReservationState::from(state).into(),
+                    lines: lines(changed),
+                    levels: levels.into_iter().map(Into::into).collect(),
+                }),
+            ),
+        };
+        Self {
+            sequence: event.position,
+            event_id: event.id.hyphenated().to_string(),
+            r#type: kind.into(),
+            occurred_at: Some(timestamp(event.occurred_at)),
+            subject: Some(subject),
+            payload: Some(payload),
+        }
+    }
+}
+
 impl From<Reservation> for proto::Reservation {
     fn from(reservation: Reservation) -> Self {
         Self {
             reservation_id: reservation.id.to_string(),
             order_id: reservation.order_id.as_str().to_owned(),
             state: proto::ReservationState::from(reservation.state).into(),
-            lines: reservation
-                .lines
-                .into_iter()
-                .map(|line| proto::ReservationLine {
-                    sku: line.sku.as_str().to_owned(),
-                    quantity: line.quantity.get(),
-                })
-                .collect(),
+            lines: lines(reservation.lines),
             created_at: Some(timestamp(reservation.created_at)),
             expires_at: Some(timestamp(reservation.expires_at)),
         }
@@ -186,11 +243,14 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
 
     type WatchEventsStream = EventStream;
 
+    #[tracing::instrument(skip_all, fields(rpc = "WatchEvents"))]
     async fn watch_events(
         &self,
-        _request: Request<proto::WatchEventsRequest>,
+        request: Request<proto::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
-        Err(Status::unimplemented("WatchEvents is not implemented yet"))
+        let command = WatchEvents::try_from(request.into_inner()).map_err(to_status)?;
+        let events = self.events.watch(command).await.map_err(to_status)?;
+        Ok(Response::new(Box::pin(ReceiverStream::new(events))))
     }
 }
 

@@ -6,12 +6,14 @@
 //! - [`proto`] — code generated from `proto/` by `build.rs`.
 //! - [`config`] — flags and environment, checked before anything starts.
 //! - [`parse`] — protobuf requests to core commands, with field violations.
+//! - [`events`] — the event stream: sequencer, tailer and one watcher per `WatchEvents` call.
 //! - [`grpc`] — the service implementation, thin on purpose.
 //! - [`status`] — the one map from core errors to gRPC statuses.
 //! - [`startup`] — building, serving and the shutdown sequence.
 //! - [`telemetry`] — logging.
 
 pub mod config;
+pub mod events;
 pub mod grpc;
 pub mod parse;
 pub mod proto;

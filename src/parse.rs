@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use inventory_core::{
     Error, FieldViolation,
-    command::{AdjustStock, GetStock, ReservationRef, Reserve},
+    command::{AdjustStock, GetStock, ReservationRef, Reserve, WatchEvents},
     domain::{
         IdempotencyKey, Line, MAX_LINES, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
         ReservationId, Sku, StockDelta, Ttl,
@@ -180,6 +180,17 @@ impl TryFrom<proto::GetReservationRequest> for ReservationRef {
 
     fn try_from(request: proto::GetReservationRequest) -> Result<Self, Error> {
         reservation_ref(&request.reservation_id)
+    }
+}
+
+impl TryFrom<proto::WatchEventsRequest> for WatchEvents {
+    type Error = Error;
+
+    fn try_from(request: proto::WatchEventsRequest) -> Result<Self, Error> {
+        let mut violations = Violations::default();
+        let command =
+            violations.check("after_sequence", WatchEvents::parse(request.after_sequence));
+        violations.finish(|| command)
     }
 }
 

@@ -12,7 +12,7 @@ use inventory_core::{
     pause::PausePoints,
     service::{Inventory, InventoryConfig},
 };
-use inventory_postgres::{PgStore, Pool};
+use inventory_postgres::{PgConfig, PgStore, Pool};
 use inventory_redis::{Redis, RedisLeases};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -21,6 +21,7 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
     config::Settings,
+    events::{self, EventHub},
     grpc::InventoryApi,
     proto::{self, inventory_service_server::InventoryServiceServer},
 };
@@ -37,17 +38,30 @@ pub struct Application {
     local_addr: SocketAddr,
     pool: Pool,
     redis: Redis,
+    database: PgConfig,
+    store: PgStore,
     inventory: Arc<Service>,
+    events: EventHub,
+    stopping: tokio::sync::watch::Sender<bool>,
     lease_wait: Duration,
-    sweep_interval: Duration,
-    sweep_batch: usize,
+    upkeep: Upkeep,
     shutdown_grace: Duration,
+}
+
+/// What the background sweeper does each round.
+#[derive(Clone, Copy, Debug)]
+struct Upkeep {
+    interval: Duration,
+    batch: usize,
+    event_retention: Duration,
+    idempotency_retention: Duration,
 }
 
 impl Application {
     /// Connects the pools and binds the listener. Neither PostgreSQL nor Redis has to be up
     /// yet: requests that need them answer `UNAVAILABLE` until they are.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let database = settings.database.clone();
         let pool = inventory_postgres::connect(settings.database, &settings.pool)
             .context("cannot build the PostgreSQL pool")?;
         let redis = Redis::connect(settings.redis, &settings.redis_settings)
@@ -59,8 +73,11 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen_addr))?;
         let local_addr = listener.local_addr()?;
+        let store = PgStore::new(pool.clone());
+        let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
+        let events = EventHub::new(store.clone(), stopping_rx);
         let inventory = Arc::new(Inventory::new(
-            PgStore::new(pool.clone()),
+            store.clone(),
             RedisLeases::new(redis.clone(), settings.leases),
             InventoryConfig {
                 default_ttl: settings.default_ttl,
@@ -71,10 +88,18 @@ impl Application {
             local_addr,
             pool,
             redis,
+            database,
+            store,
             inventory,
+            events,
+            stopping,
             lease_wait: settings.lease_wait,
-            sweep_interval: settings.sweep_interval,
-            sweep_batch: settings.sweep_batch,
+            upkeep: Upkeep {
+                interval: settings.sweep_interval,
+                batch: settings.sweep_batch,
+                event_retention: settings.event_retention,
+                idempotency_retention: settings.idempotency_retention,
+            },
             shutdown_grace: settings.shutdown_grace,
         })
     }
@@ -92,19 +117,39 @@ impl Application {
         self.inventory.pause_points().clone()
     }
 
+    /// The PostgreSQL store itself: tests use it to position or prune events by hand.
+    pub fn store(&self) -> PgStore {
+        self.store.clone()
+    }
+
+    pub fn events(&self) -> EventHub {
+        self.events.clone()
+    }
+
     /// Serves until `shutdown` completes, then drains and closes.
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let api = InventoryServiceServer::new(InventoryApi::new(
             Arc::clone(&self.inventory),
+            self.events.clone(),
             self.lease_wait,
         ));
-        let (stop_sweeping, sweeping_stopped) = tokio::sync::watch::channel(false);
-        let sweeper = tokio::spawn(sweep(
-            Arc::clone(&self.inventory),
-            self.sweep_interval,
-            self.sweep_batch,
-            sweeping_stopped,
-        ));
+        let background = [
+            tokio::spawn(sweep(
+                Arc::clone(&self.inventory),
+                self.store.clone(),
+                self.upkeep,
+                self.stopping.subscribe(),
+            )),
+            tokio::spawn(events::run_sequencer(
+                self.store.clone(),
+                self.stopping.subscribe(),
+            )),
+            tokio::spawn(events::run_tailer(
+                self.events.clone(),
+                self.database.clone(),
+                self.stopping.subscribe(),
+            )),
+        ];
 
         let (health, health_service) = tonic_health::server::health_reporter();
         set_health(&health, ServingStatus::Serving).await;
@@ -130,6 +175,9 @@ impl Application {
             () = shutdown => {
                 tracing::info!(grace = ?self.shutdown_grace, "shutting down: draining in-flight calls");
                 set_health(&health, ServingStatus::NotServing).await;
+                // Ends the background tasks and every WatchEvents stream, so open streams do
+                // not hold the drain up.
+                let _ = self.stopping.send(true);
                 let _ = stop_accepting.send(());
                 match tokio::time::timeout(self.shutdown_grace, &mut server).await {
                     Ok(result) => result.context("gRPC server failed while draining")?,
@@ -139,8 +187,10 @@ impl Application {
             }
         }
 
-        let _ = stop_sweeping.send(true);
-        let _ = sweeper.await;
+        let _ = self.stopping.send(true);
+        for task in background {
+            let _ = task.await;
+        }
         self.pool.close();
         self.redis.quit().await;
         tracing::info!("stopped");
@@ -148,14 +198,18 @@ impl Application {
     }
 }
 
-/// The expiry sweeper, one per replica. Every `interval` it expires overdue holds in batches
-/// until none is left; replicas sweeping at once take disjoint rows (`SKIP LOCKED`).
+/// The sweeper, one per replica. Every interval it expires overdue holds in batches until
+/// none is left (replicas sweeping at once take disjoint rows, `SKIP LOCKED`), then prunes
+/// events and idempotency keys past their retention.
 async fn sweep(
     inventory: Arc<Service>,
-    interval: Duration,
-    batch: usize,
+    store: PgStore,
+    upkeep: Upkeep,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
+    let Upkeep {
+        interval, batch, ..
+    } = upkeep;
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -177,6 +231,14 @@ async fn sweep(
                     break;
                 }
             }
+        }
+        match store
+            .prune(upkeep.event_retention, upkeep.idempotency_retention, batch)
+            .await
+        {
+            Ok((0, 0)) => {}
+            Ok((events, keys)) => tracing::info!(events, keys, "pruned past retention"),
+            Err(error) => tracing::warn!(%error, "pruning failed; retrying next interval"),
         }
     }
 }

@@ -114,6 +114,18 @@ pub fn to_status(error: Error) -> Status {
                 .set_error_info("STOCK_LIMIT", ERROR_DOMAIN, sku_metadata(sku.as_str()));
             Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
         }
+        Error::CursorPruned { pruned_through, .. } => {
+            let mut details = ErrorDetails::new();
+            details.set_error_info(
+                "CURSOR_PRUNED",
+                ERROR_DOMAIN,
+                HashMap::from([(
+                    "oldest_sequence".to_string(),
+                    (pruned_through + 1).to_string(),
+                )]),
+            );
+            Status::with_error_details(Code::OutOfRange, error.to_string(), details)
+        }
         Error::IdempotencyKeyReused => {
             let mut details = ErrorDetails::new();
             details.set_error_info("IDEMPOTENCY_KEY_REUSED", ERROR_DOMAIN, HashMap::new());

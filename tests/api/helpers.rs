@@ -152,6 +152,8 @@ pub struct TestApp {
     pub db: tokio_postgres::Client,
     /// The wired core, to run a sweep by hand.
     pub inventory: Arc<Service>,
+    pub store: inventory_postgres::PgStore,
+    pub events: inventory_server::events::EventHub,
     pub pauses: PausePoints,
     /// The app's Redis key prefix and a client of the same Redis, to inspect or damage keys.
     pub key_prefix: KeyPrefix,
@@ -232,6 +234,8 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
         default_ttl: Ttl::parse(Duration::from_secs(900)).unwrap(),
         sweep_interval: Duration::from_millis(100),
         sweep_batch: 100,
+        event_retention: Duration::from_secs(7 * 24 * 3600),
+        idempotency_retention: Duration::from_secs(48 * 3600),
         shutdown_grace: Duration::from_secs(5),
     }
 }
@@ -258,6 +262,8 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         .expect("build the server");
     let addr = application.local_addr();
     let inventory = application.inventory();
+    let store = application.store();
+    let events = application.events();
     let pauses = application.pause_points();
     let (shutdown, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(application.run_until_stopped(async {
@@ -271,6 +277,8 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         client,
         db,
         inventory,
+        store,
+        events,
         pauses,
         key_prefix,
         redis,

@@ -3,9 +3,7 @@
 use std::{process::Command, time::Duration};
 
 use fred::prelude::KeysInterface as _;
-use inventory_server::proto::{
-    AdjustStockRequest, ReservationLine, ReserveRequest, WatchEventsRequest,
-};
+use inventory_server::proto::{AdjustStockRequest, ReservationLine, ReserveRequest};
 use tokio_stream::StreamExt as _;
 use tonic::Code;
 use tonic_health::pb::{
@@ -192,18 +190,6 @@ async fn grpcurl_drives_the_server_through_reflection() {
     assert!(invalid.2.contains("InvalidArgument"), "{}", invalid.2);
     assert!(invalid.2.contains("google.rpc.BadRequest"), "{}", invalid.2);
     assert!(invalid.2.contains(r#""field":"sku""#), "{}", invalid.2);
-}
-
-#[tokio::test]
-async fn watch_events_answers_unimplemented_for_now() {
-    let mut app = spawn_app().await;
-    let status = app
-        .client
-        .watch_events(WatchEventsRequest::default())
-        .await
-        .map(|_| ())
-        .unwrap_err();
-    assert_eq!(status.code(), Code::Unimplemented);
 }
 
 #[tokio::test]

@@ -146,5 +146,21 @@ pub struct ReservationRef {
     pub id: ReservationId,
 }
 
+/// Follow the event stream from a cursor.
+#[derive(Clone, Copy, Debug)]
+pub struct WatchEvents {
+    /// Events with a position above this one are sent; 0 starts from the oldest kept.
+    pub after: i64,
+}
+
+impl WatchEvents {
+    pub fn parse(after: i64) -> Result<Self, String> {
+        if after < 0 {
+            return Err("must not be negative".into());
+        }
+        Ok(Self { after })
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -102,6 +102,10 @@ pub enum Error {
         limit: i64,
     },
 
+    /// The consumer's cursor is older than what retention keeps; events after it are gone.
+    #[error("events after {requested} were pruned; the oldest kept follows {pruned_through}")]
+    CursorPruned { requested: i64, pruned_through: i64 },
+
     /// The idempotency key was already used for a different request.
     #[error("idempotency key was already used for a different request")]
     IdempotencyKeyReused,

@@ -10,6 +10,7 @@
 //!   limits they enforce.
 //! - [`command`] — parsed requests, each with the fingerprint that idempotency compares.
 //! - [`error`] — every failure a caller can observe, one variant per distinct client action.
+//! - [`events`] — the changes the outbox records, as the event stream delivers them.
 //! - [`ports`] — what the core needs from storage and from the lease service.
 //! - [`pause`] — named pause points that tests hold with latches; empty in production.
 //! - [`service`] — the use cases the gRPC layer calls.
@@ -17,6 +18,7 @@
 pub mod command;
 pub mod domain;
 pub mod error;
+pub mod events;
 pub mod pause;
 pub mod ports;
 pub mod service;

@@ -7,6 +7,7 @@ use crate::{
     command::{AdjustStock, GetStock, ReservationRef, Reserve},
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
+    events::{Event, StreamBounds},
 };
 
 /// The system of record for stock. Every method is one transaction: it either happens entirely
@@ -105,4 +106,16 @@ pub trait LeaseService: Send + Sync + 'static {
         sku: &Sku,
         floor: FenceToken,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// The positioned event stream, read back from the outbox.
+pub trait EventStore: Send + Sync + 'static {
+    /// Up to `limit` events with a position above `after`, in position order.
+    fn events_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Event>, Error>> + Send;
+
+    fn stream_bounds(&self) -> impl Future<Output = Result<StreamBounds, Error>> + Send;
 }

@@ -10,11 +10,13 @@
 //! - [`connect`] — configuration parsing and the connection pool.
 //! - [`migrate`] — the embedded, versioned schema and a lock so concurrent runs are safe.
 //! - `store` — [`PgStore`], the `StockStore` implementation, one transaction per use case.
+//! - [`events`] — positions for committed events, reading them back, retention, `LISTEN`.
 //! - `stock`, `reservations`, `idempotency`, `outbox` — the SQL, one module per table.
 //! - `error` — driver errors classified as unavailable or internal.
 
 pub mod connect;
 mod error;
+pub mod events;
 mod idempotency;
 pub mod migrate;
 mod outbox;

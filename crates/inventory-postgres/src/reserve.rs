@@ -275,6 +275,9 @@ impl ReservationStore for PgStore {
             .await
             .map_err(from_db)?;
         tx.commit().await.map_err(from_db)?;
+        if result.is_ok() {
+            self.outbox_written();
+        }
         Ok(WriteOutcome::Answered(result))
     }
 
@@ -335,6 +338,7 @@ impl ReservationStore for PgStore {
                 .map_err(from_db)?;
         }
         tx.commit().await.map_err(from_db)?;
+        self.outbox_written();
         Ok(due.len())
     }
 }
@@ -396,6 +400,7 @@ impl PgStore {
             .await
             .map_err(from_db)?;
         tx.commit().await.map_err(from_db)?;
+        self.outbox_written();
         Ok(reservation)
     }
 }

@@ -1,6 +1,8 @@
 //! [`PgStore`]: each use case is one transaction that claims its idempotency key, makes its
 //! change with conditional statements, appends its outbox event and stores its outcome.
 
+use std::sync::Arc;
+
 use deadpool_postgres::Pool;
 use inventory_core::{
     Error,
@@ -10,6 +12,7 @@ use inventory_core::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::sync::Notify;
 
 use crate::{
     error::{from_db, from_pool},
@@ -22,11 +25,16 @@ pub(crate) const ANONYMOUS_CALLER: &str = "";
 #[derive(Clone, Debug)]
 pub struct PgStore {
     pool: Pool,
+    /// Signalled after every commit that wrote an outbox event, to wake the sequencer.
+    pub(crate) outbox_written: Arc<Notify>,
 }
 
 impl PgStore {
     pub fn new(pool: Pool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            outbox_written: Arc::new(Notify::new()),
+        }
     }
 
     pub fn pool(&self) -> &Pool {
@@ -137,6 +145,9 @@ impl StockStore for PgStore {
             .await
             .map_err(from_db)?;
         tx.commit().await.map_err(from_db)?;
+        if result.is_ok() {
+            self.outbox_written();
+        }
         result
     }
 

@@ -1,0 +1,310 @@
+//! The event stream over the outbox: positioning committed events, reading them back,
+//! retention, and the `LISTEN` connection that tells replicas the head moved.
+//!
+//! Invariant relied on: a transaction whose xid is below `pg_snapshot_xmin` of a fresh snapshot
+//! has finished, so every event it wrote is visible now and no running transaction can add
+//! one before it in (tx_id, sequence) order. Events are positioned in that order, and only
+//! those, so positions never go back in time.
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use inventory_core::{
+    Error,
+    domain::{Line, OrderId, Quantity, ReservationId, ReservationState, Sku, StockLevel},
+    events::{Change, Event, StreamBounds},
+    ports::EventStore,
+};
+use serde::Deserialize;
+use tokio::sync::Notify;
+use tokio_postgres::{AsyncMessage, NoTls, Row};
+
+use crate::{
+    PgStore,
+    error::{from_db, from_pool},
+};
+
+/// The channel the sequencer notifies after it moved the head.
+pub const POSITIONS_CHANNEL: &str = "inventory_events";
+
+/// `SKIP LOCKED`: while one replica's sequencer runs, the others skip their turn.
+const LOCK_STREAM: &str = "SELECT head FROM event_stream WHERE id = 1 FOR UPDATE SKIP LOCKED";
+
+const POSITION_READY: &str = "
+    WITH ready AS (
+        SELECT sequence, row_number() OVER (ORDER BY tx_id, sequence) AS n
+        FROM outbox
+        WHERE position IS NULL AND tx_id < pg_snapshot_xmin(pg_current_snapshot())
+        ORDER BY tx_id, sequence
+        LIMIT $2
+    )
+    UPDATE outbox o SET position = $1 + ready.n FROM ready WHERE o.sequence = ready.sequence";
+
+const MOVE_HEAD: &str = "UPDATE event_stream SET head = head + $1 WHERE id = 1";
+
+const NOTIFY: &str = "SELECT pg_notify($1, $2::text)";
+
+const EVENTS_AFTER: &str = "
+    SELECT position, event_id, event_type, reservation_id, sku, payload, occurred_at
+    FROM outbox WHERE position > $1 ORDER BY position LIMIT $2";
+
+const BOUNDS: &str = "SELECT head, pruned_through FROM event_stream WHERE id = 1";
+
+/// Oldest positioned events past retention, in position order; `pruned_through` records the
+/// highest position removed, so a cursor below it is known to have missed events.
+const PRUNE_EVENTS: &str = "
+    WITH doomed AS (
+        SELECT sequence, position FROM outbox
+        WHERE position IS NOT NULL AND occurred_at < now() - make_interval(secs => $1)
+        ORDER BY position LIMIT $2
+    ), gone AS (
+        DELETE FROM outbox o USING doomed WHERE o.sequence = doomed.sequence
+        RETURNING doomed.position
+    ), recorded AS (
+        UPDATE event_stream
+        SET pruned_through = greatest(pruned_through, (SELECT max(position) FROM gone))
+        WHERE id = 1 AND EXISTS (SELECT 1 FROM gone)
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone";
+
+const PRUNE_KEYS: &str = "
+    DELETE FROM idempotency_keys WHERE ctid IN (
+        SELECT ctid FROM idempotency_keys
+        WHERE created_at < now() - make_interval(secs => $1) LIMIT $2)";
+
+/// What one sequencer run did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Positioned {
+    /// This many events got positions (possibly zero).
+    Moved(u64),
+    /// Another replica's sequencer was running; it will position what is ready.
+    Busy,
+}
+
+impl PgStore {
+    /// Wakes the local sequencer; called after each commit that wrote an event.
+    pub(crate) fn outbox_written(&self) {
+        self.outbox_written.notify_one();
+    }
+
+    /// Completes when this replica committed an event since the last call.
+    pub async fn wait_outbox_written(&self) {
+        self.outbox_written.notified().await;
+    }
+
+    /// One sequencer run: positions up to `batch` events whose transactions have all finished,
+    /// moves the head and notifies listeners, in one transaction.
+    #[tracing::instrument(skip_all)]
+    pub async fn position_events(&self, batch: usize) -> Result<Positioned, Error> {
+        let mut client = self.pool().get().await.map_err(from_pool)?;
+        let tx = client.transaction().await.map_err(from_db)?;
+        let statement = tx.prepare_cached(LOCK_STREAM).await.map_err(from_db)?;
+        let Some(row) = tx.query_opt(&statement, &[]).await.map_err(from_db)? else {
+            return Ok(Positioned::Busy);
+        };
+        let head: i64 = row.get(0);
+        let statement = tx.prepare_cached(POSITION_READY).await.map_err(from_db)?;
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        let moved = tx
+            .execute(&statement, &[&head, &limit])
+            .await
+            .map_err(from_db)?;
+        if moved > 0 {
+            let moved_i64 = i64::try_from(moved).map_err(Error::internal)?;
+            let statement = tx.prepare_cached(MOVE_HEAD).await.map_err(from_db)?;
+            tx.execute(&statement, &[&moved_i64])
+                .await
+                .map_err(from_db)?;
+            let statement = tx.prepare_cached(NOTIFY).await.map_err(from_db)?;
+            let new_head = (head + moved_i64).to_string();
+            tx.query(&statement, &[&POSITIONS_CHANNEL, &new_head])
+                .await
+                .map_err(from_db)?;
+        }
+        tx.commit().await.map_err(from_db)?;
+        Ok(Positioned::Moved(moved))
+    }
+
+    /// Deletes up to `batch` events older than `events` (only positioned ones, oldest first)
+    /// and up to `batch` idempotency keys older than `keys`. Returns what it deleted.
+    pub async fn prune(
+        &self,
+        events: Duration,
+        keys: Duration,
+        batch: usize,
+    ) -> Result<(u64, u64), Error> {
+        let client = self.pool().get().await.map_err(from_pool)?;
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        let statement = client.prepare_cached(PRUNE_EVENTS).await.map_err(from_db)?;
+        let pruned_events: i64 = client
+            .query_one(&statement, &[&events.as_secs_f64(), &limit])
+            .await
+            .map_err(from_db)?
+            .get(0);
+        let pruned_events = u64::try_from(pruned_events).unwrap_or(0);
+        let statement = client.prepare_cached(PRUNE_KEYS).await.map_err(from_db)?;
+        let pruned_keys = client
+            .execute(&statement, &[&keys.as_secs_f64(), &limit])
+            .await
+            .map_err(from_db)?;
+        Ok((pruned_events, pruned_keys))
+    }
+}
+
+impl EventStore for PgStore {
+    async fn events_after(&self, after: i64, limit: usize) -> Result<Vec<Event>, Error> {
+        let client = self.pool().get().await.map_err(from_pool)?;
+        let statement = client.prepare_cached(EVENTS_AFTER).await.map_err(from_db)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(&statement, &[&after, &limit])
+            .await
+            .map_err(from_db)?;
+        rows.iter().map(event).collect()
+    }
+
+    async fn stream_bounds(&self) -> Result<StreamBounds, Error> {
+        let client = self.pool().get().await.map_err(from_pool)?;
+        let statement = client.prepare_cached(BOUNDS).await.map_err(from_db)?;
+        let row = client.query_one(&statement, &[]).await.map_err(from_db)?;
+        Ok(StreamBounds {
+            head: row.get(0),
+            pruned_through: row.get(1),
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct StockPayload {
+    delta: i64,
+    reason: String,
+    on_hand: i64,
+    reserved: i64,
+}
+
+#[derive(Debug, Deserialize)]
+struct ReservationPayload {
+    order_id: String,
+    state: String,
+    lines: Vec<LinePayload>,
+    levels: Vec<LevelPayload>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LinePayload {
+    sku: String,
+    quantity: i64,
+}
+
+#[derive(Debug, Deserialize)]
+struct LevelPayload {
+    sku: String,
+    on_hand: i64,
+    reserved: i64,
+}
+
+fn event(row: &Row) -> Result<Event, Error> {
+    let invalid = |problem: String| Error::internal(format!("stored event is invalid: {problem}"));
+    let event_type: &str = row.try_get(2).map_err(Error::internal)?;
+    let payload: serde_json::Value = row.try_get(5).map_err(Error::internal)?;
+    let change = if event_type == crate::outbox::STOCK_ADJUSTED {
+        let sku: Option<&str> = row.try_get(4).map_err(Error::internal)?;
+        let sku = Sku::parse(sku.unwrap_or_default()).map_err(invalid)?;
+        let payload: StockPayload = serde_json::from_value(payload).map_err(Error::internal)?;
+        Change::StockAdjusted {
+            delta: payload.delta,
+            reason: payload.reason,
+            level: StockLevel {
+                sku: sku.clone(),
+                on_hand: payload.on_hand,
+                reserved: payload.reserved,
+            },
+            sku,
+        }
+    } else {
+        let id: Option<uuid::Uuid> = row.try_get(3).map_err(Error::internal)?;
+        let id = id.ok_or_else(|| invalid("no reservation id".into()))?;
+        let payload: ReservationPayload =
+            serde_json::from_value(payload).map_err(Error::internal)?;
+        Change::Reservation {
+            reservation_id: ReservationId::from_uuid(id),
+            order_id: OrderId::parse(&payload.order_id).map_err(invalid)?,
+            state: ReservationState::parse(&payload.state)
+                .ok_or_else(|| invalid(format!("state {:?}", payload.state)))?,
+            lines: payload
+                .lines
+                .into_iter()
+                .map(|line| {
+                    Ok(Line {
+                        sku: Sku::parse(&line.sku).map_err(invalid)?,
+                        quantity: Quantity::parse(line.quantity).map_err(invalid)?,
+                    })
+                })
+                .collect::<Result<_, Error>>()?,
+            levels: payload
+                .levels
+                .into_iter()
+                .map(|level| {
+                    Ok(StockLevel {
+                        sku: Sku::parse(&level.sku).map_err(invalid)?,
+                        on_hand: level.on_hand,
+                        reserved: level.reserved,
+                    })
+                })
+                .collect::<Result<_, Error>>()?,
+        }
+    };
+    Ok(Event {
+        position: row.try_get(0).map_err(Error::internal)?,
+        id: row.try_get(1).map_err(Error::internal)?,
+        occurred_at: row.try_get::<_, SystemTime>(6).map_err(Error::internal)?,
+        change,
+    })
+}
+
+/// A dedicated connection `LISTEN`ing on [`POSITIONS_CHANNEL`]; every notification wakes
+/// `wake`. It ends when the connection does: check [`PositionListener::is_alive`].
+#[derive(Debug)]
+pub struct PositionListener {
+    _client: tokio_postgres::Client,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PositionListener {
+    pub async fn start(config: &tokio_postgres::Config, wake: Arc<Notify>) -> Result<Self, Error> {
+        let (client, mut connection) = config.connect(NoTls).await.map_err(from_db)?;
+        let task = tokio::spawn(async move {
+            while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                match message {
+                    Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, "event listener connection failed");
+                        break;
+                    }
+                }
+            }
+        });
+        client
+            .batch_execute(&format!("LISTEN {POSITIONS_CHANNEL}"))
+            .await
+            .map_err(from_db)?;
+        Ok(Self {
+            _client: client,
+            task,
+        })
+    }
+
+    pub fn is_alive(&self) -> bool {
+        !self.task.is_finished()
+    }
+}
+
+impl Drop for PositionListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,226 @@
+//! The live event stream of one replica.
+//!
+//! Three parts, so that many watchers share one stream of work:
+//! - the **sequencer** positions committed outbox events (woken by this replica's commits,
+//!   with a slow tick for the others'); one replica at a time does it, the others skip;
+//! - the **tailer** `LISTEN`s for head moves, reads each new event once and broadcasts it;
+//! - each **watcher** (one `WatchEvents` call) catches up from PostgreSQL from its cursor, then
+//!   follows the broadcast. A watcher that falls behind the broadcast (a slow consumer) goes
+//!   back to reading PostgreSQL from its cursor: the server never buffers more than the
+//!   broadcast ring and [`WATCH_BUFFER`] events per watcher.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use inventory_core::{Error, command::WatchEvents, events::Event, ports::EventStore as _};
+use inventory_postgres::{
+    PgConfig, PgStore,
+    events::{PositionListener, Positioned},
+};
+use tokio::sync::{Notify, broadcast, mpsc, watch};
+use tonic::Status;
+
+use crate::{proto, status::to_status};
+
+/// Events queued for one watcher before it stops reading (and so backs off to PostgreSQL).
+pub const WATCH_BUFFER: usize = 64;
+/// Events shared by every watcher of this replica that follows the live tail.
+const BROADCAST_RING: usize = 1024;
+/// Events read from PostgreSQL in one query.
+const PAGE: usize = 500;
+/// Events positioned by one sequencer transaction.
+const POSITION_BATCH: usize = 1000;
+/// Fallback wake-ups: events of other replicas, transactions that held the sequencer back.
+const SEQUENCER_TICK: Duration = Duration::from_millis(250);
+const TAILER_TICK: Duration = Duration::from_secs(1);
+
+/// What a watcher hands to its `WatchEvents` response stream.
+type Delivery = Result<proto::Event, Status>;
+
+#[derive(Clone, Debug)]
+pub struct EventHub {
+    store: PgStore,
+    live: broadcast::Sender<Arc<Event>>,
+    stopping: watch::Receiver<bool>,
+    /// Senders of the open watchers, to report how much they have queued.
+    watchers: Arc<Mutex<Vec<mpsc::WeakSender<Delivery>>>>,
+}
+
+impl EventHub {
+    pub fn new(store: PgStore, stopping: watch::Receiver<bool>) -> Self {
+        Self {
+            store,
+            live: broadcast::channel(BROADCAST_RING).0,
+            stopping,
+            watchers: Arc::default(),
+        }
+    }
+
+    /// Starts a watcher after checking its cursor against retention.
+    pub async fn watch(&self, command: WatchEvents) -> Result<mpsc::Receiver<Delivery>, Error> {
+        let bounds = self.store.stream_bounds().await?;
+        let after = match command.after {
+            0 => bounds.pruned_through,
+            after if after < bounds.pruned_through => {
+                return Err(Error::CursorPruned {
+                    requested: after,
+                    pruned_through: bounds.pruned_through,
+                });
+            }
+            after => after,
+        };
+        let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
+        {
+            let mut watchers = self.watchers.lock().expect("watchers lock");
+            watchers.retain(|w| w.strong_count() > 0);
+            watchers.push(sender.downgrade());
+        }
+        tokio::spawn(self.clone().follow(after, sender));
+        Ok(receiver)
+    }
+
+    /// The most events any open watcher has queued (never above [`WATCH_BUFFER`]).
+    pub fn most_queued(&self) -> usize {
+        let watchers = self.watchers.lock().expect("watchers lock");
+        watchers
+            .iter()
+            .filter_map(mpsc::WeakSender::upgrade)
+            .map(|sender| sender.max_capacity() - sender.capacity())
+            .max()
+            .unwrap_or(0)
+    }
+
+    async fn follow(self, mut cursor: i64, sender: mpsc::Sender<Delivery>) {
+        let mut stopping = self.stopping.clone();
+        'catch_up: loop {
+            // Subscribe before reading, so nothing broadcast meanwhile is missed.
+            let mut live = self.live.subscribe();
+            loop {
+                let page = match self.store.events_after(cursor, PAGE).await {
+                    Ok(page) => page,
+                    Err(error) => {
+                        let _ = sender.send(Err(to_status(error))).await;
+                        return;
+                    }
+                };
+                if page.is_empty() {
+                    break;
+                }
+                for event in page {
+                    cursor = event.position;
+                    if sender.send(Ok(event.into())).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            loop {
+                let event = tokio::select! {
+                    event = live.recv() => event,
+                    _ = stopping.changed() => return,
+                    () = sender.closed() => return,
+                };
+                match event {
+                    Ok(event) if event.position <= cursor => {}
+                    Ok(event) if event.position == cursor + 1 => {
+                        cursor = event.position;
+                        if sender
+                            .send(Ok(event.as_ref().clone().into()))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    // A gap (it subscribed after the event went by) or a lag (it was too slow
+                    // for the ring): read the missing events from PostgreSQL.
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue 'catch_up,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        }
+    }
+}
+
+/// Positions committed events whenever this replica commits one, and on a slow tick.
+pub async fn run_sequencer(store: PgStore, mut stopping: watch::Receiver<bool>) {
+    let mut ticks = tokio::time::interval(SEQUENCER_TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = store.wait_outbox_written() => {}
+            _ = ticks.tick() => {}
+            _ = stopping.changed() => return,
+        }
+        let mut busy_retries = 0;
+        loop {
+            match store.position_events(POSITION_BATCH).await {
+                Ok(Positioned::Moved(moved)) if moved as usize == POSITION_BATCH => {}
+                Ok(Positioned::Moved(_)) => break,
+                // Another replica is positioning; it may have looked before our commit.
+                Ok(Positioned::Busy) if busy_retries < 5 => {
+                    busy_retries += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(Positioned::Busy) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "positioning events failed; retrying");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Reads each newly positioned event once and broadcasts it to this replica's watchers.
+pub async fn run_tailer(hub: EventHub, database: PgConfig, mut stopping: watch::Receiver<bool>) {
+    let wake = Arc::new(Notify::new());
+    let mut listener: Option<PositionListener> = None;
+    let mut head = None;
+    let mut ticks = tokio::time::interval(TAILER_TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        if !listener.as_ref().is_some_and(PositionListener::is_alive) {
+            match PositionListener::start(&database, Arc::clone(&wake)).await {
+                Ok(started) => listener = Some(started),
+                Err(error) => tracing::warn!(%error, "cannot listen for events; polling instead"),
+            }
+        }
+        let Some(mut position) = head else {
+            match hub.store.stream_bounds().await {
+                Ok(bounds) => head = Some(bounds.head),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the event stream head");
+                    tokio::select! {
+                        _ = ticks.tick() => {}
+                        _ = stopping.changed() => return,
+                    }
+                }
+            }
+            continue;
+        };
+        loop {
+            match hub.store.events_after(position, PAGE).await {
+                Ok(page) if page.is_empty() => break,
+                Ok(page) => {
+                    for event in page {
+                        position = event.position;
+                        // No receiver is fine: nobody is watching right now.
+                        let _ = hub.live.send(Arc::new(event));
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read new events");
+                    break;
+                }
+            }
+        }
+        head = Some(position);
+        tokio::select! {
+            () = wake.notified() => {}
+            _ = ticks.tick() => {}
+            _ = stopping.changed() => return,
+        }
+    }
+}

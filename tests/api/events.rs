@@ -1,0 +1,334 @@
+//! `WatchEvents`: gap-free under out-of-order commits, resumable, shared, bounded, pruned.
+
+use std::{collections::HashSet, time::Duration};
+
+use futures::future::join_all;
+use inventory_server::{
+    events::WATCH_BUFFER,
+    proto::{Event, EventType, WatchEventsRequest, event},
+};
+use tokio_stream::StreamExt as _;
+use tonic::{Code, Streaming};
+
+use crate::{
+    helpers::{TestApp, connect, error_reason, spawn_app, violated_fields},
+    reservations::{reserve, stock},
+};
+
+async fn watch(app: &TestApp, after: i64) -> Streaming<Event> {
+    app.client
+        .clone()
+        .watch_events(WatchEventsRequest {
+            after_sequence: after,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The next `n` events, failing the test if they do not come within 20 s.
+async fn take(stream: &mut Streaming<Event>, n: usize) -> Vec<Event> {
+    let mut events = Vec::with_capacity(n);
+    while events.len() < n {
+        let next = tokio::time::timeout(Duration::from_secs(20), stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {n} events arrived", events.len()));
+        events.push(next.expect("stream open").expect("no error"));
+    }
+    events
+}
+
+fn sequences(events: &[Event]) -> Vec<i64> {
+    events.iter().map(|e| e.sequence).collect()
+}
+
+/// Inserts a STOCK_ADJUSTED event the way the service does, on a connection of its own.
+async fn insert_event(db: &impl tokio_postgres::GenericClient, sku: &str) {
+    db.execute(
+        "INSERT INTO outbox (event_id, event_type, sku, payload)
+         VALUES (gen_random_uuid(), 'STOCK_ADJUSTED', $1,
+                 '{\"delta\": 1, \"reason\": \"manual\", \"on_hand\": 1, \"reserved\": 0}')",
+        &[&sku],
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn an_event_committed_late_with_a_lower_sequence_is_not_skipped() {
+    let app = spawn_app().await;
+    let config = app_config(&app).await;
+    let mut first = connect(&config).await;
+    let mut second = connect(&config).await;
+
+    // The first writer takes the lower sequence, then stalls; the second commits.
+    let slow = first.transaction().await.unwrap();
+    insert_event(&slow, "SLOW").await;
+    let fast = second.transaction().await.unwrap();
+    insert_event(&fast, "FAST").await;
+    fast.commit().await.unwrap();
+
+    // A watcher starts between the two commits. The committed event must wait: handing it out
+    // now would move the watcher's cursor past the slow writer's lower sequence.
+    let mut stream = watch(&app, 0).await;
+    app.store.position_events(1000).await.unwrap();
+    let positioned: i64 = app
+        .db
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE position IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        positioned, 0,
+        "nothing is exposed while an earlier writer is open"
+    );
+
+    slow.commit().await.unwrap();
+    let events = take(&mut stream, 2).await;
+    assert_eq!(sequences(&events), [1, 2]);
+    let skus: Vec<_> = events
+        .iter()
+        .map(|e| match &e.subject {
+            Some(event::Subject::Sku(sku)) => sku.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(skus, ["SLOW", "FAST"], "in the order of their sequences");
+}
+
+async fn app_config(app: &TestApp) -> tokio_postgres::Config {
+    let name: String = app
+        .db
+        .query_one("SELECT current_database()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let mut config = crate::helpers::admin_config();
+    config.dbname(&name);
+    config
+}
+
+#[tokio::test]
+async fn events_are_typed_and_follow_live_after_the_backlog() {
+    let mut app = spawn_app().await;
+    stock(&app, "SKU-1", 5).await;
+    let mut stream = watch(&app, 0).await;
+    let backlog = take(&mut stream, 1).await;
+    assert_eq!(backlog[0].r#type(), EventType::StockAdjusted);
+    match &backlog[0].payload {
+        Some(event::Payload::StockAdjusted(adjusted)) => {
+            assert_eq!(adjusted.delta, 5);
+            assert_eq!(adjusted.level.as_ref().unwrap().available, 5);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let held = app
+        .client
+        .reserve(reserve("k1", &[("SKU-1", 2)]))
+        .await
+        .unwrap()
+        .into_inner();
+    let live = take(&mut stream, 1).await;
+    assert_eq!(live[0].sequence, 2);
+    assert_eq!(live[0].r#type(), EventType::ReservationHeld);
+    assert_eq!(
+        live[0].subject,
+        Some(event::Subject::ReservationId(held.reservation_id.clone()))
+    );
+    match &live[0].payload {
+        Some(event::Payload::ReservationChanged(changed)) => {
+            assert_eq!(changed.order_id, "order-k1");
+            assert_eq!(changed.lines[0].quantity, 2);
+            assert_eq!(changed.levels[0].reserved, 2);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!live[0].event_id.is_empty());
+    assert!(live[0].occurred_at.is_some());
+}
+
+#[tokio::test]
+async fn a_consumer_resuming_from_its_last_sequence_misses_nothing() {
+    let app = spawn_app().await;
+    for i in 0..10 {
+        stock(&app, &format!("SKU-{i}"), 1).await;
+    }
+    let mut stream = watch(&app, 0).await;
+    let first = take(&mut stream, 4).await;
+    drop(stream);
+
+    for i in 10..15 {
+        stock(&app, &format!("SKU-{i}"), 1).await;
+    }
+    let mut resumed = watch(&app, first.last().unwrap().sequence).await;
+    let rest = take(&mut resumed, 11).await;
+    let all: Vec<i64> = sequences(&first)
+        .into_iter()
+        .chain(sequences(&rest))
+        .collect();
+    assert_eq!(all, (1..=15).collect::<Vec<_>>());
+    let ids: HashSet<_> = first
+        .iter()
+        .chain(&rest)
+        .map(|e| e.event_id.clone())
+        .collect();
+    assert_eq!(ids.len(), 15);
+}
+
+#[tokio::test]
+async fn under_a_reservation_storm_a_watcher_sees_exactly_the_committed_events() {
+    let app = spawn_app().await;
+    stock(&app, "HOT", 100).await;
+    stock(&app, "COLD", 1_000).await;
+    let mut watchers = Vec::new();
+    for _ in 0..3 {
+        watchers.push(watch(&app, 0).await);
+    }
+    let calls = (0..300).map(|i| {
+        let mut client = app.client.clone();
+        // Half of the hot calls run out of stock and commit no event.
+        let sku = if i % 2 == 0 { "HOT" } else { "COLD" };
+        let quantity = if i % 2 == 0 { 1 } else { 2 };
+        async move {
+            client
+                .reserve(reserve(&format!("storm-{i}"), &[(sku, quantity)]))
+                .await
+        }
+    });
+    let results = join_all(calls).await;
+    assert!(results.iter().any(|r| r.is_err()), "some were refused");
+
+    let committed: HashSet<String> = app
+        .db
+        .query("SELECT event_id::text FROM outbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let held = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(committed.len(), 2 + held);
+    for mut stream in watchers {
+        let events = take(&mut stream, committed.len()).await;
+        assert_eq!(
+            sequences(&events),
+            (1..=committed.len() as i64).collect::<Vec<_>>()
+        );
+        let seen: HashSet<String> = events.into_iter().map(|e| e.event_id).collect();
+        assert_eq!(seen, committed);
+    }
+}
+
+#[tokio::test]
+async fn a_cursor_behind_retention_is_out_of_range_naming_the_oldest_kept() {
+    let mut app = spawn_app().await;
+    for i in 0..5 {
+        stock(&app, &format!("OLD-{i}"), 1).await;
+    }
+    let mut stream = watch(&app, 0).await;
+    take(&mut stream, 5).await;
+    // Everything positioned so far is past a zero retention.
+    let (events, _) = app
+        .store
+        .prune(Duration::ZERO, Duration::from_secs(86_400), 3)
+        .await
+        .unwrap();
+    assert_eq!(events, 3, "pruned in batches, oldest first");
+
+    let status = app
+        .client
+        .watch_events(WatchEventsRequest { after_sequence: 1 })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::OutOfRange);
+    assert_eq!(error_reason(&status), "CURSOR_PRUNED");
+    use tonic_types::StatusExt as _;
+    let info = status.get_details_error_info().unwrap();
+    assert_eq!(info.metadata["oldest_sequence"], "4");
+
+    // From the oldest kept (or from 0) the stream still works.
+    let mut from_oldest = watch(&app, 3).await;
+    assert_eq!(sequences(&take(&mut from_oldest, 2).await), [4, 5]);
+    let mut from_zero = watch(&app, 0).await;
+    assert_eq!(sequences(&take(&mut from_zero, 2).await), [4, 5]);
+
+    let bad = app
+        .client
+        .watch_events(WatchEventsRequest { after_sequence: -1 })
+        .await
+        .unwrap_err();
+    assert_eq!(violated_fields(&bad), ["after_sequence"]);
+}
+
+#[tokio::test]
+async fn a_stuck_consumer_holds_a_bounded_queue_and_then_gets_everything() {
+    let app = spawn_app().await;
+    // Small HTTP/2 windows, so the client stops accepting data after a few kilobytes.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", app.addr))
+        .unwrap()
+        .initial_stream_window_size(Some(8 * 1024))
+        .initial_connection_window_size(Some(8 * 1024))
+        .connect()
+        .await
+        .unwrap();
+    let mut stuck =
+        inventory_server::proto::inventory_service_client::InventoryServiceClient::new(channel)
+            .watch_events(WatchEventsRequest { after_sequence: 0 })
+            .await
+            .unwrap()
+            .into_inner();
+    // Enough events to fill the HTTP/2 window and then the watcher's own queue.
+    let config = app_config(&app).await;
+    let db = connect(&config).await;
+    db.execute(
+        "INSERT INTO outbox (event_id, event_type, sku, payload)
+         SELECT gen_random_uuid(), 'STOCK_ADJUSTED', 'SKU-' || i,
+                '{\"delta\": 1, \"reason\": \"bulk\", \"on_hand\": 1, \"reserved\": 0}'
+         FROM generate_series(1, 3000) AS i",
+        &[],
+    )
+    .await
+    .unwrap();
+    while app.store.position_events(1000).await.unwrap()
+        != inventory_postgres::events::Positioned::Moved(0)
+    {}
+
+    // Wait until the watcher's queue is full: the server then stops reading for it.
+    let mut full = false;
+    for _ in 0..400 {
+        let queued = app.events.most_queued();
+        assert!(queued <= WATCH_BUFFER, "queued {queued}");
+        if queued == WATCH_BUFFER {
+            full = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(full, "the stuck watcher's queue filled up to its bound");
+
+    let events = take(&mut stuck, 3000).await;
+    assert_eq!(sequences(&events), (1..=3000).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn shutdown_ends_open_event_streams_instead_of_waiting_out_the_grace_period() {
+    let app = spawn_app().await;
+    stock(&app, "SKU-1", 1).await;
+    let mut stream = watch(&app, 0).await;
+    take(&mut stream, 1).await;
+
+    // The grace period is 5 s; an open stream must not hold the drain up to it.
+    let stopped = tokio::time::timeout(Duration::from_secs(4), app.stop()).await;
+    stopped
+        .expect("stopped before the grace period ran out")
+        .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(4), stream.next()).await;
+    assert!(
+        matches!(end, Ok(None) | Ok(Some(Err(_)))),
+        "the stream ended: {end:?}"
+    );
+}

@@ -2,7 +2,7 @@
 //! same meaning; `--help` lists them. Values are checked before anything binds or connects, so
 //! bad configuration ends the process at once with a clear message.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use inventory_core::domain::Ttl;
@@ -114,6 +114,24 @@ pub struct ServeArgs {
     #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:50051")]
     pub listen_addr: SocketAddr,
 
+    /// PEM certificate chain the server presents. With TLS_KEY_FILE it turns TLS on; without
+    /// both the server speaks plaintext (local use only).
+    #[arg(long, env = "TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of TLS_CERT_FILE.
+    #[arg(long, env = "TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+
+    /// PEM CA bundle. When set, every client must present a certificate it signed (mutual TLS).
+    #[arg(long, env = "TLS_CLIENT_CA_FILE")]
+    pub tls_client_ca_file: Option<PathBuf>,
+
+    /// A second, plaintext listener that serves only grpc.health.v1, for probes that cannot
+    /// speak TLS (Kubernetes gRPC probes). Unset: no such listener.
+    #[arg(long, env = "HEALTH_LISTEN_ADDR")]
+    pub health_listen_addr: Option<SocketAddr>,
+
     /// After SIGTERM, how long in-flight calls may take to finish before they are cut off.
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
@@ -137,7 +155,60 @@ pub struct Settings {
     pub sweep_batch: usize,
     pub event_retention: Duration,
     pub idempotency_retention: Duration,
+    pub tls: Option<TlsSettings>,
+    pub health_listen_addr: Option<SocketAddr>,
     pub shutdown_grace: Duration,
+}
+
+/// The server's TLS material, read at start-up.
+#[derive(Clone)]
+pub struct TlsSettings {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+    /// Set: clients must present a certificate this CA signed.
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for TlsSettings {
+    /// Never prints the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsSettings")
+            .field("mutual", &self.client_ca_pem.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_tls(args: &ServeArgs, problems: &mut Vec<String>) -> Option<TlsSettings> {
+    let mut read = |name: &str, path: &PathBuf| {
+        std::fs::read(path)
+            .map_err(|error| problems.push(format!("{name} {}: {error}", path.display())))
+            .ok()
+    };
+    match (&args.tls_cert_file, &args.tls_key_file) {
+        (None, None) => {
+            if args.tls_client_ca_file.is_some() {
+                problems.push("TLS_CLIENT_CA_FILE needs TLS_CERT_FILE and TLS_KEY_FILE".into());
+            }
+            None
+        }
+        (Some(cert), Some(key)) => {
+            let cert_pem = read("TLS_CERT_FILE", cert);
+            let key_pem = read("TLS_KEY_FILE", key);
+            let client_ca_pem = match &args.tls_client_ca_file {
+                Some(ca) => Some(read("TLS_CLIENT_CA_FILE", ca)?),
+                None => None,
+            };
+            Some(TlsSettings {
+                cert_pem: cert_pem?,
+                key_pem: key_pem?,
+                client_ca_pem,
+            })
+        }
+        _ => {
+            problems.push("TLS_CERT_FILE and TLS_KEY_FILE must be set together".into());
+            None
+        }
+    }
 }
 
 impl Settings {
@@ -153,6 +224,7 @@ impl Settings {
         let key_prefix = KeyPrefix::parse(&args.redis_key_prefix)
             .map_err(|problem| problems.push(format!("REDIS_KEY_PREFIX {problem}")))
             .ok();
+        let tls = read_tls(args, &mut problems);
         let default_ttl = Ttl::parse(args.reservation_default_ttl)
             .map_err(|problem| problems.push(format!("RESERVATION_DEFAULT_TTL {problem}")))
             .ok();
@@ -201,6 +273,8 @@ impl Settings {
                     sweep_batch: args.sweep_batch as usize,
                     event_retention: args.event_retention,
                     idempotency_retention: args.idempotency_retention,
+                    tls,
+                    health_listen_addr: args.health_listen_addr,
                     shutdown_grace: args.shutdown_grace,
                 })
             }

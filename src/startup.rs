@@ -20,7 +20,7 @@ use tonic::transport::Server;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
-    config::Settings,
+    config::{Settings, TlsSettings},
     events::{self, EventHub},
     grpc::InventoryApi,
     proto::{self, inventory_service_server::InventoryServiceServer},
@@ -36,6 +36,8 @@ pub type Service = Inventory<PgStore, RedisLeases>;
 pub struct Application {
     listener: TcpListener,
     local_addr: SocketAddr,
+    health_listener: Option<TcpListener>,
+    tls: Option<TlsSettings>,
     pool: Pool,
     redis: Redis,
     database: PgConfig,
@@ -73,6 +75,22 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen_addr))?;
         let local_addr = listener.local_addr()?;
+        let health_listener = match settings.health_listen_addr {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} (health)"))?,
+            ),
+            None => None,
+        };
+        if let Some(tls) = &settings.tls {
+            // Fails here, at start-up, on a certificate or key that does not parse.
+            Server::builder()
+                .tls_config(server_tls(tls))
+                .context("invalid TLS certificate or key")?;
+        } else {
+            tracing::warn!("TLS is off: the gRPC port speaks plaintext");
+        }
         let store = PgStore::new(pool.clone());
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
         let events = EventHub::new(store.clone(), stopping_rx);
@@ -86,6 +104,8 @@ impl Application {
         Ok(Self {
             listener,
             local_addr,
+            health_listener,
+            tls: settings.tls,
             pool,
             redis,
             database,
@@ -106,6 +126,13 @@ impl Application {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The plaintext health listener's address, if there is one.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health_listener
+            .as_ref()
+            .and_then(|listener| listener.local_addr().ok())
     }
 
     /// The wired core: tests use it to run a sweep or arm pause points.
@@ -158,8 +185,27 @@ impl Application {
         // grpcurl 1.8 and many other tools speak only the v1alpha protocol.
         let reflection_v1alpha = reflection_builder().build_v1alpha()?;
 
+        // The plaintext health listener outlives the main one, so probes see NOT_SERVING while
+        // in-flight calls drain.
+        let (stop_health, health_stopped) = tokio::sync::oneshot::channel::<()>();
+        let health_server = self.health_listener.map(|listener| {
+            tracing::info!(addr = ?listener.local_addr().ok(), "serving health in plaintext");
+            tokio::spawn(
+                Server::builder()
+                    .add_service(health_service.clone())
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                        let _ = health_stopped.await;
+                    }),
+            )
+        });
+
+        let mut builder = Server::builder();
+        if let Some(tls) = &self.tls {
+            builder = builder.tls_config(server_tls(tls))?;
+            tracing::info!(mutual = tls.client_ca_pem.is_some(), "TLS on");
+        }
         let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = Server::builder()
+        let server = builder
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
@@ -190,6 +236,10 @@ impl Application {
         let _ = self.stopping.send(true);
         for task in background {
             let _ = task.await;
+        }
+        let _ = stop_health.send(());
+        if let Some(health_server) = health_server {
+            let _ = health_server.await;
         }
         self.pool.close();
         self.redis.quit().await;
@@ -240,6 +290,16 @@ async fn sweep(
             Ok((events, keys)) => tracing::info!(events, keys, "pruned past retention"),
             Err(error) => tracing::warn!(%error, "pruning failed; retrying next interval"),
         }
+    }
+}
+
+fn server_tls(tls: &TlsSettings) -> tonic::transport::ServerTlsConfig {
+    let config = tonic::transport::ServerTlsConfig::new().identity(
+        tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem),
+    );
+    match &tls.client_ca_pem {
+        Some(ca) => config.client_ca_root(tonic::transport::Certificate::from_pem(ca)),
+        None => config,
     }
 }
 

@@ -147,6 +147,7 @@ pub async fn empty_database() -> PgConfig {
 #[derive(Debug)]
 pub struct TestApp {
     pub addr: SocketAddr,
+    pub health_addr: Option<SocketAddr>,
     pub client: InventoryServiceClient<Channel>,
     /// Direct access to the test's database, to check what a call did (or did not) change.
     pub db: tokio_postgres::Client,
@@ -236,6 +237,8 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
         sweep_batch: 100,
         event_retention: Duration::from_secs(7 * 24 * 3600),
         idempotency_retention: Duration::from_secs(48 * 3600),
+        tls: None,
+        health_listen_addr: None,
         shutdown_grace: Duration::from_secs(5),
     }
 }
@@ -261,6 +264,7 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         .await
         .expect("build the server");
     let addr = application.local_addr();
+    let health_addr = application.health_addr();
     let inventory = application.inventory();
     let store = application.store();
     let events = application.events();
@@ -269,11 +273,15 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
     let server = tokio::spawn(application.run_until_stopped(async {
         let _ = stopped.await;
     }));
-    let client = InventoryServiceClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect to the test server");
+    // Lazy: a TLS test server would refuse this plaintext client's handshake.
+    let client = InventoryServiceClient::new(
+        Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy(),
+    );
     TestApp {
         addr,
+        health_addr,
         client,
         db,
         inventory,

@@ -14,3 +14,4 @@ mod migrations;
 mod reservations;
 mod server;
 mod stock;
+mod tls;

@@ -64,6 +64,10 @@ pub struct ServeArgs {
     #[arg(long, env = "DATABASE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
     pub database_timeout: Duration,
 
+    /// Longest one SQL statement may run or wait for a lock before the call is UNAVAILABLE.
+    #[arg(long, env = "DATABASE_STATEMENT_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub database_statement_timeout: Duration,
+
     /// Redis URL: redis://, rediss://, redis-sentinel:// or redis-cluster://.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: String,
@@ -230,6 +234,10 @@ impl Settings {
             .ok();
         for (name, value) in [
             ("DATABASE_TIMEOUT", args.database_timeout),
+            (
+                "DATABASE_STATEMENT_TIMEOUT",
+                args.database_statement_timeout,
+            ),
             ("REDIS_COMMAND_TIMEOUT", args.redis_command_timeout),
             ("REDIS_CONNECT_TIMEOUT", args.redis_connect_timeout),
             ("LEASE_TTL", args.lease_ttl),
@@ -256,6 +264,7 @@ impl Settings {
                     pool: PoolSettings {
                         max_size: usize::from(args.database_pool_size),
                         acquire_timeout: args.database_timeout,
+                        statement_timeout: args.database_statement_timeout,
                     },
                     redis,
                     redis_settings: RedisSettings {

@@ -108,6 +108,19 @@ impl EventHub {
                 if page.is_empty() {
                     break;
                 }
+                if page[0].position != cursor + 1 {
+                    // Positions are dense: a jump means retention pruned events this watcher
+                    // had not read yet. Say so rather than skip them.
+                    let error = match self.store.stream_bounds().await {
+                        Ok(bounds) => Error::CursorPruned {
+                            requested: cursor,
+                            pruned_through: bounds.pruned_through,
+                        },
+                        Err(error) => error,
+                    };
+                    let _ = sender.send(Err(to_status(error))).await;
+                    return;
+                }
                 for event in page {
                     cursor = event.position;
                     if sender.send(Ok(event.into())).await.is_err() {

@@ -199,10 +199,14 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
     ) -> Result<Response<proto::Reservation>, Status> {
         let deadline = self.lease_deadline(request.metadata());
         let command = Reserve::try_from(request.into_inner()).map_err(to_status)?;
-        let reservation = self
-            .inventory
-            .reserve(&command, deadline)
+        // Runs on its own task: a client that gives up (deadline, disconnect) drops this
+        // handler, and would otherwise cancel the work between lease and release, leaving the
+        // SKU blocked for a whole lease TTL. The reservation finishes and releases either way;
+        // a retry with the same key then gets its outcome.
+        let inventory = Arc::clone(&self.inventory);
+        let reservation = tokio::spawn(async move { inventory.reserve(&command, deadline).await })
             .await
+            .map_err(|error| to_status(inventory_core::Error::internal(error)))?
             .map_err(to_status)?;
         Ok(Response::new(reservation.into()))
     }

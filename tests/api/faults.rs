@@ -375,3 +375,63 @@ async fn a_response_lost_after_commit_is_recovered_by_retrying_the_key() {
         .get(0);
     assert_eq!(count, 1);
 }
+
+#[tokio::test]
+async fn a_large_cart_survives_lost_counters_in_one_call() {
+    let mut app = spawn_app().await;
+    let skus = ["C1", "C2", "C3", "C4", "C5", "C6"];
+    for sku in skus {
+        stock(&app, sku, 10).await;
+    }
+    let cart: Vec<(&str, i64)> = skus.iter().map(|sku| (*sku, 1)).collect();
+    app.client.reserve(reserve("first", &cart)).await.unwrap();
+    for sku in skus {
+        let _: i64 = app.redis.del(app.fence_key(sku)).await.unwrap();
+    }
+    // Every line is fenced at once; all counters are raised in one recovery.
+    let second = app.client.reserve(reserve("second", &cart)).await;
+    assert!(second.is_ok(), "{second:?}");
+    for sku in skus {
+        assert_eq!(app.level(sku).await, (10, 2));
+    }
+}
+
+#[tokio::test]
+async fn a_caller_that_gives_up_mid_reserve_does_not_leave_the_sku_blocked() {
+    // A long lease TTL: if the abandoned call left its lease behind, the SKU would stay blocked.
+    let mut settings = crate::helpers::test_settings(fresh_database().await);
+    settings.leases.ttl = Duration::from_secs(60);
+    let app = spawn_app_with(settings).await;
+    stock(&app, "SKU-1", 10).await;
+
+    let mut held = app.pauses.arm(PausePoint::LeaseGranted);
+    let mut client = app.client.clone();
+    let abandoned =
+        tokio::spawn(async move { client.reserve(reserve("gone", &[("SKU-1", 1)])).await });
+    held.reached().await;
+    abandoned.abort();
+    let _ = abandoned.await;
+    held.resume();
+
+    // The work finishes without its caller: committed, lease released.
+    let next = tokio::time::timeout(
+        Duration::from_secs(10),
+        app.client.clone().reserve(reserve("next", &[("SKU-1", 1)])),
+    )
+    .await
+    .expect("the SKU is not blocked for the lease TTL")
+    .unwrap();
+    assert_eq!(next.into_inner().state(), ReservationState::Held);
+    let retry = app
+        .client
+        .clone()
+        .reserve(reserve("gone", &[("SKU-1", 1)]))
+        .await
+        .unwrap();
+    assert_eq!(retry.into_inner().state(), ReservationState::Held);
+    assert_eq!(
+        app.level("SKU-1").await,
+        (10, 2),
+        "the abandoned call committed once"
+    );
+}

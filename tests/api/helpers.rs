@@ -220,6 +220,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
         pool: PoolSettings {
             max_size: 8,
             acquire_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_secs(10),
         },
         redis: inventory_redis::parse_url(redis_url).expect("a valid Redis URL"),
         redis_settings: RedisSettings {

@@ -35,8 +35,9 @@ pub enum WriteOutcome {
     /// The answer for the caller: a new reservation, a final refusal (stored with the
     /// idempotency key) or the replay of the key's stored outcome.
     Answered(Result<Reservation, Error>),
-    /// A line's stored fence was not below the holder's token. Nothing was written.
-    Fenced { sku: Sku, stored: FenceToken },
+    /// These lines' stored fences were not below the holder's tokens (each with the stored
+    /// fence). Nothing was written.
+    Fenced(Vec<(Sku, FenceToken)>),
 }
 
 /// Reservations in the system of record.

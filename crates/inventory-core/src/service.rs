@@ -14,8 +14,9 @@ use crate::{
     ports::{Lease, LeaseService, ReservationStore, StockStore, WriteOutcome},
 };
 
-/// How many times one `Reserve` raises a lagging fence counter and tries again before giving
-/// up with [`Error::LeaseLost`]. One is enough unless Redis keeps losing data mid-request.
+/// How many times one `Reserve` raises lagging fence counters and tries again before giving
+/// up with [`Error::LeaseLost`]. One is enough (every fenced SKU is raised at once) unless
+/// Redis keeps losing data mid-request.
 const MAX_FENCE_RECOVERIES: usize = 3;
 
 #[derive(Clone, Debug)]
@@ -90,23 +91,21 @@ where
                     self.release_all(&leases).await;
                     return answer;
                 }
-                Ok(WriteOutcome::Fenced { sku, stored }) => {
-                    let lease = leases
-                        .iter()
-                        .find(|l| l.sku == sku)
-                        .expect("the fenced line has a lease");
-                    let still_ours = self.leases.is_held(lease).await;
+                Ok(WriteOutcome::Fenced(fenced)) => {
+                    let lost = self.first_lost(&leases, &fenced).await;
                     self.release_all(&leases).await;
-                    if !still_ours? {
-                        tracing::warn!(%sku, token = %lease.fence, %stored, "stale lease holder fenced off");
+                    if let Some(sku) = lost? {
                         return Err(Error::LeaseLost { sku });
                     }
                     if recoveries == MAX_FENCE_RECOVERIES {
+                        let (sku, _) = fenced.into_iter().next().expect("at least one line");
                         return Err(Error::LeaseLost { sku });
                     }
                     recoveries += 1;
-                    tracing::warn!(%sku, token = %lease.fence, %stored, "fence counter behind PostgreSQL; raising it");
-                    self.leases.raise_fence(&sku, stored).await?;
+                    for (sku, stored) in &fenced {
+                        tracing::warn!(%sku, %stored, "fence counter behind PostgreSQL; raising it");
+                        self.leases.raise_fence(sku, *stored).await?;
+                    }
                 }
                 Err(error) => {
                     self.release_all(&leases).await;
@@ -131,6 +130,27 @@ where
     /// One sweep: expires up to `batch` overdue holds.
     pub async fn expire_due(&self, batch: usize) -> Result<usize, Error> {
         self.store.expire_due(batch).await
+    }
+
+    /// The first fenced SKU whose lease we no longer hold: we stalled and another holder
+    /// took over, so our write is the stale one. `None`: we still hold every fenced lease, so
+    /// the fences are ahead of Redis's counters instead.
+    async fn first_lost(
+        &self,
+        leases: &[Lease],
+        fenced: &[(Sku, crate::domain::FenceToken)],
+    ) -> Result<Option<Sku>, Error> {
+        for (sku, stored) in fenced {
+            let lease = leases
+                .iter()
+                .find(|l| &l.sku == sku)
+                .expect("every fenced line has a lease");
+            if !self.leases.is_held(lease).await? {
+                tracing::warn!(%sku, token = %lease.fence, %stored, "stale lease holder fenced off");
+                return Ok(Some(sku.clone()));
+            }
+        }
+        Ok(None)
     }
 
     /// Takes the leases in the given (SKU) order; on failure, gives back the ones taken.

@@ -12,6 +12,9 @@ pub struct PoolSettings {
     pub max_size: usize,
     /// Longest a request waits for a free connection, and to open a new one.
     pub acquire_timeout: Duration,
+    /// Longest one statement may run, and wait for a lock, before PostgreSQL cancels it: a
+    /// stalled database turns into `UNAVAILABLE`, not a hung call holding a connection.
+    pub statement_timeout: Duration,
 }
 
 impl Default for PoolSettings {
@@ -19,6 +22,7 @@ impl Default for PoolSettings {
         Self {
             max_size: 16,
             acquire_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -42,6 +46,20 @@ pub fn connect(
     if config.get_application_name().is_none() {
         config.application_name("inventory-server");
     }
+    // A session left idle inside a transaction would also hold back the event stream, which
+    // positions events only behind the oldest open transaction.
+    let ms = settings.statement_timeout.as_millis().max(1);
+    let ours = format!(
+        "-c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout={}",
+        ms * 4
+    );
+    let options = match config.get_options() {
+        Some(theirs) => format!("{theirs} {ours}"),
+        None => ours,
+    };
+    config.options(&options);
+    config.keepalives(true);
+    config.keepalives_idle(Duration::from_secs(30));
     let manager = Manager::from_config(
         config,
         NoTls,

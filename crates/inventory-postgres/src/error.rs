@@ -38,6 +38,9 @@ fn is_unavailable(error: &tokio_postgres::Error) -> bool {
                     SqlState::CRASH_SHUTDOWN,
                     SqlState::CANNOT_CONNECT_NOW,
                     SqlState::TOO_MANY_CONNECTIONS,
+                    // statement_timeout and lock_timeout: the database is too slow right now.
+                    SqlState::QUERY_CANCELED,
+                    SqlState::LOCK_NOT_AVAILABLE,
                 ]
                 .contains(code)
         }

@@ -52,16 +52,21 @@ const EVENTS_AFTER: &str = "
 
 const BOUNDS: &str = "SELECT head, pruned_through FROM event_stream WHERE id = 1";
 
-/// Oldest positioned events past retention, in position order; `pruned_through` records the
-/// highest position removed, so a cursor below it is known to have missed events.
+/// The oldest positioned events, as long as they are past retention: a contiguous prefix of the
+/// stream, so no hole is ever left below a kept event. `pruned_through` records the highest
+/// position removed; a cursor below it is known to have missed events.
 const PRUNE_EVENTS: &str = "
-    WITH doomed AS (
-        SELECT sequence, position FROM outbox
-        WHERE position IS NOT NULL AND occurred_at < now() - make_interval(secs => $1)
-        ORDER BY position LIMIT $2
+    WITH oldest AS (
+        SELECT sequence, position, occurred_at FROM outbox
+        WHERE position IS NOT NULL ORDER BY position LIMIT $2
+    ), first_kept AS (
+        SELECT min(position) AS position FROM oldest
+        WHERE occurred_at >= now() - make_interval(secs => $1)
     ), gone AS (
-        DELETE FROM outbox o USING doomed WHERE o.sequence = doomed.sequence
-        RETURNING doomed.position
+        DELETE FROM outbox o USING oldest
+        WHERE o.sequence = oldest.sequence
+          AND oldest.position < coalesce((SELECT position FROM first_kept), 9223372036854775807)
+        RETURNING oldest.position
     ), recorded AS (
         UPDATE event_stream
         SET pruned_through = greatest(pruned_through, (SELECT max(position) FROM gone))

@@ -137,11 +137,12 @@ fn from_micros(micros: i64) -> SystemTime {
 enum LinesOutcome {
     Held(Vec<StockLevel>),
     Refused(Error),
-    Fenced { sku: Sku, stored: FenceToken },
+    Fenced(Vec<(Sku, FenceToken)>),
 }
 
 /// The conditional update of every line, in SKU order. Lines that cannot be held are all
-/// named; a stale fence on any line stops everything, since the holder must not write at all.
+/// named, and so are all lines with a stale fence (which outrank every other outcome: the
+/// holder must not write at all, and a lagging counter is repaired for every SKU at once).
 async fn hold_lines(
     tx: &Transaction<'_>,
     lines: &[(&Line, FenceToken)],
@@ -149,6 +150,7 @@ async fn hold_lines(
     let mut levels = Vec::with_capacity(lines.len());
     let mut unknown = Vec::new();
     let mut short = Vec::new();
+    let mut fenced = Vec::new();
     for (line, fence) in lines {
         let units = line.quantity.get();
         if let Some(level) = stock::reserve(tx, &line.sku, units, *fence)
@@ -163,12 +165,7 @@ async fn hold_lines(
             .map_err(from_db)?
         {
             None => unknown.push(line.sku.clone()),
-            Some((_, stored)) if stored >= *fence => {
-                return Ok(LinesOutcome::Fenced {
-                    sku: line.sku.clone(),
-                    stored,
-                });
-            }
+            Some((_, stored)) if stored >= *fence => fenced.push((line.sku.clone(), stored)),
             Some((level, _)) => short.push(Shortfall {
                 sku: line.sku.clone(),
                 requested: units,
@@ -176,7 +173,9 @@ async fn hold_lines(
             }),
         }
     }
-    Ok(if !unknown.is_empty() {
+    Ok(if !fenced.is_empty() {
+        LinesOutcome::Fenced(fenced)
+    } else if !unknown.is_empty() {
         LinesOutcome::Refused(Error::UnknownSkus(unknown))
     } else if !short.is_empty() {
         LinesOutcome::Refused(Error::InsufficientStock(short))
@@ -229,10 +228,10 @@ impl ReservationStore for PgStore {
         // so the refusal itself is stored and replayed.
         let savepoint = tx.savepoint("lines").await.map_err(from_db)?;
         let result = match hold_lines(&savepoint, &lines).await? {
-            LinesOutcome::Fenced { sku, stored } => {
+            LinesOutcome::Fenced(lines) => {
                 // Dropping the transaction rolls back the claim too: a lost lease is
                 // transient and must not be stored.
-                return Ok(WriteOutcome::Fenced { sku, stored });
+                return Ok(WriteOutcome::Fenced(lines));
             }
             LinesOutcome::Refused(error) => {
                 savepoint.rollback().await.map_err(from_db)?;

@@ -1,9 +1,11 @@
 //! Per-SKU leases with fencing tokens.
 //!
 //! Grant is one Lua script: `SET lease <holder> NX PX ttl` and, only if that succeeded,
-//! `INCR fence`. Being one script, token order is grant order. The fence counter never gets a
-//! TTL and is never deleted by the service: losing it is survivable (PostgreSQL keeps the
-//! highest accepted token and the core raises the counter past it) but not free.
+//! `INCR fence`. Being one script, token order is grant order. Every grant renews the fence
+//! counter's long TTL (30 days by default): a counter in use never expires, while counters of
+//! SKUs nobody reserves any more (or that never existed) do not pile up in Redis forever.
+//! Losing a counter is survivable by design (PostgreSQL keeps the highest accepted token and
+//! the core raises the counter past it), so the TTL trades a rare recovery for bounded memory.
 //!
 //! Every call fails fast: a disconnected client answers at once, a slow Redis within the
 //! command timeout. fred ignores per-call options on the Lua path (fred #353), so the bound
@@ -29,11 +31,13 @@ use inventory_core::{
 
 use crate::client::Redis;
 
-/// KEYS: lease, fence. ARGV: holder, ttl in ms. Returns the new fencing token, or 0 when the
-/// lease is held by someone else.
+/// KEYS: lease, fence. ARGV: holder, lease ttl in ms, fence ttl in ms. Returns the new
+/// fencing token, or 0 when the lease is held by someone else.
 const ACQUIRE: &str = r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  return token
 end
 return 0
 "#;
@@ -46,12 +50,12 @@ end
 return 0
 "#;
 
-/// KEYS: fence. ARGV: floor. Raises the counter to the floor, never lowers it.
+/// KEYS: fence. ARGV: floor, fence ttl in ms. Raises the counter to the floor, never lowers it.
 const RAISE_FENCE: &str = r#"
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 local floor = tonumber(ARGV[1])
 if current < floor then
-  redis.call('SET', KEYS[1], floor)
+  redis.call('SET', KEYS[1], floor, 'PX', ARGV[2])
   return floor
 end
 return current
@@ -65,6 +69,8 @@ pub struct LeaseSettings {
     /// First backoff step while a lease is busy; doubles up to `max_backoff`, with full jitter.
     pub min_backoff: Duration,
     pub max_backoff: Duration,
+    /// How long an unused SKU's fence counter stays in Redis.
+    pub fence_ttl: Duration,
 }
 
 impl Default for LeaseSettings {
@@ -73,6 +79,7 @@ impl Default for LeaseSettings {
             ttl: Duration::from_secs(2),
             min_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(25),
+            fence_ttl: Duration::from_secs(30 * 24 * 60 * 60),
         }
     }
 }
@@ -109,10 +116,18 @@ impl RedisLeases {
             .bounded(self.acquire.evalsha_with_reload(
                 self.redis.client(),
                 vec![prefix.lease(sku), prefix.fence(sku)],
-                vec![holder.to_owned(), ttl_ms.to_string()],
+                vec![
+                    holder.to_owned(),
+                    ttl_ms.to_string(),
+                    self.fence_ttl_ms().to_string(),
+                ],
             ))
             .await?;
         Ok((token > 0).then(|| FenceToken::new(token)))
+    }
+
+    fn fence_ttl_ms(&self) -> i64 {
+        i64::try_from(self.settings.fence_ttl.as_millis().max(1)).unwrap_or(i64::MAX)
     }
 
     /// Refuses at once while disconnected, and bounds the call by the command timeout.
@@ -182,7 +197,7 @@ impl LeaseService for RedisLeases {
             .bounded(self.raise_fence.evalsha_with_reload(
                 self.redis.client(),
                 vec![self.redis.prefix().fence(sku)],
-                vec![floor.get().to_string()],
+                vec![floor.get().to_string(), self.fence_ttl_ms().to_string()],
             ))
             .await?;
         Ok(())

@@ -69,6 +69,7 @@ impl From<StockLevel> for proto::StockLevel {
             sku: level.sku.as_str().to_owned(),
             on_hand: level.on_hand,
             reserved: level.reserved,
+            version: level.version,
         }
     }
 }

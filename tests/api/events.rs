@@ -218,6 +218,22 @@ async fn under_a_reservation_storm_a_watcher_sees_exactly_the_committed_events()
             sequences(&events),
             (1..=committed.len() as i64).collect::<Vec<_>>()
         );
+        // Each change of a SKU carries its own version, none missing: consumers can tell
+        // the newest level of a SKU whatever order conflicting commits reached the stream in.
+        let mut hot_versions: Vec<i64> = events
+            .iter()
+            .flat_map(|e| match &e.payload {
+                Some(event::Payload::ReservationChanged(changed)) => changed.levels.clone(),
+                Some(event::Payload::StockAdjusted(adjusted)) => {
+                    adjusted.level.clone().into_iter().collect()
+                }
+                None => Vec::new(),
+            })
+            .filter(|level| level.sku == "HOT")
+            .map(|level| level.version)
+            .collect();
+        hot_versions.sort_unstable();
+        assert_eq!(hot_versions, (1..=101).collect::<Vec<_>>());
         let seen: HashSet<String> = events.into_iter().map(|e| e.event_id).collect();
         assert_eq!(seen, committed);
     }

@@ -22,12 +22,14 @@ fn get(skus: &[&str]) -> GetStockRequest {
     }
 }
 
-fn level(sku: &str, on_hand: i64, reserved: i64) -> StockLevel {
+/// A level as the API reports it; `version` counts the changes made to the SKU so far.
+fn level(sku: &str, on_hand: i64, reserved: i64, version: i64) -> StockLevel {
     StockLevel {
         sku: sku.into(),
         on_hand,
         reserved,
         available: on_hand - reserved,
+        version,
     }
 }
 
@@ -52,7 +54,7 @@ async fn first_positive_adjustment_creates_the_sku_and_get_stock_reads_it() {
         .adjust_stock(adjust("SKU-1", 10, "k1"))
         .await
         .unwrap();
-    assert_eq!(created.into_inner(), level("SKU-1", 10, 0));
+    assert_eq!(created.into_inner(), level("SKU-1", 10, 0, 1));
 
     let read = app
         .client
@@ -60,7 +62,7 @@ async fn first_positive_adjustment_creates_the_sku_and_get_stock_reads_it() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(read.levels, [level("SKU-1", 10, 0)]);
+    assert_eq!(read.levels, [level("SKU-1", 10, 0, 1)]);
 }
 
 #[tokio::test]
@@ -79,7 +81,7 @@ async fn adjustments_add_and_remove_and_each_writes_one_event() {
         .adjust_stock(adjust("SKU-1", -12, "k3"))
         .await
         .unwrap();
-    assert_eq!(after.into_inner(), level("SKU-1", 3, 0));
+    assert_eq!(after.into_inner(), level("SKU-1", 3, 0, 3));
 
     let events = outbox_events(&app, "SKU-1").await;
     let deltas: Vec<i64> = events
@@ -108,7 +110,11 @@ async fn get_stock_answers_in_request_order() {
         .into_inner();
     assert_eq!(
         read.levels,
-        [level("C", 3, 0), level("A", 1, 0), level("B", 2, 0)]
+        [
+            level("C", 3, 0, 1),
+            level("A", 1, 0, 1),
+            level("B", 2, 0, 1)
+        ]
     );
 }
 
@@ -179,7 +185,7 @@ async fn removal_may_not_cut_into_reserved_units() {
         .adjust_stock(adjust("SKU-1", -6, "k3"))
         .await
         .unwrap();
-    assert_eq!(after.into_inner(), level("SKU-1", 4, 4));
+    assert_eq!(after.into_inner(), level("SKU-1", 4, 4, 2));
     assert_eq!(outbox_events(&app, "SKU-1").await.len(), 2);
 }
 
@@ -239,7 +245,7 @@ async fn a_replayed_key_returns_the_stored_level_and_moves_stock_once() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(now.levels, [level("SKU-1", 11, 0)]);
+    assert_eq!(now.levels, [level("SKU-1", 11, 0, 2)]);
     assert_eq!(outbox_events(&app, "SKU-1").await.len(), 2);
 }
 
@@ -269,7 +275,7 @@ async fn a_replayed_failure_is_returned_as_stored() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(now.levels, [level("LATER", 5, 0)]);
+    assert_eq!(now.levels, [level("LATER", 5, 0, 1)]);
 }
 
 #[tokio::test]
@@ -297,7 +303,7 @@ async fn a_key_reused_for_a_different_request_is_already_exists_and_changes_noth
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(now.levels, [level("SKU-1", 10, 0)]);
+    assert_eq!(now.levels, [level("SKU-1", 10, 0, 1)]);
 }
 
 #[tokio::test]
@@ -309,7 +315,7 @@ async fn concurrent_requests_with_one_key_execute_once() {
     });
     let results = join_all(calls).await;
     for result in &results {
-        assert_eq!(result.as_ref().unwrap().get_ref(), &level("SKU-1", 3, 0));
+        assert_eq!(result.as_ref().unwrap().get_ref(), &level("SKU-1", 3, 0, 1));
     }
     assert_eq!(outbox_events(&app, "SKU-1").await.len(), 1);
     let keys: i64 = app
@@ -341,7 +347,7 @@ async fn concurrent_adjustments_with_distinct_keys_all_apply() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(now.levels, [level("SKU-1", 40, 0)]);
+    assert_eq!(now.levels, [level("SKU-1", 40, 0, 40)]);
 }
 
 #[tokio::test]

@@ -299,6 +299,8 @@ pub struct StockLevel {
     pub sku: Sku,
     pub on_hand: i64,
     pub reserved: i64,
+    /// Grows with every change to this SKU: of two levels, the higher version is the newer.
+    pub version: i64,
 }
 
 impl StockLevel {

@@ -188,6 +188,9 @@ struct StockPayload {
     reason: String,
     on_hand: i64,
     reserved: i64,
+    /// Absent in events written before stock versions existed: 0, "unknown".
+    #[serde(default)]
+    version: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -209,6 +212,9 @@ struct LevelPayload {
     sku: String,
     on_hand: i64,
     reserved: i64,
+    /// Absent in events written before stock versions existed: 0, "unknown".
+    #[serde(default)]
+    version: i64,
 }
 
 fn event(row: &Row) -> Result<Event, Error> {
@@ -226,6 +232,7 @@ fn event(row: &Row) -> Result<Event, Error> {
                 sku: sku.clone(),
                 on_hand: payload.on_hand,
                 reserved: payload.reserved,
+                version: payload.version,
             },
             sku,
         }
@@ -257,6 +264,7 @@ fn event(row: &Row) -> Result<Event, Error> {
                         sku: Sku::parse(&level.sku).map_err(invalid)?,
                         on_hand: level.on_hand,
                         reserved: level.reserved,
+                        version: level.version,
                     })
                 })
                 .collect::<Result<_, Error>>()?,

@@ -42,6 +42,7 @@ pub(crate) async fn append_reservation_event(
             "sku": level.sku.as_str(),
             "on_hand": level.on_hand,
             "reserved": level.reserved,
+            "version": level.version,
         })).collect::<Vec<_>>(),
     });
     let statement = tx.prepare_cached(APPEND_RESERVATION_EVENT).await?;

@@ -12,42 +12,45 @@ use tokio_postgres::Row;
 const ADD: &str = "
     INSERT INTO stock AS s (sku, on_hand) VALUES ($1, $2)
     ON CONFLICT (sku) DO UPDATE
-        SET on_hand = s.on_hand + EXCLUDED.on_hand, updated_at = now()
+        SET on_hand = s.on_hand + EXCLUDED.on_hand, version = s.version + 1, updated_at = now()
         WHERE s.on_hand + EXCLUDED.on_hand <= $3
-    RETURNING s.on_hand, s.reserved";
+    RETURNING s.on_hand, s.reserved, s.version";
 
 /// Removes units only while what is left still covers the reserved units; no row comes back
 /// when the SKU is unknown or the removal would cut into reservations.
 const REMOVE: &str = "
-    UPDATE stock SET on_hand = on_hand - $2, updated_at = now()
+    UPDATE stock SET on_hand = on_hand - $2, version = version + 1, updated_at = now()
     WHERE sku = $1 AND on_hand - $2 >= reserved
-    RETURNING on_hand, reserved";
+    RETURNING on_hand, reserved, version";
 
 /// Holds units for a lease holder: only while enough is available, and only with a fencing
 /// token strictly above the last accepted one, which it then becomes. Strictly: after a Redis
 /// failover two holders can be handed the same number, and only one of them may write.
 const RESERVE: &str = "
-    UPDATE stock SET reserved = reserved + $2, fence_token = $3, updated_at = now()
+    UPDATE stock
+    SET reserved = reserved + $2, fence_token = $3, version = version + 1, updated_at = now()
     WHERE sku = $1 AND fence_token < $3 AND on_hand - reserved >= $2
-    RETURNING on_hand, reserved";
+    RETURNING on_hand, reserved, version";
 
-const READ_WITH_FENCE: &str = "SELECT on_hand, reserved, fence_token FROM stock WHERE sku = $1";
+const READ_WITH_FENCE: &str =
+    "SELECT on_hand, reserved, version, fence_token FROM stock WHERE sku = $1";
 
 /// Confirmed units leave the stock: both columns drop, so `available` is unchanged.
 const SHIP: &str = "
-    UPDATE stock SET on_hand = on_hand - $2, reserved = reserved - $2, updated_at = now()
+    UPDATE stock
+    SET on_hand = on_hand - $2, reserved = reserved - $2, version = version + 1, updated_at = now()
     WHERE sku = $1
-    RETURNING on_hand, reserved";
+    RETURNING on_hand, reserved, version";
 
 /// Released or expired units go back to `available`.
 const UNRESERVE: &str = "
-    UPDATE stock SET reserved = reserved - $2, updated_at = now()
+    UPDATE stock SET reserved = reserved - $2, version = version + 1, updated_at = now()
     WHERE sku = $1
-    RETURNING on_hand, reserved";
+    RETURNING on_hand, reserved, version";
 
-const READ_ONE: &str = "SELECT on_hand, reserved FROM stock WHERE sku = $1";
+const READ_ONE: &str = "SELECT on_hand, reserved, version FROM stock WHERE sku = $1";
 
-const READ_MANY: &str = "SELECT sku, on_hand, reserved FROM stock WHERE sku = ANY($1)";
+const READ_MANY: &str = "SELECT sku, on_hand, reserved, version FROM stock WHERE sku = ANY($1)";
 
 /// `Some(level)` if the units were added, `None` if that would exceed [`MAX_ON_HAND`].
 pub(crate) async fn add(
@@ -104,7 +107,7 @@ pub(crate) async fn read_with_fence(
 ) -> Result<Option<(StockLevel, FenceToken)>, tokio_postgres::Error> {
     let statement = tx.prepare_cached(READ_WITH_FENCE).await?;
     let row = tx.query_opt(&statement, &[&sku.as_str()]).await?;
-    Ok(row.map(|row| (level(sku, &row), FenceToken::new(row.get(2)))))
+    Ok(row.map(|row| (level(sku, &row), FenceToken::new(row.get(3)))))
 }
 
 /// Takes confirmed units out of stock. The CHECK constraints make an impossible request
@@ -151,6 +154,7 @@ pub(crate) async fn read_many(
                     .expect("row for a requested SKU"),
                 on_hand: row.try_get(1)?,
                 reserved: row.try_get(2)?,
+                version: row.try_get(3)?,
             })
         })
         .collect()
@@ -161,5 +165,6 @@ fn level(sku: &Sku, row: &Row) -> StockLevel {
         sku: sku.clone(),
         on_hand: row.get(0),
         reserved: row.get(1),
+        version: row.get(2),
     }
 }

@@ -47,9 +47,16 @@ impl PgStore {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 enum AdjustOutcome {
-    Adjusted { on_hand: i64, reserved: i64 },
+    Adjusted {
+        on_hand: i64,
+        reserved: i64,
+        version: i64,
+    },
     UnknownSku,
-    BelowReserved { on_hand: i64, reserved: i64 },
+    BelowReserved {
+        on_hand: i64,
+        reserved: i64,
+    },
     StockLimit,
 }
 
@@ -59,6 +66,7 @@ impl AdjustOutcome {
             Ok(level) => Self::Adjusted {
                 on_hand: level.on_hand,
                 reserved: level.reserved,
+                version: level.version,
             },
             Err(Error::UnknownSkus(_)) => Self::UnknownSku,
             Err(Error::BelowReserved {
@@ -77,10 +85,15 @@ impl AdjustOutcome {
         let sku = command.sku.clone();
         let requested = command.delta.get().abs();
         match self {
-            Self::Adjusted { on_hand, reserved } => Ok(StockLevel {
+            Self::Adjusted {
+                on_hand,
+                reserved,
+                version,
+            } => Ok(StockLevel {
                 sku,
                 on_hand,
                 reserved,
+                version,
             }),
             Self::UnknownSku => Err(Error::UnknownSkus(vec![sku])),
             Self::BelowReserved { on_hand, reserved } => Err(Error::BelowReserved {
@@ -135,6 +148,7 @@ impl StockStore for PgStore {
                 "reason": command.reason.as_str(),
                 "on_hand": level.on_hand,
                 "reserved": level.reserved,
+                "version": level.version,
             });
             outbox::append_sku_event(&tx, outbox::STOCK_ADJUSTED, &command.sku, &payload)
                 .await

@@ -93,6 +93,26 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASE_WAIT", default_value = "1s", value_parser = humantime::parse_duration)]
     pub lease_wait: Duration,
 
+    /// Most requests of this replica waiting for one SKU's lease; more get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "LEASE_MAX_WAITERS", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub lease_max_waiters: u32,
+
+    /// Most unary calls in flight in this replica; more are shed with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_in_flight: u32,
+
+    /// Largest request message accepted, in bytes; larger ones get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "MAX_MESSAGE_BYTES", default_value_t = 262_144,
+          value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
+    pub max_message_bytes: u32,
+
+    /// Connections older than this are closed gracefully, so clients reconnect and spread
+    /// over new replicas.
+    #[arg(long, env = "MAX_CONNECTION_AGE", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub max_connection_age: Duration,
+
     /// Hold of a Reserve that sets no ttl (1s to 24h).
     #[arg(long, env = "RESERVATION_DEFAULT_TTL", default_value = "15m", value_parser = humantime::parse_duration)]
     pub reservation_default_ttl: Duration,
@@ -154,6 +174,9 @@ pub struct Settings {
     pub redis_settings: RedisSettings,
     pub leases: LeaseSettings,
     pub lease_wait: Duration,
+    pub max_in_flight: usize,
+    pub max_message_bytes: usize,
+    pub max_connection_age: Duration,
     pub default_ttl: Ttl,
     pub sweep_interval: Duration,
     pub sweep_batch: usize,
@@ -243,6 +266,7 @@ impl Settings {
             ("LEASE_TTL", args.lease_ttl),
             ("LEASE_WAIT", args.lease_wait),
             ("SWEEP_INTERVAL", args.sweep_interval),
+            ("MAX_CONNECTION_AGE", args.max_connection_age),
         ] {
             if value.is_zero() {
                 problems.push(format!("{name} must be greater than zero"));
@@ -274,9 +298,13 @@ impl Settings {
                     },
                     leases: LeaseSettings {
                         ttl: args.lease_ttl,
+                        max_waiters: args.lease_max_waiters as usize,
                         ..LeaseSettings::default()
                     },
                     lease_wait: args.lease_wait,
+                    max_in_flight: args.max_in_flight as usize,
+                    max_message_bytes: args.max_message_bytes as usize,
+                    max_connection_age: args.max_connection_age,
                     default_ttl,
                     sweep_interval: args.sweep_interval,
                     sweep_batch: args.sweep_batch as usize,

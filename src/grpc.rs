@@ -2,16 +2,19 @@
 //! the answer. No rule lives here.
 
 use std::{
+    future::Future,
     pin::Pin,
     sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
 
 use inventory_core::{
+    Error,
     command::{AdjustStock, GetStock, ReservationRef, Reserve, WatchEvents},
     domain::{Line, Reservation, ReservationState, StockLevel},
     events::{Change, Event},
 };
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, metadata::MetadataMap};
 
@@ -23,26 +26,51 @@ pub struct InventoryApi {
     events: EventHub,
     /// Longest a `Reserve` waits for busy leases, whatever the client's deadline.
     lease_wait: Duration,
+    /// Calls in flight (streams excepted); none left means `RESOURCE_EXHAUSTED` at once.
+    in_flight: Arc<Semaphore>,
 }
 
 impl InventoryApi {
-    pub fn new(inventory: Arc<Service>, events: EventHub, lease_wait: Duration) -> Self {
+    pub fn new(
+        inventory: Arc<Service>,
+        events: EventHub,
+        lease_wait: Duration,
+        max_in_flight: usize,
+    ) -> Self {
         Self {
             inventory,
             events,
             lease_wait,
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
         }
     }
 
-    /// The lease budget of a request: the server's bound, shortened by the client's deadline.
-    /// A quarter of the client's time is kept for the write and the answer, so a caller that
-    /// waited in vain hears `ABORTED` (retry) rather than its own deadline expiring.
-    fn lease_deadline(&self, metadata: &MetadataMap) -> Instant {
-        let budget = match client_timeout(metadata) {
-            Some(timeout) => self.lease_wait.min(timeout - timeout / 4),
-            None => self.lease_wait,
-        };
-        Instant::now() + budget
+    /// Load shedding: a saturated server refuses at once instead of queueing without bound.
+    fn admit(&self) -> Result<OwnedSemaphorePermit, Status> {
+        Arc::clone(&self.in_flight)
+            .try_acquire_owned()
+            .map_err(|_| to_status(Error::Saturated))
+    }
+}
+
+/// When a call must have answered: the client's deadline less a margin for the answer to
+/// travel, so the client hears `DEADLINE_EXCEEDED` from us rather than giving up on its own.
+fn answer_by(metadata: &MetadataMap) -> Option<Instant> {
+    let timeout = client_timeout(metadata)?;
+    let margin = (timeout / 5).clamp(Duration::from_millis(5), Duration::from_millis(100));
+    Some(Instant::now() + timeout.saturating_sub(margin))
+}
+
+/// Runs `work` within the caller's deadline, if it set one.
+async fn within<T>(
+    answer_by: Option<Instant>,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match answer_by {
+        None => work.await,
+        Some(deadline) => tokio::time::timeout_at(deadline.into(), work)
+            .await
+            .unwrap_or(Err(Error::DeadlineExceeded)),
     }
 }
 
@@ -172,10 +200,10 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::AdjustStockRequest>,
     ) -> Result<Response<proto::StockLevel>, Status> {
+        let _admitted = self.admit()?;
+        let answer_by = answer_by(request.metadata());
         let command = AdjustStock::try_from(request.into_inner()).map_err(to_status)?;
-        let level = self
-            .inventory
-            .adjust_stock(&command)
+        let level = within(answer_by, self.inventory.adjust_stock(&command))
             .await
             .map_err(to_status)?;
         Ok(Response::new(level.into()))
@@ -186,8 +214,12 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::GetStockRequest>,
     ) -> Result<Response<proto::GetStockResponse>, Status> {
+        let _admitted = self.admit()?;
+        let answer_by = answer_by(request.metadata());
         let query = GetStock::try_from(request.into_inner()).map_err(to_status)?;
-        let levels = self.inventory.get_stock(&query).await.map_err(to_status)?;
+        let levels = within(answer_by, self.inventory.get_stock(&query))
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(proto::GetStockResponse {
             levels: levels.into_iter().map(Into::into).collect(),
         }))
@@ -198,17 +230,30 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::ReserveRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
-        let deadline = self.lease_deadline(request.metadata());
+        let _admitted = self.admit()?;
+        let answer_by = answer_by(request.metadata());
+        let server_bound = Instant::now() + self.lease_wait;
+        // Leases are waited for until the server's bound or the caller's deadline, whichever
+        // comes first; which one ran out decides between ABORTED and DEADLINE_EXCEEDED.
+        let lease_deadline = answer_by.map_or(server_bound, |by| by.min(server_bound));
+        let deadline_binds = answer_by.is_some_and(|by| by < server_bound);
         let command = Reserve::try_from(request.into_inner()).map_err(to_status)?;
         // Runs on its own task: a client that gives up (deadline, disconnect) drops this
         // handler, and would otherwise cancel the work between lease and release, leaving the
         // SKU blocked for a whole lease TTL. The reservation finishes and releases either way;
         // a retry with the same key then gets its outcome.
         let inventory = Arc::clone(&self.inventory);
-        let reservation = tokio::spawn(async move { inventory.reserve(&command, deadline).await })
-            .await
-            .map_err(|error| to_status(inventory_core::Error::internal(error)))?
-            .map_err(to_status)?;
+        let work = tokio::spawn(async move { inventory.reserve(&command, lease_deadline).await });
+        let outcome = within(answer_by, async {
+            work.await
+                .unwrap_or_else(|error| Err(Error::internal(error)))
+        })
+        .await;
+        let reservation = match outcome {
+            Err(Error::LeaseBusy { .. }) if deadline_binds => Err(Error::DeadlineExceeded),
+            other => other,
+        }
+        .map_err(to_status)?;
         Ok(Response::new(reservation.into()))
     }
 
@@ -217,8 +262,12 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::ConfirmReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
+        let _admitted = self.admit()?;
+        let answer_by = answer_by(request.metadata());
         let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
-        let reservation = self.inventory.confirm(target).await.map_err(to_status)?;
+        let reservation = within(answer_by, self.inventory.confirm(target))
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(reservation.into()))
     }
 
@@ -227,8 +276,12 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::ReleaseReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
+        let _admitted = self.admit()?;
+        let answer_by = answer_by(request.metadata());
         let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
-        let reservation = self.inventory.release(target).await.map_err(to_status)?;
+        let reservation = within(answer_by, self.inventory.release(target))
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(reservation.into()))
     }
 
@@ -237,10 +290,10 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::GetReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
+        let _admitted = self.admit()?;
+        let answer_by = answer_by(request.metadata());
         let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
-        let reservation = self
-            .inventory
-            .get_reservation(target)
+        let reservation = within(answer_by, self.inventory.get_reservation(target))
             .await
             .map_err(to_status)?;
         Ok(Response::new(reservation.into()))

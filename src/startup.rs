@@ -46,6 +46,9 @@ pub struct Application {
     events: EventHub,
     stopping: tokio::sync::watch::Sender<bool>,
     lease_wait: Duration,
+    max_in_flight: usize,
+    max_message_bytes: usize,
+    max_connection_age: Duration,
     upkeep: Upkeep,
     shutdown_grace: Duration,
 }
@@ -114,6 +117,9 @@ impl Application {
             events,
             stopping,
             lease_wait: settings.lease_wait,
+            max_in_flight: settings.max_in_flight,
+            max_message_bytes: settings.max_message_bytes,
+            max_connection_age: settings.max_connection_age,
             upkeep: Upkeep {
                 interval: settings.sweep_interval,
                 batch: settings.sweep_batch,
@@ -159,7 +165,9 @@ impl Application {
             Arc::clone(&self.inventory),
             self.events.clone(),
             self.lease_wait,
-        ));
+            self.max_in_flight,
+        ))
+        .max_decoding_message_size(self.max_message_bytes);
         let background = [
             tokio::spawn(sweep(
                 Arc::clone(&self.inventory),
@@ -199,7 +207,9 @@ impl Application {
             )
         });
 
-        let mut builder = Server::builder();
+        let mut builder = Server::builder()
+            .max_connection_age(self.max_connection_age)
+            .max_connection_age_grace(self.shutdown_grace);
         if let Some(tls) = &self.tls {
             builder = builder.tls_config(server_tls(tls))?;
             tracing::info!(mutual = tls.client_ca_pem.is_some(), "TLS on");

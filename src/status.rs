@@ -12,6 +12,8 @@ use tonic_types::{ErrorDetails, StatusExt};
 const ERROR_DOMAIN: &str = "inventory.v1";
 /// How long a client should wait before retrying after `UNAVAILABLE`.
 const UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_millis(500);
+/// How long a client should wait before retrying after `RESOURCE_EXHAUSTED`.
+const EXHAUSTED_RETRY_DELAY: Duration = Duration::from_millis(200);
 /// How long a client should wait before retrying a `Reserve` that lost a lease race.
 const ABORTED_RETRY_DELAY: Duration = Duration::from_millis(50);
 
@@ -92,6 +94,26 @@ pub fn to_status(error: Error) -> Status {
             Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
         }
         Error::LeaseBusy { ref sku, .. } => aborted("LEASE_BUSY", sku.as_str(), &error),
+        Error::TooManyWaiters { ref sku } => {
+            let mut details = ErrorDetails::new();
+            details
+                .set_retry_info(Some(EXHAUSTED_RETRY_DELAY))
+                .add_quota_failure_violation(sku.as_str(), error.to_string())
+                .set_error_info("SKU_CONTENDED", ERROR_DOMAIN, sku_metadata(sku.as_str()));
+            Status::with_error_details(Code::ResourceExhausted, error.to_string(), details)
+        }
+        Error::Saturated => {
+            let mut details = ErrorDetails::new();
+            details
+                .set_retry_info(Some(EXHAUSTED_RETRY_DELAY))
+                .set_error_info("SERVER_SATURATED", ERROR_DOMAIN, HashMap::new());
+            Status::with_error_details(Code::ResourceExhausted, error.to_string(), details)
+        }
+        Error::DeadlineExceeded => {
+            let mut details = ErrorDetails::new();
+            details.set_error_info("DEADLINE_EXCEEDED", ERROR_DOMAIN, HashMap::new());
+            Status::with_error_details(Code::DeadlineExceeded, error.to_string(), details)
+        }
         Error::LeaseLost { ref sku } => {
             tracing::warn!(%sku, "write fenced off: the lease was lost");
             aborted("LEASE_LOST", sku.as_str(), &error)

@@ -323,7 +323,34 @@ async fn with_redis_down_reserve_fails_closed_and_everything_else_works() {
 }
 
 #[tokio::test]
-async fn a_busy_lease_past_the_client_deadline_is_aborted_with_retry_advice() {
+async fn a_busy_lease_past_the_servers_wait_bound_is_aborted_with_retry_advice() {
+    let mut settings = crate::helpers::test_settings(fresh_database().await);
+    settings.lease_wait = Duration::from_millis(200);
+    let app = spawn_app_with(settings).await;
+    stock(&app, "SKU-1", 10).await;
+    let mut held = app.pauses.arm(PausePoint::LeaseGranted);
+    let mut client_a = app.client.clone();
+    let a = tokio::spawn(async move { client_a.reserve(reserve("a", &[("SKU-1", 1)])).await });
+    held.reached().await;
+
+    // B sets no deadline; the server gives up waiting after LEASE_WAIT.
+    let status = app
+        .client
+        .clone()
+        .reserve(reserve("b", &[("SKU-1", 1)]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert_eq!(error_reason(&status), "LEASE_BUSY");
+    assert!(status.get_details_retry_info().is_some());
+
+    held.resume();
+    assert!(a.await.unwrap().is_ok());
+    assert_eq!(app.level("SKU-1").await, (10, 1));
+}
+
+#[tokio::test]
+async fn a_50ms_client_deadline_during_a_held_lease_is_deadline_exceeded_promptly() {
     let app = spawn_app().await;
     stock(&app, "SKU-1", 10).await;
     let mut held = app.pauses.arm(PausePoint::LeaseGranted);
@@ -331,17 +358,20 @@ async fn a_busy_lease_past_the_client_deadline_is_aborted_with_retry_advice() {
     let a = tokio::spawn(async move { client_a.reserve(reserve("a", &[("SKU-1", 1)])).await });
     held.reached().await;
 
-    // B's client allows 300 ms; the lease stays busy longer, so B gives up with ABORTED
-    // (before its own deadline turns the call into DEADLINE_EXCEEDED).
     let mut request = tonic::Request::new(reserve("b", &[("SKU-1", 1)]));
-    request.set_timeout(Duration::from_millis(300));
+    request.set_timeout(Duration::from_millis(50));
+    let started = Instant::now();
     let status = app.client.clone().reserve(request).await.unwrap_err();
-    assert_eq!(status.code(), Code::Aborted, "{status:?}");
-    assert_eq!(error_reason(&status), "LEASE_BUSY");
-    assert!(status.get_details_retry_info().is_some());
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
 
     held.resume();
     assert!(a.await.unwrap().is_ok());
+    // B never got its lease, so it changed nothing.
     assert_eq!(app.level("SKU-1").await, (10, 1));
 }
 

@@ -233,6 +233,9 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
         // Generous: races of a hundred callers on one SKU must end in stock outcomes, not in
         // lease timeouts, even on a loaded two-core machine.
         lease_wait: Duration::from_secs(20),
+        max_in_flight: 1024,
+        max_message_bytes: 262_144,
+        max_connection_age: Duration::from_secs(600),
         default_ttl: Ttl::parse(Duration::from_secs(900)).unwrap(),
         sweep_interval: Duration::from_millis(100),
         sweep_batch: 100,

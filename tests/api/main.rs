@@ -6,6 +6,7 @@
 //!
 //! One binary with modules, so the suite links once.
 
+mod admission;
 mod config;
 mod events;
 mod faults;

@@ -80,6 +80,19 @@ pub enum Error {
     #[error("{sku} is busy: no lease within {waited:?}")]
     LeaseBusy { sku: Sku, waited: Duration },
 
+    /// Too many requests are already waiting for this SKU's lease in this replica.
+    #[error("too many requests are waiting for {sku}")]
+    TooManyWaiters { sku: Sku },
+
+    /// The server is at its limit of calls in flight.
+    #[error("the server is at its limit of calls in flight")]
+    Saturated,
+
+    /// The caller's deadline passed (or cannot be met) before the call finished. A mutating
+    /// call may still have taken effect: retry with the same idempotency key to find out.
+    #[error("the deadline passed before the call finished")]
+    DeadlineExceeded,
+
     /// The lease expired or passed to another holder before the write, and the write was
     /// refused by its fencing token; nothing changed.
     #[error("the lease on {sku} was lost before the write")]

@@ -14,7 +14,9 @@
 //! on its own and the counter only grows), and the caller hears `UNAVAILABLE`, never success.
 
 use std::{
+    collections::HashMap,
     future::Future,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -71,6 +73,9 @@ pub struct LeaseSettings {
     pub max_backoff: Duration,
     /// How long an unused SKU's fence counter stays in Redis.
     pub fence_ttl: Duration,
+    /// Most requests of this replica waiting for one SKU's lease; more are refused at once
+    /// (`RESOURCE_EXHAUSTED`) instead of piling up.
+    pub max_waiters: usize,
 }
 
 impl Default for LeaseSettings {
@@ -80,6 +85,7 @@ impl Default for LeaseSettings {
             min_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(25),
             fence_ttl: Duration::from_secs(30 * 24 * 60 * 60),
+            max_waiters: 256,
         }
     }
 }
@@ -88,6 +94,8 @@ impl Default for LeaseSettings {
 pub struct RedisLeases {
     redis: Redis,
     settings: LeaseSettings,
+    /// Requests per SKU inside `acquire` right now.
+    waiters: Arc<Mutex<HashMap<Sku, usize>>>,
     acquire: Script,
     release: Script,
     raise_fence: Script,
@@ -98,6 +106,7 @@ impl RedisLeases {
         Self {
             redis,
             settings,
+            waiters: Arc::default(),
             acquire: Script::from_lua(ACQUIRE),
             release: Script::from_lua(RELEASE),
             raise_fence: Script::from_lua(RAISE_FENCE),
@@ -147,6 +156,7 @@ impl RedisLeases {
 
 impl LeaseService for RedisLeases {
     async fn acquire(&self, sku: &Sku, deadline: Instant) -> Result<Lease, Error> {
+        let _waiting = WaiterGuard::enter(&self.waiters, sku, self.settings.max_waiters)?;
         let holder = new_holder_token()?;
         let started = Instant::now();
         let mut step = self.settings.min_backoff;
@@ -201,6 +211,43 @@ impl LeaseService for RedisLeases {
             ))
             .await?;
         Ok(())
+    }
+}
+
+/// Counts one request waiting for a SKU's lease, for as long as it lives.
+struct WaiterGuard<'a> {
+    waiters: &'a Mutex<HashMap<Sku, usize>>,
+    sku: Sku,
+}
+
+impl<'a> WaiterGuard<'a> {
+    fn enter(
+        waiters: &'a Mutex<HashMap<Sku, usize>>,
+        sku: &Sku,
+        max: usize,
+    ) -> Result<Self, Error> {
+        let mut counts = waiters.lock().expect("waiters lock");
+        let count = counts.entry(sku.clone()).or_insert(0);
+        if *count >= max {
+            return Err(Error::TooManyWaiters { sku: sku.clone() });
+        }
+        *count += 1;
+        Ok(Self {
+            waiters,
+            sku: sku.clone(),
+        })
+    }
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        let mut counts = self.waiters.lock().expect("waiters lock");
+        if let Some(count) = counts.get_mut(&self.sku) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.sku);
+            }
+        }
     }
 }
 

@@ -6,6 +6,8 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use inventory_core::domain::Ttl;
+
+use crate::auth::Authenticator;
 use inventory_postgres::{PgConfig, PoolSettings};
 use inventory_redis::{KeyPrefix, LeaseSettings, RedisConfig, RedisSettings};
 
@@ -28,6 +30,13 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Apply pending database migrations, then exit. Safe to run from several replicas at once.
     Migrate(DatabaseArgs),
+    /// Read a token (or a client certificate in PEM) on stdin and print the credential line
+    /// value for AUTH_TOKENS_FILE.
+    HashToken {
+        /// Hash a PEM client certificate instead of a token.
+        #[arg(long)]
+        certificate: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -156,6 +165,15 @@ pub struct ServeArgs {
     #[arg(long, env = "HEALTH_LISTEN_ADDR")]
     pub health_listen_addr: Option<SocketAddr>,
 
+    /// Credentials file: one `<name> <role> token-sha256:<hex>|cert-sha256:<hex>` per line
+    /// (see `inventory-server hash-token`). Required unless AUTH_DISABLED is set.
+    #[arg(long, env = "AUTH_TOKENS_FILE")]
+    pub auth_tokens_file: Option<PathBuf>,
+
+    /// Serve every call without credentials. Only for local use; never the default.
+    #[arg(long, env = "AUTH_DISABLED", default_value_t = false, value_parser = clap::builder::BoolishValueParser::new())]
+    pub auth_disabled: bool,
+
     /// After SIGTERM, how long in-flight calls may take to finish before they are cut off.
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
@@ -184,6 +202,7 @@ pub struct Settings {
     pub idempotency_retention: Duration,
     pub tls: Option<TlsSettings>,
     pub health_listen_addr: Option<SocketAddr>,
+    pub auth: Authenticator,
     pub shutdown_grace: Duration,
 }
 
@@ -252,6 +271,23 @@ impl Settings {
             .map_err(|problem| problems.push(format!("REDIS_KEY_PREFIX {problem}")))
             .ok();
         let tls = read_tls(args, &mut problems);
+        let auth = match (&args.auth_tokens_file, args.auth_disabled) {
+            (Some(_), true) => {
+                problems.push("AUTH_TOKENS_FILE and AUTH_DISABLED exclude each other".into());
+                None
+            }
+            (Some(path), false) => Authenticator::from_file(path)
+                .map_err(|found| problems.extend(found))
+                .ok(),
+            (None, true) => Some(Authenticator::disabled()),
+            (None, false) => {
+                problems.push(
+                    "authentication is required: set AUTH_TOKENS_FILE, or AUTH_DISABLED=true for local use"
+                        .into(),
+                );
+                None
+            }
+        };
         let default_ttl = Ttl::parse(args.reservation_default_ttl)
             .map_err(|problem| problems.push(format!("RESERVATION_DEFAULT_TTL {problem}")))
             .ok();
@@ -278,8 +314,8 @@ impl Settings {
         if args.event_retention.is_zero() {
             problems.push("EVENT_RETENTION must be greater than zero".into());
         }
-        match (database, redis, key_prefix, default_ttl) {
-            (Some(database), Some(redis), Some(key_prefix), Some(default_ttl))
+        match (database, redis, key_prefix, default_ttl, auth) {
+            (Some(database), Some(redis), Some(key_prefix), Some(default_ttl), Some(auth))
                 if problems.is_empty() =>
             {
                 Ok(Self {
@@ -312,6 +348,7 @@ impl Settings {
                     idempotency_retention: args.idempotency_retention,
                     tls,
                     health_listen_addr: args.health_listen_addr,
+                    auth,
                     shutdown_grace: args.shutdown_grace,
                 })
             }

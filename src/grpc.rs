@@ -18,11 +18,18 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, metadata::MetadataMap};
 
-use crate::{events::EventHub, proto, startup::Service, status::to_status};
+use crate::{
+    auth::{Action, Authenticator},
+    events::EventHub,
+    proto,
+    startup::Service,
+    status::to_status,
+};
 
 #[derive(Debug)]
 pub struct InventoryApi {
     inventory: Arc<Service>,
+    auth: Authenticator,
     events: EventHub,
     /// Longest a `Reserve` waits for busy leases, whatever the client's deadline.
     lease_wait: Duration,
@@ -33,12 +40,14 @@ pub struct InventoryApi {
 impl InventoryApi {
     pub fn new(
         inventory: Arc<Service>,
+        auth: Authenticator,
         events: EventHub,
         lease_wait: Duration,
         max_in_flight: usize,
     ) -> Self {
         Self {
             inventory,
+            auth,
             events,
             lease_wait,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
@@ -200,9 +209,11 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::AdjustStockRequest>,
     ) -> Result<Response<proto::StockLevel>, Status> {
+        let caller = self.auth.authorize(&request, Action::Adjust)?;
         let _admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
-        let command = AdjustStock::try_from(request.into_inner()).map_err(to_status)?;
+        let mut command = AdjustStock::try_from(request.into_inner()).map_err(to_status)?;
+        command.caller = caller;
         let level = within(answer_by, self.inventory.adjust_stock(&command))
             .await
             .map_err(to_status)?;
@@ -214,6 +225,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::GetStockRequest>,
     ) -> Result<Response<proto::GetStockResponse>, Status> {
+        self.auth.authorize(&request, Action::Read)?;
         let _admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
         let query = GetStock::try_from(request.into_inner()).map_err(to_status)?;
@@ -230,6 +242,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::ReserveRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
+        let caller = self.auth.authorize(&request, Action::Reserve)?;
         let _admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
         let server_bound = Instant::now() + self.lease_wait;
@@ -237,7 +250,8 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         // comes first; which one ran out decides between ABORTED and DEADLINE_EXCEEDED.
         let lease_deadline = answer_by.map_or(server_bound, |by| by.min(server_bound));
         let deadline_binds = answer_by.is_some_and(|by| by < server_bound);
-        let command = Reserve::try_from(request.into_inner()).map_err(to_status)?;
+        let mut command = Reserve::try_from(request.into_inner()).map_err(to_status)?;
+        command.caller = caller;
         // Runs on its own task: a client that gives up (deadline, disconnect) drops this
         // handler, and would otherwise cancel the work between lease and release, leaving the
         // SKU blocked for a whole lease TTL. The reservation finishes and releases either way;
@@ -262,6 +276,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::ConfirmReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
+        self.auth.authorize(&request, Action::Reserve)?;
         let _admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
         let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
@@ -276,6 +291,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::ReleaseReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
+        self.auth.authorize(&request, Action::Reserve)?;
         let _admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
         let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
@@ -290,6 +306,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::GetReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
+        self.auth.authorize(&request, Action::Read)?;
         let _admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
         let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
@@ -306,6 +323,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
+        self.auth.authorize(&request, Action::Read)?;
         let command = WatchEvents::try_from(request.into_inner()).map_err(to_status)?;
         let events = self.events.watch(command).await.map_err(to_status)?;
         Ok(Response::new(Box::pin(ReceiverStream::new(events))))

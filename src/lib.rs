@@ -4,6 +4,7 @@
 //!
 //! # Layout
 //! - [`proto`] — code generated from `proto/` by `build.rs`.
+//! - [`auth`] — bearer tokens and client certificates, roles, the caller that scopes keys.
 //! - [`config`] — flags and environment, checked before anything starts.
 //! - [`parse`] — protobuf requests to core commands, with field violations.
 //! - [`events`] — the event stream: sequencer, tailer and one watcher per `WatchEvents` call.
@@ -12,6 +13,7 @@
 //! - [`startup`] — building, serving and the shutdown sequence.
 //! - [`telemetry`] — logging.
 
+pub mod auth;
 pub mod config;
 pub mod events;
 pub mod grpc;

@@ -2,6 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use inventory_server::{
+    auth,
     config::{Cli, Command, Settings, parse_database_url},
     startup::{Application, shutdown_signal},
     telemetry,
@@ -27,6 +28,23 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let settings = Settings::from_args(&args)?;
             let application = Application::build(settings).await?;
             application.run_until_stopped(shutdown_signal()).await
+        }
+        Command::HashToken { certificate } => {
+            let mut input = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut input)?;
+            let line = if certificate {
+                use rustls_pki_types::{CertificateDer, pem::PemObject as _};
+                let der = CertificateDer::from_pem_slice(&input)
+                    .map_err(|error| anyhow::anyhow!("stdin is not a PEM certificate: {error}"))?;
+                format!("cert-sha256:{}", auth::digest_hex(der.as_ref()))
+            } else {
+                let token = String::from_utf8(input)?;
+                let token = token.trim_end_matches(['\r', '\n']);
+                anyhow::ensure!(!token.is_empty(), "stdin holds no token");
+                format!("token-sha256:{}", auth::digest_hex(token.as_bytes()))
+            };
+            println!("{line}");
+            Ok(())
         }
         Command::Migrate(args) => {
             let config = parse_database_url(&args.database_url).map_err(anyhow::Error::msg)?;

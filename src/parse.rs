@@ -9,7 +9,7 @@ use inventory_core::{
     Error, FieldViolation,
     command::{AdjustStock, GetStock, ReservationRef, Reserve, WatchEvents},
     domain::{
-        IdempotencyKey, Line, MAX_LINES, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
+        Caller, IdempotencyKey, Line, MAX_LINES, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
         ReservationId, Sku, StockDelta, Ttl,
     },
 };
@@ -55,6 +55,8 @@ impl TryFrom<proto::AdjustStockRequest> for AdjustStock {
         let reason = violations.check("reason", Reason::parse(&request.reason));
         violations.finish(|| {
             Some(AdjustStock {
+                // Set by the gRPC layer once the caller is authenticated.
+                caller: Caller::anonymous(),
                 sku: sku?,
                 delta: delta?,
                 idempotency_key: idempotency_key?,

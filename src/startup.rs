@@ -45,6 +45,7 @@ pub struct Application {
     inventory: Arc<Service>,
     events: EventHub,
     stopping: tokio::sync::watch::Sender<bool>,
+    auth: crate::auth::Authenticator,
     lease_wait: Duration,
     max_in_flight: usize,
     max_message_bytes: usize,
@@ -94,6 +95,9 @@ impl Application {
         } else {
             tracing::warn!("TLS is off: the gRPC port speaks plaintext");
         }
+        if settings.auth.is_disabled() {
+            tracing::warn!("authentication is DISABLED: every caller may make every call");
+        }
         let store = PgStore::new(pool.clone());
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
         let events = EventHub::new(store.clone(), stopping_rx);
@@ -116,6 +120,7 @@ impl Application {
             inventory,
             events,
             stopping,
+            auth: settings.auth,
             lease_wait: settings.lease_wait,
             max_in_flight: settings.max_in_flight,
             max_message_bytes: settings.max_message_bytes,
@@ -163,6 +168,7 @@ impl Application {
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let api = InventoryServiceServer::new(InventoryApi::new(
             Arc::clone(&self.inventory),
+            self.auth.clone(),
             self.events.clone(),
             self.lease_wait,
             self.max_in_flight,

@@ -196,6 +196,8 @@ cmd_run() {
   export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/inventory"
   export REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
   export LISTEN_ADDR="${LISTEN_ADDR:-127.0.0.1:50051}"
+  # Local only: no credentials. The server logs a warning saying so.
+  export AUTH_DISABLED="${AUTH_DISABLED:-true}"
   (cd "$ROOT" && cargo build --locked --bin inventory-server)
   local bin="$ROOT/target/debug/inventory-server"
   "$bin" migrate

@@ -243,6 +243,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
         idempotency_retention: Duration::from_secs(48 * 3600),
         tls: None,
         health_listen_addr: None,
+        auth: inventory_server::auth::Authenticator::disabled(),
         shutdown_grace: Duration::from_secs(5),
     }
 }

@@ -7,6 +7,7 @@
 //! One binary with modules, so the suite links once.
 
 mod admission;
+mod auth;
 mod config;
 mod events;
 mod faults;

@@ -168,6 +168,7 @@ fn tls_files_are_checked_at_start_up() {
             .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
             .env("REDIS_URL", "redis://127.0.0.1:1")
             .env("LISTEN_ADDR", "127.0.0.1:0")
+            .env("AUTH_DISABLED", "true")
             .output()
             .unwrap()
     };
@@ -202,4 +203,31 @@ fn tls_files_are_checked_at_start_up() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_pinned_client_certificate_stands_in_for_a_token() {
+    use rustls_pki_types::{CertificateDer, pem::PemObject as _};
+    let pki = pki();
+    let der = CertificateDer::from_pem_slice(pki.client.0.as_bytes()).unwrap();
+    let mut settings = test_settings(fresh_database().await);
+    settings.tls = Some(TlsSettings {
+        cert_pem: pki.server.0.clone().into_bytes(),
+        key_pem: pki.server.1.clone().into_bytes(),
+        client_ca_pem: Some(pki.ca.clone().into_bytes()),
+    });
+    settings.auth = inventory_server::auth::Authenticator::parse(&format!(
+        "checkout reader cert-sha256:{}\n",
+        inventory_server::auth::digest_hex(der.as_ref())
+    ))
+    .unwrap();
+    let app = spawn_app_with(settings).await;
+
+    let channel = tls_channel(&app, &pki, Some(&pki.client)).await.unwrap();
+    call(channel.clone()).await.expect("a reader may read");
+    let status = InventoryServiceClient::new(channel)
+        .reserve(crate::reservations::reserve("k", &[("SKU-1", 1)]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
 }

@@ -3,7 +3,9 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::domain::{IdempotencyKey, Line, OrderId, Reason, ReservationId, Sku, StockDelta, Ttl};
+use crate::domain::{
+    Caller, IdempotencyKey, Line, OrderId, Reason, ReservationId, Sku, StockDelta, Ttl,
+};
 
 /// SHA-256 over a canonical encoding of a command (operation name and every field that
 /// changes its meaning), so that equal requests, and only they, share a fingerprint.
@@ -46,6 +48,8 @@ impl FingerprintBuilder {
 /// Add (positive delta) or remove units of one SKU.
 #[derive(Clone, Debug)]
 pub struct AdjustStock {
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
     pub sku: Sku,
     pub delta: StockDelta,
     pub idempotency_key: IdempotencyKey,
@@ -86,6 +90,8 @@ impl GetStock {
 /// Hold stock for every line of an order, all lines or none.
 #[derive(Clone, Debug)]
 pub struct Reserve {
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
     pub idempotency_key: IdempotencyKey,
     pub order_id: OrderId,
     lines: Vec<Line>,
@@ -104,6 +110,7 @@ impl Reserve {
     ) -> Self {
         debug_assert!(!lines.is_empty() && lines.len() <= crate::domain::MAX_LINES);
         Self {
+            caller: Caller::anonymous(),
             idempotency_key,
             order_id,
             lines,

@@ -103,6 +103,36 @@ impl OrderId {
     }
 }
 
+/// The authenticated client a request comes from; it scopes idempotency keys, so one client's
+/// key can never replay or collide with another's. Empty when authentication is disabled.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Caller(String);
+
+impl Caller {
+    /// A configured caller name: 1 to 64 characters from `A-Z a-z 0-9 . _ - :`.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() || raw.len() > 64 {
+            return Err("must be 1 to 64 characters".into());
+        }
+        if !raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+        {
+            return Err("may contain only A-Z, a-z, 0-9, '.', '_', '-' and ':'".into());
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    /// The one caller of a server running without authentication.
+    pub fn anonymous() -> Self {
+        Self(String::new())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Free text explaining a stock adjustment: at most [`MAX_REASON_CHARS`], no control characters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reason(String);

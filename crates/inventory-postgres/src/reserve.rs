@@ -21,7 +21,6 @@ use crate::{
     idempotency, outbox,
     reservations::{self, NewReservation},
     stock,
-    store::ANONYMOUS_CALLER,
 };
 
 const RESERVE: &str = "Reserve";
@@ -207,7 +206,7 @@ impl ReservationStore for PgStore {
         let fingerprint = command.fingerprint();
         if let Some(existing) = idempotency::claim(
             &tx,
-            ANONYMOUS_CALLER,
+            command.caller.as_str(),
             &command.idempotency_key,
             RESERVE,
             &fingerprint,
@@ -245,7 +244,7 @@ impl ReservationStore for PgStore {
                     &NewReservation {
                         id,
                         order_id: &command.order_id,
-                        caller: ANONYMOUS_CALLER,
+                        caller: command.caller.as_str(),
                         idempotency_key: command.idempotency_key.as_str(),
                         ttl,
                     },
@@ -270,9 +269,14 @@ impl ReservationStore for PgStore {
             }
         };
         let outcome = serde_json::to_value(ReserveOutcome::of(&result)).map_err(Error::internal)?;
-        idempotency::record_outcome(&tx, ANONYMOUS_CALLER, &command.idempotency_key, &outcome)
-            .await
-            .map_err(from_db)?;
+        idempotency::record_outcome(
+            &tx,
+            command.caller.as_str(),
+            &command.idempotency_key,
+            &outcome,
+        )
+        .await
+        .map_err(from_db)?;
         tx.commit().await.map_err(from_db)?;
         if result.is_ok() {
             self.outbox_written();

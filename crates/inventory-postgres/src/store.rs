@@ -19,9 +19,6 @@ use crate::{
     idempotency, outbox, stock,
 };
 
-/// Callers are not authenticated yet, so every key lives in one shared scope.
-pub(crate) const ANONYMOUS_CALLER: &str = "";
-
 #[derive(Clone, Debug)]
 pub struct PgStore {
     pool: Pool,
@@ -122,7 +119,7 @@ impl StockStore for PgStore {
 
         if let Some(existing) = idempotency::claim(
             &tx,
-            ANONYMOUS_CALLER,
+            command.caller.as_str(),
             &command.idempotency_key,
             ADJUST_STOCK,
             &fingerprint,
@@ -155,9 +152,14 @@ impl StockStore for PgStore {
                 .map_err(from_db)?;
         }
         let outcome = serde_json::to_value(outcome).map_err(Error::internal)?;
-        idempotency::record_outcome(&tx, ANONYMOUS_CALLER, &command.idempotency_key, &outcome)
-            .await
-            .map_err(from_db)?;
+        idempotency::record_outcome(
+            &tx,
+            command.caller.as_str(),
+            &command.idempotency_key,
+            &outcome,
+        )
+        .await
+        .map_err(from_db)?;
         tx.commit().await.map_err(from_db)?;
         if result.is_ok() {
             self.outbox_written();

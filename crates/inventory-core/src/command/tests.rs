@@ -5,6 +5,7 @@ use crate::domain::Quantity;
 
 fn adjust(sku: &str, delta: i64, key: &str, reason: &str) -> AdjustStock {
     AdjustStock {
+        caller: crate::domain::Caller::anonymous(),
         sku: Sku::parse(sku).unwrap(),
         delta: StockDelta::parse(delta).unwrap(),
         idempotency_key: IdempotencyKey::parse(key).unwrap(),

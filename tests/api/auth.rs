@@ -1,0 +1,291 @@
+//! Authentication and roles: every boundary refused and changing nothing, keys per caller.
+
+use inventory_server::{
+    auth::{Authenticator, digest_hex},
+    proto::{
+        AdjustStockRequest, ConfirmReservationRequest, GetReservationRequest, GetStockRequest,
+        ReleaseReservationRequest, WatchEventsRequest,
+        inventory_service_client::InventoryServiceClient,
+    },
+};
+use tonic::{Code, Request, Status, transport::Channel};
+
+use crate::{
+    helpers::{TestApp, fresh_database, spawn_app_with, test_settings},
+    reservations::reserve,
+};
+
+const READER: &str = "reader-token";
+const RESERVER: &str = "reserver-token";
+const OTHER_RESERVER: &str = "other-reserver-token";
+const ADMIN: &str = "admin-token";
+
+async fn spawn_secured_app() -> TestApp {
+    let mut settings = test_settings(fresh_database().await);
+    let credentials = format!(
+        "dashboard reader token-sha256:{}\n\
+         order-service reserver token-sha256:{}\n\
+         other-shop reserver token-sha256:{}\n\
+         ops admin token-sha256:{}\n",
+        digest_hex(READER.as_bytes()),
+        digest_hex(RESERVER.as_bytes()),
+        digest_hex(OTHER_RESERVER.as_bytes()),
+        digest_hex(ADMIN.as_bytes()),
+    );
+    settings.auth = Authenticator::parse(&credentials).unwrap();
+    spawn_app_with(settings).await
+}
+
+fn with_token<T>(message: T, token: Option<&str>) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    request
+}
+
+/// Every RPC, made with `token`; the codes it got, in a fixed order.
+async fn codes(
+    client: &mut InventoryServiceClient<Channel>,
+    token: Option<&str>,
+    reservation: &str,
+) -> Vec<Code> {
+    let code = |result: Result<(), Status>| match result {
+        Ok(()) => Code::Ok,
+        // Reaching the service and being refused for the data is not an auth failure.
+        Err(status) if matches!(status.code(), Code::NotFound | Code::FailedPrecondition) => {
+            Code::Ok
+        }
+        Err(status) => status.code(),
+    };
+    let adjust = client
+        .adjust_stock(with_token(
+            AdjustStockRequest {
+                sku: "SKU-1".into(),
+                delta: 1,
+                idempotency_key: format!("adjust-{}", uuid::Uuid::new_v4()),
+                reason: String::new(),
+            },
+            token,
+        ))
+        .await
+        .map(|_| ());
+    let get_stock = client
+        .get_stock(with_token(
+            GetStockRequest {
+                skus: vec!["SKU-1".into()],
+            },
+            token,
+        ))
+        .await
+        .map(|_| ());
+    let reserve_call = client
+        .reserve(with_token(
+            reserve(&format!("r-{}", uuid::Uuid::new_v4()), &[("SKU-1", 1)]),
+            token,
+        ))
+        .await
+        .map(|_| ());
+    let get = client
+        .get_reservation(with_token(
+            GetReservationRequest {
+                reservation_id: reservation.into(),
+            },
+            token,
+        ))
+        .await
+        .map(|_| ());
+    let release = client
+        .release_reservation(with_token(
+            ReleaseReservationRequest {
+                reservation_id: reservation.into(),
+            },
+            token,
+        ))
+        .await
+        .map(|_| ());
+    let confirm = client
+        .confirm_reservation(with_token(
+            ConfirmReservationRequest {
+                reservation_id: reservation.into(),
+            },
+            token,
+        ))
+        .await
+        .map(|_| ());
+    let watch = client
+        .watch_events(with_token(WatchEventsRequest { after_sequence: 0 }, token))
+        .await
+        .map(|_| ());
+    [
+        adjust,
+        get_stock,
+        reserve_call,
+        get,
+        release,
+        confirm,
+        watch,
+    ]
+    .into_iter()
+    .map(code)
+    .collect()
+}
+
+#[tokio::test]
+async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
+    let mut app = spawn_secured_app().await;
+    app.client
+        .adjust_stock(with_token(
+            AdjustStockRequest {
+                sku: "SKU-1".into(),
+                delta: 100,
+                idempotency_key: "seed".into(),
+                reason: String::new(),
+            },
+            Some(ADMIN),
+        ))
+        .await
+        .unwrap();
+    let held = app
+        .client
+        .reserve(with_token(reserve("held", &[("SKU-1", 1)]), Some(RESERVER)))
+        .await
+        .unwrap()
+        .into_inner();
+    let id = held.reservation_id;
+    use Code::{Ok as Allowed, PermissionDenied as Denied, Unauthenticated as NoAuth};
+
+    let before = app.row_counts().await;
+    let mut client = app.client.clone();
+    assert_eq!(codes(&mut client, None, &id).await, [NoAuth; 7]);
+    assert_eq!(
+        codes(&mut client, Some("wrong-token"), &id).await,
+        [NoAuth; 7]
+    );
+    assert_eq!(
+        codes(&mut client, Some(READER), &id).await,
+        [Denied, Allowed, Denied, Allowed, Denied, Denied, Allowed]
+    );
+    assert_eq!(
+        app.row_counts().await,
+        before,
+        "refused calls changed nothing"
+    );
+
+    assert_eq!(
+        codes(&mut client, Some(RESERVER), &id).await,
+        [Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed]
+    );
+    assert_eq!(codes(&mut client, Some(ADMIN), &id).await, [Allowed; 7]);
+}
+
+#[tokio::test]
+async fn a_malformed_authorization_header_is_unauthenticated_and_not_echoed() {
+    let app = spawn_secured_app().await;
+    let mut request = Request::new(GetStockRequest {
+        skus: vec!["SKU-1".into()],
+    });
+    request
+        .metadata_mut()
+        .insert("authorization", "Basic c2VjcmV0LXZhbHVl".parse().unwrap());
+    let status = app.client.clone().get_stock(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert!(!status.message().contains("c2VjcmV0LXZhbHVl"), "{status:?}");
+}
+
+#[tokio::test]
+async fn idempotency_keys_are_scoped_to_the_caller() {
+    let mut app = spawn_secured_app().await;
+    app.client
+        .adjust_stock(with_token(
+            AdjustStockRequest {
+                sku: "SKU-1".into(),
+                delta: 10,
+                idempotency_key: "seed".into(),
+                reason: String::new(),
+            },
+            Some(ADMIN),
+        ))
+        .await
+        .unwrap();
+    // Two clients pick the same key for different requests: neither sees the other's.
+    let mine = app
+        .client
+        .reserve(with_token(
+            reserve("shared-key", &[("SKU-1", 1)]),
+            Some(RESERVER),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let theirs = app
+        .client
+        .reserve(with_token(
+            reserve("shared-key", &[("SKU-1", 3)]),
+            Some(OTHER_RESERVER),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(mine.reservation_id, theirs.reservation_id);
+    let replay = app
+        .client
+        .reserve(with_token(
+            reserve("shared-key", &[("SKU-1", 1)]),
+            Some(RESERVER),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replay.reservation_id, mine.reservation_id);
+    assert_eq!(app.level("SKU-1").await, (10, 4));
+    let callers: Vec<String> = app
+        .db
+        .query(
+            "SELECT caller FROM idempotency_keys WHERE key = 'shared-key' ORDER BY caller",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(callers, ["order-service", "other-shop"]);
+}
+
+#[test]
+fn the_server_refuses_to_start_without_credentials_unless_told_to() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_inventory-server"))
+        .arg("serve")
+        .env_clear()
+        .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
+        .env("REDIS_URL", "redis://127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("AUTH_TOKENS_FILE") && stderr.contains("AUTH_DISABLED"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn hash_token_prints_the_credential_for_the_file() {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_inventory-server"))
+        .arg("hash-token")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"s3cret\n").unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap().trim(),
+        format!("token-sha256:{}", digest_hex(b"s3cret"))
+    );
+}

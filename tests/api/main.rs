@@ -12,6 +12,7 @@ mod config;
 mod events;
 mod faults;
 mod helpers;
+mod hostile;
 mod migrations;
 mod reservations;
 mod server;

@@ -174,6 +174,10 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTH_DISABLED", default_value_t = false, value_parser = clap::builder::BoolishValueParser::new())]
     pub auth_disabled: bool,
 
+    /// Plaintext HTTP listener for `/metrics` (Prometheus text format). Unset: none.
+    #[arg(long, env = "ADMIN_LISTEN_ADDR")]
+    pub admin_listen_addr: Option<SocketAddr>,
+
     /// After SIGTERM, how long in-flight calls may take to finish before they are cut off.
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
@@ -202,6 +206,7 @@ pub struct Settings {
     pub idempotency_retention: Duration,
     pub tls: Option<TlsSettings>,
     pub health_listen_addr: Option<SocketAddr>,
+    pub admin_listen_addr: Option<SocketAddr>,
     pub auth: Authenticator,
     pub shutdown_grace: Duration,
 }
@@ -348,6 +353,7 @@ impl Settings {
                     idempotency_retention: args.idempotency_retention,
                     tls,
                     health_listen_addr: args.health_listen_addr,
+                    admin_listen_addr: args.admin_listen_addr,
                     auth,
                     shutdown_grace: args.shutdown_grace,
                 })

@@ -17,6 +17,7 @@ use inventory_core::{
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, metadata::MetadataMap};
+use tracing::Instrument as _;
 
 use crate::{
     auth::{Action, Authenticator},
@@ -257,7 +258,10 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         // SKU blocked for a whole lease TTL. The reservation finishes and releases either way;
         // a retry with the same key then gets its outcome.
         let inventory = Arc::clone(&self.inventory);
-        let work = tokio::spawn(async move { inventory.reserve(&command, lease_deadline).await });
+        let work = tokio::spawn(
+            async move { inventory.reserve(&command, lease_deadline).await }
+                .instrument(tracing::Span::current()),
+        );
         let outcome = within(answer_by, async {
             work.await
                 .unwrap_or_else(|error| Err(Error::internal(error)))

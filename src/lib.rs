@@ -11,12 +11,16 @@
 //! - [`grpc`] — the service implementation, thin on purpose.
 //! - [`status`] — the one map from core errors to gRPC statuses.
 //! - [`startup`] — building, serving and the shutdown sequence.
-//! - [`telemetry`] — logging.
+//! - [`telemetry`] — logs, traces (W3C context in, OTLP out) and the meter provider.
+//! - [`metrics`] — the server's instruments; the adapters record their own.
+//! - [`admin`] — the plaintext admin HTTP port: `/metrics`.
 
+pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod events;
 pub mod grpc;
+pub mod metrics;
 pub mod parse;
 pub mod proto;
 pub mod startup;

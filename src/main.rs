@@ -11,8 +11,18 @@ use inventory_server::{
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(cli.log.log_format);
-    match run(cli.command).await {
+    let telemetry =
+        match telemetry::init(cli.log.log_format, &telemetry::TelemetrySettings::default()) {
+            Ok(telemetry) => telemetry,
+            Err(error) => {
+                eprintln!("inventory-server: cannot set up telemetry: {error:#}");
+                return ExitCode::FAILURE;
+            }
+        };
+    let result = run(cli.command, telemetry.registry().clone()).await;
+    // Flushing blocks while the exporters need the runtime: off the async threads.
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error:#}");
@@ -22,11 +32,11 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(command: Command) -> anyhow::Result<()> {
+async fn run(command: Command, registry: prometheus::Registry) -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => {
             let settings = Settings::from_args(&args)?;
-            let application = Application::build(settings).await?;
+            let application = Application::build_with_registry(settings, registry).await?;
             application.run_until_stopped(shutdown_signal()).await
         }
         Command::HashToken { certificate } => {

@@ -37,6 +37,8 @@ pub struct Application {
     listener: TcpListener,
     local_addr: SocketAddr,
     health_listener: Option<TcpListener>,
+    admin_listener: Option<TcpListener>,
+    registry: prometheus::Registry,
     tls: Option<TlsSettings>,
     pool: Pool,
     redis: Redis,
@@ -67,6 +69,14 @@ impl Application {
     /// Connects the pools and binds the listener. Neither PostgreSQL nor Redis has to be up
     /// yet: requests that need them answer `UNAVAILABLE` until they are.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        Self::build_with_registry(settings, prometheus::Registry::new()).await
+    }
+
+    /// Like [`Application::build`], with the Prometheus registry `/metrics` serves.
+    pub async fn build_with_registry(
+        settings: Settings,
+        registry: prometheus::Registry,
+    ) -> anyhow::Result<Self> {
         let database = settings.database.clone();
         let pool = inventory_postgres::connect(settings.database, &settings.pool)
             .context("cannot build the PostgreSQL pool")?;
@@ -84,6 +94,14 @@ impl Application {
                 TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("cannot listen on {addr} (health)"))?,
+            ),
+            None => None,
+        };
+        let admin_listener = match settings.admin_listen_addr {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} (admin)"))?,
             ),
             None => None,
         };
@@ -112,6 +130,8 @@ impl Application {
             listener,
             local_addr,
             health_listener,
+            admin_listener,
+            registry,
             tls: settings.tls,
             pool,
             redis,
@@ -137,6 +157,13 @@ impl Application {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The admin (`/metrics`) listener's address, if there is one.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_listener
+            .as_ref()
+            .and_then(|listener| listener.local_addr().ok())
     }
 
     /// The plaintext health listener's address, if there is one.
@@ -213,7 +240,18 @@ impl Application {
             )
         });
 
+        let admin_server = self.admin_listener.map(|listener| {
+            let mut stopping = self.stopping.subscribe();
+            tokio::spawn(crate::admin::serve(
+                listener,
+                self.registry.clone(),
+                async move {
+                    let _ = stopping.changed().await;
+                },
+            ))
+        });
         let mut builder = Server::builder()
+            .layer(crate::telemetry::RpcLayer)
             .max_connection_age(self.max_connection_age)
             .max_connection_age_grace(self.shutdown_grace);
         if let Some(tls) = &self.tls {
@@ -252,6 +290,9 @@ impl Application {
         let _ = self.stopping.send(true);
         for task in background {
             let _ = task.await;
+        }
+        if let Some(admin_server) = admin_server {
+            let _ = admin_server.await;
         }
         let _ = stop_health.send(());
         if let Some(health_server) = health_server {

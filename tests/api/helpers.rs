@@ -243,6 +243,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
         idempotency_retention: Duration::from_secs(48 * 3600),
         tls: None,
         health_listen_addr: None,
+        admin_listen_addr: None,
         auth: inventory_server::auth::Authenticator::disabled(),
         shutdown_grace: Duration::from_secs(5),
     }
@@ -452,5 +453,24 @@ impl RedisProcess {
     pub async fn kill(&mut self) {
         let mut child = self.child.take().expect("running");
         child.kill().await.unwrap();
+    }
+}
+
+/// A client of a server the harness did not spawn itself.
+#[derive(Debug)]
+pub struct TestClient(pub InventoryServiceClient<Channel>);
+
+impl TestClient {
+    pub async fn stock(&self, sku: &str, units: i64) {
+        self.0
+            .clone()
+            .adjust_stock(inventory_server::proto::AdjustStockRequest {
+                sku: sku.into(),
+                delta: units,
+                idempotency_key: format!("stock-{sku}-{}", uuid::Uuid::new_v4()),
+                reason: "test stock".into(),
+            })
+            .await
+            .unwrap();
     }
 }

@@ -17,4 +17,5 @@ mod migrations;
 mod reservations;
 mod server;
 mod stock;
+mod telemetry;
 mod tls;

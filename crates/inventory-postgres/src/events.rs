@@ -50,6 +50,8 @@ const EVENTS_AFTER: &str = "
     SELECT position, event_id, event_type, reservation_id, sku, payload, occurred_at
     FROM outbox WHERE position > $1 ORDER BY position LIMIT $2";
 
+const UNPOSITIONED: &str = "SELECT count(*) FROM outbox WHERE position IS NULL";
+
 const BOUNDS: &str = "SELECT head, pruned_through FROM event_stream WHERE id = 1";
 
 /// The oldest positioned events, as long as they are past retention: a contiguous prefix of the
@@ -129,7 +131,12 @@ impl PgStore {
                 .await
                 .map_err(from_db)?;
         }
+        let statement = tx.prepare_cached(UNPOSITIONED).await.map_err(from_db)?;
+        let waiting: i64 = tx.query_one(&statement, &[]).await.map_err(from_db)?.get(0);
         tx.commit().await.map_err(from_db)?;
+        crate::metrics::store()
+            .unpositioned
+            .record(u64::try_from(waiting).unwrap_or(0), &[]);
         Ok(Positioned::Moved(moved))
     }
 

@@ -18,6 +18,7 @@ pub mod connect;
 mod error;
 pub mod events;
 mod idempotency;
+mod metrics;
 pub mod migrate;
 mod outbox;
 mod reservations;

@@ -164,11 +164,17 @@ async fn hold_lines(
             .map_err(from_db)?
         {
             None => unknown.push(line.sku.clone()),
-            Some((_, stored)) if stored >= *fence => fenced.push((line.sku.clone(), stored)),
-            Some((level, _)) => short.push(Shortfall {
-                sku: line.sku.clone(),
-                requested: units,
-                available: level.available(),
+            Some((_, stored)) if stored >= *fence => {
+                crate::metrics::store().fence_rejected.add(1, &[]);
+                fenced.push((line.sku.clone(), stored));
+            }
+            Some((level, _)) => short.push({
+                crate::metrics::store().insufficient.add(1, &[]);
+                Shortfall {
+                    sku: line.sku.clone(),
+                    requested: units,
+                    available: level.available(),
+                }
             }),
         }
     }
@@ -184,7 +190,7 @@ async fn hold_lines(
 }
 
 impl ReservationStore for PgStore {
-    #[tracing::instrument(skip_all, fields(order_id = command.order_id.as_str()))]
+    #[tracing::instrument(name = "sql.reserve", skip_all, fields(order_id = command.order_id.as_str()))]
     async fn reserve(
         &self,
         command: &Reserve,
@@ -215,8 +221,14 @@ impl ReservationStore for PgStore {
         .map_err(from_db)?
         {
             if existing.fingerprint != fingerprint.as_bytes() {
+                crate::metrics::store()
+                    .conflicts
+                    .add(1, &crate::metrics::operation(RESERVE));
                 return Ok(WriteOutcome::Answered(Err(Error::IdempotencyKeyReused)));
             }
+            crate::metrics::store()
+                .replays
+                .add(1, &crate::metrics::operation(RESERVE));
             let outcome: ReserveOutcome =
                 serde_json::from_value(existing.outcome).map_err(Error::internal)?;
             tracing::debug!("replaying stored outcome");
@@ -280,16 +292,19 @@ impl ReservationStore for PgStore {
         tx.commit().await.map_err(from_db)?;
         if result.is_ok() {
             self.outbox_written();
+            crate::metrics::reservation("HELD");
+        } else {
+            crate::metrics::reservation("REFUSED");
         }
         Ok(WriteOutcome::Answered(result))
     }
 
-    #[tracing::instrument(skip_all, fields(reservation_id = %target.id))]
+    #[tracing::instrument(name = "sql.confirm", skip_all, fields(reservation_id = %target.id))]
     async fn confirm(&self, target: ReservationRef) -> Result<Reservation, Error> {
         self.transition(target, Transition::Confirm).await
     }
 
-    #[tracing::instrument(skip_all, fields(reservation_id = %target.id))]
+    #[tracing::instrument(name = "sql.release", skip_all, fields(reservation_id = %target.id))]
     async fn release(&self, target: ReservationRef) -> Result<Reservation, Error> {
         self.transition(target, Transition::Release).await
     }
@@ -303,7 +318,7 @@ impl ReservationStore for PgStore {
         Ok(header.with_lines(lines))
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(name = "sql.sweep", skip_all, fields(expired))]
     async fn expire_due(&self, batch: usize) -> Result<usize, Error> {
         let mut client = self.pool().get().await.map_err(from_pool)?;
         let tx = client.transaction().await.map_err(from_db)?;
@@ -342,6 +357,12 @@ impl ReservationStore for PgStore {
         }
         tx.commit().await.map_err(from_db)?;
         self.outbox_written();
+        let metrics = crate::metrics::store();
+        metrics.swept.add(due.len() as u64, &[]);
+        metrics.reservations.add(
+            due.len() as u64,
+            &[opentelemetry::KeyValue::new("outcome", "EXPIRED")],
+        );
         Ok(due.len())
     }
 }
@@ -404,6 +425,7 @@ impl PgStore {
             .map_err(from_db)?;
         tx.commit().await.map_err(from_db)?;
         self.outbox_written();
+        crate::metrics::reservation(target_state.as_str());
         Ok(reservation)
     }
 }

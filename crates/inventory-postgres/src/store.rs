@@ -111,7 +111,7 @@ impl AdjustOutcome {
 const ADJUST_STOCK: &str = "AdjustStock";
 
 impl StockStore for PgStore {
-    #[tracing::instrument(skip_all, fields(sku = %command.sku, delta = command.delta.get()))]
+    #[tracing::instrument(name = "sql.adjust_stock", skip_all, fields(sku = %command.sku, delta = command.delta.get()))]
     async fn adjust_stock(&self, command: &AdjustStock) -> Result<StockLevel, Error> {
         let mut client = self.pool.get().await.map_err(from_pool)?;
         let tx = client.transaction().await.map_err(from_db)?;
@@ -128,8 +128,14 @@ impl StockStore for PgStore {
         .map_err(from_db)?
         {
             if existing.fingerprint != fingerprint.as_bytes() {
+                crate::metrics::store()
+                    .conflicts
+                    .add(1, &crate::metrics::operation(ADJUST_STOCK));
                 return Err(Error::IdempotencyKeyReused);
             }
+            crate::metrics::store()
+                .replays
+                .add(1, &crate::metrics::operation(ADJUST_STOCK));
             let outcome: AdjustOutcome =
                 serde_json::from_value(existing.outcome).map_err(Error::internal)?;
             tracing::debug!("replaying stored outcome");

@@ -155,21 +155,46 @@ impl RedisLeases {
 }
 
 impl LeaseService for RedisLeases {
+    #[tracing::instrument(name = "lease.acquire", skip_all, fields(sku = %sku, attempts, wait_ms))]
     async fn acquire(&self, sku: &Sku, deadline: Instant) -> Result<Lease, Error> {
         let _waiting = WaiterGuard::enter(&self.waiters, sku, self.settings.max_waiters)?;
         let holder = new_holder_token()?;
+        let metrics = crate::metrics::leases();
         let started = Instant::now();
+        let outcome = |name: &'static str| {
+            metrics.acquire_duration.record(
+                started.elapsed().as_secs_f64(),
+                &[opentelemetry::KeyValue::new("outcome", name)],
+            );
+            tracing::Span::current().record("wait_ms", started.elapsed().as_millis() as u64);
+        };
         let mut step = self.settings.min_backoff;
+        let mut attempts = 0u64;
         loop {
-            if let Some(fence) = self.try_acquire(sku, &holder).await? {
+            let granted = match self.try_acquire(sku, &holder).await {
+                Ok(granted) => granted,
+                Err(error) => {
+                    outcome("unavailable");
+                    return Err(error);
+                }
+            };
+            tracing::Span::current().record("attempts", attempts + 1);
+            if let Some(fence) = granted {
+                outcome("granted");
+                tracing::debug!(%sku, attempts = attempts + 1, waited = ?started.elapsed(), "lease granted");
                 return Ok(Lease {
                     sku: sku.clone(),
                     holder,
                     fence,
                 });
             }
+            if attempts == 0 {
+                metrics.contended.add(1, &[]);
+            }
+            attempts += 1;
             let now = Instant::now();
             if now >= deadline {
+                outcome("busy");
                 return Err(Error::LeaseBusy {
                     sku: sku.clone(),
                     waited: now - started,
@@ -177,6 +202,7 @@ impl LeaseService for RedisLeases {
             }
             tokio::time::sleep(jitter(step).min(deadline - now)).await;
             step = (step * 2).min(self.settings.max_backoff);
+            metrics.retries.add(1, &[]);
         }
     }
 
@@ -199,10 +225,15 @@ impl LeaseService for RedisLeases {
                     .get(self.redis.prefix().lease(&lease.sku)),
             )
             .await?;
-        Ok(holder.as_deref() == Some(lease.holder.as_str()))
+        let held = holder.as_deref() == Some(lease.holder.as_str());
+        if !held {
+            crate::metrics::leases().lost.add(1, &[]);
+        }
+        Ok(held)
     }
 
     async fn raise_fence(&self, sku: &Sku, floor: FenceToken) -> Result<(), Error> {
+        crate::metrics::leases().fence_raised.add(1, &[]);
         let _: i64 = self
             .bounded(self.raise_fence.evalsha_with_reload(
                 self.redis.client(),

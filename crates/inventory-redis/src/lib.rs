@@ -14,6 +14,7 @@
 pub mod client;
 pub mod keys;
 pub mod leases;
+mod metrics;
 
 pub use client::parse_url;
 pub use client::{Redis, RedisSettings};

@@ -1,0 +1,69 @@
+//! Repository instruments, from the global meter provider.
+
+use std::sync::OnceLock;
+
+use opentelemetry::{
+    KeyValue, global,
+    metrics::{Counter, Gauge},
+};
+
+pub(crate) struct StoreMetrics {
+    /// Line updates refused because the stored fence was not below the holder's token.
+    pub fence_rejected: Counter<u64>,
+    /// Line updates that matched no row for lack of available stock.
+    pub insufficient: Counter<u64>,
+    pub replays: Counter<u64>,
+    pub conflicts: Counter<u64>,
+    /// Reservations entering a state (HELD, CONFIRMED, RELEASED, EXPIRED) or refused.
+    pub reservations: Counter<u64>,
+    pub swept: Counter<u64>,
+    /// Committed events still waiting for a stream position after a sequencer run.
+    pub unpositioned: Gauge<u64>,
+}
+
+pub(crate) fn store() -> &'static StoreMetrics {
+    static METRICS: OnceLock<StoreMetrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        let meter = global::meter("inventory-postgres");
+        StoreMetrics {
+            fence_rejected: meter
+                .u64_counter("inventory.fence.rejected")
+                .with_description("Writes refused by PostgreSQL because their fencing token was stale")
+                .build(),
+            insufficient: meter
+                .u64_counter("inventory.stock.insufficient")
+                .with_description("Reservation lines refused for lack of available stock")
+                .build(),
+            replays: meter
+                .u64_counter("inventory.idempotency.replays")
+                .with_description("Requests answered from a stored outcome, by operation")
+                .build(),
+            conflicts: meter
+                .u64_counter("inventory.idempotency.conflicts")
+                .with_description("Idempotency keys reused for a different request, by operation")
+                .build(),
+            reservations: meter
+                .u64_counter("inventory.reservations")
+                .with_description("Reservation outcomes: states entered, or refused")
+                .build(),
+            swept: meter
+                .u64_counter("inventory.sweeper.expired")
+                .with_description("Expired holds whose stock the sweeper returned")
+                .build(),
+            unpositioned: meter
+                .u64_gauge("inventory.outbox.unpositioned")
+                .with_description("Committed events not yet in the stream after the last sequencer run (outbox lag)")
+                .build(),
+        }
+    })
+}
+
+pub(crate) fn reservation(outcome: &'static str) {
+    store()
+        .reservations
+        .add(1, &[KeyValue::new("outcome", outcome)]);
+}
+
+pub(crate) fn operation(name: &'static str) -> [KeyValue; 1] {
+    [KeyValue::new("operation", name)]
+}

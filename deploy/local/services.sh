@@ -205,7 +205,8 @@ cmd_run() {
   # Global, not local: the EXIT trap runs after this function has returned.
   SERVER_PID=$!
   echo "$SERVER_PID" >"$STATE/server.pid"
-  trap 'kill -TERM "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; rm -f "$STATE/server.pid"; stop_services' EXIT
+  # Each step may find its work already done (`make stop` got there first): never fail here.
+  trap 'kill -TERM "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; rm -f "$STATE/server.pid"; stop_services || true' EXIT
   trap 'exit 0' INT TERM
 
   local addr=$LISTEN_ADDR

@@ -47,6 +47,8 @@ enum AdjustOutcome {
     Adjusted {
         on_hand: i64,
         reserved: i64,
+        /// Absent in outcomes stored before stock versions existed: 0, "unknown".
+        #[serde(default)]
         version: i64,
     },
     UnknownSku,

@@ -409,3 +409,40 @@ async fn malformed_reads_are_invalid_argument() {
         assert_eq!(violated_fields(&status), fields, "for {request:?}");
     }
 }
+
+#[tokio::test]
+async fn an_outcome_stored_before_stock_versions_still_replays() {
+    use inventory_core::{
+        command::AdjustStock,
+        domain::{Caller, IdempotencyKey, Reason, Sku, StockDelta},
+    };
+    let mut app = spawn_app().await;
+    let command = AdjustStock {
+        caller: Caller::anonymous(),
+        sku: Sku::parse("OLD").unwrap(),
+        delta: StockDelta::parse(3).unwrap(),
+        idempotency_key: IdempotencyKey::parse("from-last-year").unwrap(),
+        reason: Reason::parse("test").unwrap(),
+    };
+    let fingerprint = command.fingerprint();
+    let fingerprint: &[u8] = fingerprint.as_bytes();
+    app.db
+        .execute(
+            "INSERT INTO idempotency_keys (caller, key, operation, fingerprint, outcome)
+             VALUES ('', 'from-last-year', 'AdjustStock', $1,
+                     '{\"outcome\": \"adjusted\", \"on_hand\": 3, \"reserved\": 0}')",
+            &[&fingerprint],
+        )
+        .await
+        .unwrap();
+    let replay = app
+        .client
+        .adjust_stock(adjust("OLD", 3, "from-last-year"))
+        .await
+        .unwrap();
+    assert_eq!(
+        replay.into_inner(),
+        level("OLD", 3, 0, 0),
+        "version 0: unknown"
+    );
+}

@@ -12,9 +12,10 @@ run: ## Start PostgreSQL and Redis, migrate, seed demo SKUs and serve (Ctrl-C st
 test: ## Run the whole test suite against throwaway PostgreSQL and Redis
 	@$(SERVICES) test
 
-lint: ## Formatting and clippy, warnings denied
+lint: ## Formatting, clippy (warnings denied), Dockerfile and Kubernetes manifests (offline)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+	@$(SERVICES) lint-deploy
 
 stop: ## Stop what `make run` or `make test` started
 	@$(SERVICES) stop

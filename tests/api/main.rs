@@ -9,6 +9,7 @@
 mod admission;
 mod auth;
 mod config;
+mod deploy;
 mod events;
 mod faults;
 mod helpers;

@@ -1,0 +1,299 @@
+//! The deployment contract: the manifests name only settings the binary has, their ports match,
+//! and the real binary rolls out gracefully on SIGTERM.
+
+use std::{
+    collections::HashSet,
+    path::Path,
+    process::Stdio,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use inventory_server::proto::{
+    AdjustStockRequest, WatchEventsRequest, inventory_service_client::InventoryServiceClient,
+};
+use tokio_stream::StreamExt as _;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+use crate::{
+    helpers::{admin_url, connect, fresh_database, redis_url},
+    reservations::reserve,
+};
+
+fn read(relative: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)).unwrap()
+}
+
+/// `KEY: "value"` entries under `data:` of the base ConfigMap.
+fn base_config() -> Vec<(String, String)> {
+    read("deploy/k8s/base/configmap.yaml")
+        .lines()
+        .skip_while(|line| !line.starts_with("data:"))
+        .skip(1)
+        .filter_map(|line| line.strip_prefix("  ")?.split_once(": "))
+        .map(|(key, value)| (key.to_string(), value.trim_matches('"').to_string()))
+        .collect()
+}
+
+/// `- KEY=value` literals of an overlay's ConfigMap generator.
+fn overlay_literals(overlay: &str) -> Vec<String> {
+    let text = read(&format!("deploy/k8s/overlays/{overlay}/kustomization.yaml"));
+    let section = text
+        .split("configMapGenerator:")
+        .nth(1)
+        .expect("a configMapGenerator");
+    section
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("- "))
+        .filter_map(|entry| entry.split_once('='))
+        .map(|(key, _)| key.to_string())
+        .take_while(|key| key.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .collect()
+}
+
+fn port(addr: &str) -> u16 {
+    addr.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn every_configured_key_is_a_setting_of_the_binary_and_the_ports_match() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_inventory-server"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let mut keys: Vec<String> = base_config().into_iter().map(|(key, _)| key).collect();
+    keys.extend(overlay_literals("dev"));
+    keys.extend(overlay_literals("production"));
+    assert!(keys.len() > 15, "{keys:?}");
+    for key in &keys {
+        // OTEL_* are read by the OpenTelemetry SDK itself, not by the server's flags.
+        if key.starts_with("OTEL_") {
+            continue;
+        }
+        assert!(
+            help.contains(&format!("[env: {key}")),
+            "{key} is not a setting of serve"
+        );
+    }
+
+    let config: std::collections::HashMap<_, _> = base_config().into_iter().collect();
+    let deployment = read("deploy/k8s/base/deployment.yaml");
+    let health = port(&config["HEALTH_LISTEN_ADDR"]);
+    let probe_ports: Vec<u16> = deployment
+        .lines()
+        .skip_while(|line| !line.contains("startupProbe"))
+        .filter_map(|line| line.trim().strip_prefix("port: "))
+        .map(|value| value.parse().unwrap())
+        .collect();
+    assert_eq!(
+        probe_ports,
+        [health, health, health],
+        "every probe targets the health port"
+    );
+    for (key, name) in [
+        ("LISTEN_ADDR", "grpc"),
+        ("HEALTH_LISTEN_ADDR", "health"),
+        ("ADMIN_LISTEN_ADDR", "admin"),
+    ] {
+        let expected = format!(
+            "- name: {name}\n              containerPort: {}",
+            port(&config[key])
+        );
+        assert!(
+            deployment.contains(&expected),
+            "{key} and the {name} container port disagree"
+        );
+    }
+    // The pod is given the time preStop and the server's drain need.
+    let grace: u64 = deployment
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("terminationGracePeriodSeconds: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pre_stop: u64 = deployment
+        .lines()
+        .skip_while(|line| !line.contains("preStop"))
+        .find_map(|line| line.trim().strip_prefix("seconds: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let drain = humantime::parse_duration(&config["SHUTDOWN_GRACE"])
+        .unwrap()
+        .as_secs();
+    assert!(grace > pre_stop + drain, "{grace} <= {pre_stop} + {drain}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_calls_and_exits_cleanly_with_a_stream_open() {
+    let database = fresh_database().await;
+    let (base, _) = admin_url()
+        .rsplit_once('/')
+        .map(|(b, d)| (b.to_string(), d.to_string()))
+        .unwrap();
+    let database_url = format!("{base}/{}", database.get_dbname().unwrap());
+    let (grpc_port, health_port) = (free_port(), free_port());
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory-server"))
+        .arg("serve")
+        .env("DATABASE_URL", &database_url)
+        .env("REDIS_URL", redis_url())
+        .env(
+            "REDIS_KEY_PREFIX",
+            format!("rollout:{}", uuid::Uuid::new_v4().simple()),
+        )
+        .env("LISTEN_ADDR", format!("127.0.0.1:{grpc_port}"))
+        .env("HEALTH_LISTEN_ADDR", format!("127.0.0.1:{health_port}"))
+        .env("AUTH_DISABLED", "true")
+        .env("SHUTDOWN_GRACE", "5s")
+        .env("LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+
+    let mut health = None;
+    for _ in 0..200 {
+        if let Ok(channel) =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{health_port}"))
+                .unwrap()
+                .connect()
+                .await
+        {
+            health = Some(HealthClient::new(channel));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mut health = health.expect("the server came up");
+    let mut health_watch = health
+        .watch(HealthCheckRequest {
+            service: "inventory.v1.InventoryService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        health_watch.next().await.unwrap().unwrap().status(),
+        ServingStatus::Serving
+    );
+
+    let client = InventoryServiceClient::connect(format!("http://127.0.0.1:{grpc_port}"))
+        .await
+        .unwrap();
+    client
+        .clone()
+        .adjust_stock(AdjustStockRequest {
+            sku: "SKU-1".into(),
+            delta: 1_000_000,
+            idempotency_key: "seed".into(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    let mut events = client
+        .clone()
+        .watch_events(WatchEventsRequest { after_sequence: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+
+    // A steady stream of Reserve calls from four clients, each recording what was accepted.
+    let accepted = Arc::new(Mutex::new(Vec::<String>::new()));
+    let done = Arc::new(AtomicUsize::new(0));
+    let loops: Vec<_> = (0..4)
+        .map(|worker| {
+            let mut client = client.clone();
+            let accepted = Arc::clone(&accepted);
+            let done = Arc::clone(&done);
+            tokio::spawn(async move {
+                for i in 0.. {
+                    match client
+                        .reserve(reserve(&format!("w{worker}-{i}"), &[("SKU-1", 1)]))
+                        .await
+                    {
+                        Ok(reservation) => {
+                            accepted
+                                .lock()
+                                .unwrap()
+                                .push(reservation.into_inner().reservation_id);
+                            done.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(_) => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    while done.load(Ordering::SeqCst) < 40 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let pid = server.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+
+    // Health turns NOT_SERVING while the process still runs.
+    let next = tokio::time::timeout(Duration::from_secs(5), health_watch.next())
+        .await
+        .expect("a health update")
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.status(), ServingStatus::NotServing);
+
+    let status = tokio::time::timeout(Duration::from_secs(15), server.wait())
+        .await
+        .expect("exits within the drain deadline")
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    for task in loops {
+        task.await.unwrap();
+    }
+    // The open event stream was ended, not left hanging.
+    let mut seen = 0;
+    while let Ok(Some(Ok(_))) = tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+        seen += 1;
+    }
+    assert!(seen >= 1);
+
+    // Every accepted reservation exists exactly once, and nothing exists that was not accepted.
+    let accepted = accepted.lock().unwrap().clone();
+    let unique: HashSet<&String> = accepted.iter().collect();
+    assert_eq!(
+        unique.len(),
+        accepted.len(),
+        "no reservation was returned twice"
+    );
+    let db = connect(&database).await;
+    let stored: HashSet<String> = db
+        .query("SELECT reservation_id::text FROM reservations", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(stored, unique.into_iter().cloned().collect::<HashSet<_>>());
+    let reserved: i64 = db
+        .query_one("SELECT reserved FROM stock WHERE sku = 'SKU-1'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(reserved as usize, accepted.len());
+}

@@ -26,6 +26,24 @@ pub const MIN_TTL: Duration = Duration::from_secs(1);
 /// Longest hold a reservation may ask for.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// Checks a name made of `A-Z a-z 0-9 . _ - :`, 1 to `max` bytes: safe in Redis keys (no
+/// braces, so hash tags stay intact), logs and metrics labels.
+pub fn check_plain_name(raw: &str, max: usize) -> Result<(), String> {
+    if raw.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if raw.len() > max {
+        return Err(format!("must be at most {max} characters"));
+    }
+    if !raw
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+    {
+        return Err("may contain only A-Z, a-z, 0-9, '.', '_', '-' and ':'".into());
+    }
+    Ok(())
+}
+
 /// A stock keeping unit: 1 to [`MAX_SKU_LEN`] characters from `A-Z a-z 0-9 . _ - :`.
 ///
 /// The alphabet keeps SKUs safe inside Redis hash tags (no braces) and free of anything that
@@ -35,18 +53,7 @@ pub struct Sku(String);
 
 impl Sku {
     pub fn parse(raw: &str) -> Result<Self, String> {
-        if raw.is_empty() {
-            return Err("must not be empty".into());
-        }
-        if raw.len() > MAX_SKU_LEN {
-            return Err(format!("must be at most {MAX_SKU_LEN} characters"));
-        }
-        if !raw
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
-        {
-            return Err("may contain only A-Z, a-z, 0-9, '.', '_', '-' and ':'".into());
-        }
+        check_plain_name(raw, MAX_SKU_LEN)?;
         Ok(Self(raw.to_owned()))
     }
 
@@ -111,15 +118,7 @@ pub struct Caller(String);
 impl Caller {
     /// A configured caller name: 1 to 64 characters from `A-Z a-z 0-9 . _ - :`.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        if raw.is_empty() || raw.len() > 64 {
-            return Err("must be 1 to 64 characters".into());
-        }
-        if !raw
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
-        {
-            return Err("may contain only A-Z, a-z, 0-9, '.', '_', '-' and ':'".into());
-        }
+        check_plain_name(raw, 64)?;
         Ok(Self(raw.to_owned()))
     }
 

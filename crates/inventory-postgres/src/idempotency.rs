@@ -6,7 +6,9 @@
 //! back (then executes itself).
 
 use deadpool_postgres::Transaction;
-use inventory_core::{command::Fingerprint, domain::IdempotencyKey};
+use inventory_core::{Error, command::Fingerprint, domain::IdempotencyKey};
+
+use crate::error::from_db;
 
 const CLAIM: &str = "
     INSERT INTO idempotency_keys (caller, key, operation, fingerprint)
@@ -19,40 +21,55 @@ const READ: &str = "
 const RECORD_OUTCOME: &str = "
     UPDATE idempotency_keys SET outcome = $3 WHERE caller = $1 AND key = $2";
 
-/// The record a key already has.
+/// What claiming a key came to.
 #[derive(Debug)]
-pub(crate) struct Existing {
-    pub fingerprint: Vec<u8>,
-    pub outcome: serde_json::Value,
+pub(crate) enum Claim {
+    /// The key was free: this transaction executes, then must [`record_outcome`].
+    Claimed,
+    /// The same request already ran: its stored outcome, to replay.
+    Replay(serde_json::Value),
 }
 
-/// Claims the key for this transaction; `Ok(None)` when the key was free (the caller now
-/// executes and must [`record_outcome`]), or the committed record that holds it.
+/// Claims the key for this transaction, or finds the committed record holding it. A record of
+/// a different request (other fingerprint) is [`Error::IdempotencyKeyReused`].
 pub(crate) async fn claim(
     tx: &Transaction<'_>,
     caller: &str,
     key: &IdempotencyKey,
-    operation: &str,
+    operation: &'static str,
     fingerprint: &Fingerprint,
-) -> Result<Option<Existing>, tokio_postgres::Error> {
-    let statement = tx.prepare_cached(CLAIM).await?;
+) -> Result<Claim, Error> {
+    let statement = tx.prepare_cached(CLAIM).await.map_err(from_db)?;
     let fingerprint: &[u8] = fingerprint.as_bytes();
     let inserted = tx
         .execute(
             &statement,
             &[&caller, &key.as_str(), &operation, &fingerprint],
         )
-        .await?;
+        .await
+        .map_err(from_db)?;
     if inserted == 1 {
-        return Ok(None);
+        return Ok(Claim::Claimed);
     }
-    let statement = tx.prepare_cached(READ).await?;
-    let row = tx.query_one(&statement, &[&caller, &key.as_str()]).await?;
-    Ok(Some(Existing {
-        fingerprint: row.try_get(0)?,
-        // Another transaction sees the row only after it committed with its outcome set.
-        outcome: row.try_get(1)?,
-    }))
+    let statement = tx.prepare_cached(READ).await.map_err(from_db)?;
+    let row = tx
+        .query_one(&statement, &[&caller, &key.as_str()])
+        .await
+        .map_err(from_db)?;
+    let stored: Vec<u8> = row.try_get(0).map_err(Error::internal)?;
+    let metrics = crate::metrics::store();
+    if stored != fingerprint {
+        metrics
+            .conflicts
+            .add(1, &crate::metrics::operation(operation));
+        return Err(Error::IdempotencyKeyReused);
+    }
+    metrics
+        .replays
+        .add(1, &crate::metrics::operation(operation));
+    tracing::debug!(operation, "replaying stored outcome");
+    // Another transaction sees the row only after it committed with its outcome set.
+    Ok(Claim::Replay(row.try_get(1).map_err(Error::internal)?))
 }
 
 pub(crate) async fn record_outcome(

@@ -210,28 +210,17 @@ impl ReservationStore for PgStore {
         let mut client = self.pool().get().await.map_err(from_pool)?;
         let mut tx = client.transaction().await.map_err(from_db)?;
         let fingerprint = command.fingerprint();
-        if let Some(existing) = idempotency::claim(
+        if let idempotency::Claim::Replay(outcome) = idempotency::claim(
             &tx,
             command.caller.as_str(),
             &command.idempotency_key,
             RESERVE,
             &fingerprint,
         )
-        .await
-        .map_err(from_db)?
+        .await?
         {
-            if existing.fingerprint != fingerprint.as_bytes() {
-                crate::metrics::store()
-                    .conflicts
-                    .add(1, &crate::metrics::operation(RESERVE));
-                return Ok(WriteOutcome::Answered(Err(Error::IdempotencyKeyReused)));
-            }
-            crate::metrics::store()
-                .replays
-                .add(1, &crate::metrics::operation(RESERVE));
             let outcome: ReserveOutcome =
-                serde_json::from_value(existing.outcome).map_err(Error::internal)?;
-            tracing::debug!("replaying stored outcome");
+                serde_json::from_value(outcome).map_err(Error::internal)?;
             return Ok(WriteOutcome::Answered(outcome.into_result()?));
         }
 

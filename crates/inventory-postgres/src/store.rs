@@ -119,28 +119,17 @@ impl StockStore for PgStore {
         let tx = client.transaction().await.map_err(from_db)?;
         let fingerprint = command.fingerprint();
 
-        if let Some(existing) = idempotency::claim(
+        if let idempotency::Claim::Replay(outcome) = idempotency::claim(
             &tx,
             command.caller.as_str(),
             &command.idempotency_key,
             ADJUST_STOCK,
             &fingerprint,
         )
-        .await
-        .map_err(from_db)?
+        .await?
         {
-            if existing.fingerprint != fingerprint.as_bytes() {
-                crate::metrics::store()
-                    .conflicts
-                    .add(1, &crate::metrics::operation(ADJUST_STOCK));
-                return Err(Error::IdempotencyKeyReused);
-            }
-            crate::metrics::store()
-                .replays
-                .add(1, &crate::metrics::operation(ADJUST_STOCK));
             let outcome: AdjustOutcome =
-                serde_json::from_value(existing.outcome).map_err(Error::internal)?;
-            tracing::debug!("replaying stored outcome");
+                serde_json::from_value(outcome).map_err(Error::internal)?;
             return outcome.into_result(command);
         }
 

@@ -17,15 +17,7 @@ pub struct KeyPrefix(String);
 
 impl KeyPrefix {
     pub fn parse(raw: &str) -> Result<Self, String> {
-        if raw.is_empty() || raw.len() > MAX_PREFIX_LEN {
-            return Err(format!("must be 1 to {MAX_PREFIX_LEN} characters"));
-        }
-        if !raw
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
-        {
-            return Err("may contain only A-Z, a-z, 0-9, '.', '_', '-' and ':'".into());
-        }
+        inventory_core::domain::check_plain_name(raw, MAX_PREFIX_LEN)?;
         Ok(Self(raw.to_owned()))
     }
 

@@ -73,14 +73,8 @@ async fn an_event_committed_late_with_a_lower_sequence_is_not_skipped() {
     let mut stream = watch(&app, 0).await;
     app.store.position_events(1000).await.unwrap();
     let positioned: i64 = app
-        .db
-        .query_one(
-            "SELECT count(*) FROM outbox WHERE position IS NOT NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        .count("SELECT count(*) FROM outbox WHERE position IS NOT NULL")
+        .await;
     assert_eq!(
         positioned, 0,
         "nothing is exposed while an earlier writer is open"
@@ -113,7 +107,7 @@ async fn app_config(app: &TestApp) -> tokio_postgres::Config {
 
 #[tokio::test]
 async fn events_are_typed_and_follow_live_after_the_backlog() {
-    let mut app = spawn_app().await;
+    let app = spawn_app().await;
     stock(&app, "SKU-1", 5).await;
     let mut stream = watch(&app, 0).await;
     let backlog = take(&mut stream, 1).await;
@@ -126,12 +120,7 @@ async fn events_are_typed_and_follow_live_after_the_backlog() {
         other => panic!("{other:?}"),
     }
 
-    let held = app
-        .client
-        .reserve(reserve("k1", &[("SKU-1", 2)]))
-        .await
-        .unwrap()
-        .into_inner();
+    let held = app.hold("k1", &[("SKU-1", 2)]).await;
     let live = take(&mut stream, 1).await;
     assert_eq!(live[0].sequence, 2);
     assert_eq!(live[0].r#type(), EventType::ReservationHeld);

@@ -65,21 +65,12 @@ async fn a_holder_paused_past_its_lease_is_fenced_off_even_with_stock_to_spare()
     assert_eq!(app.level("SKU-1").await, (1_000, 5));
     assert_eq!(app.stored_fence("SKU-1").await, token_b);
     let rows: i64 = app
-        .db
-        .query_one(
-            "SELECT count(*) FROM reservations WHERE idempotency_key = 'a'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        .count("SELECT count(*) FROM reservations WHERE idempotency_key = 'a'")
+        .await;
     assert_eq!(rows, 0);
     let keys: i64 = app
-        .db
-        .query_one("SELECT count(*) FROM idempotency_keys WHERE key = 'a'", &[])
-        .await
-        .unwrap()
-        .get(0);
+        .count("SELECT count(*) FROM idempotency_keys WHERE key = 'a'")
+        .await;
     assert_eq!(keys, 0, "a lost lease is transient: the key is not stored");
     assert_eq!(b.into_inner().state(), ReservationState::Held);
 
@@ -245,18 +236,8 @@ async fn with_redis_down_reserve_fails_closed_and_everything_else_works() {
     ))
     .await;
     stock(&app, "SKU-1", 10).await;
-    let to_confirm = app
-        .client
-        .reserve(reserve("c", &[("SKU-1", 2)]))
-        .await
-        .unwrap()
-        .into_inner();
-    let to_release = app
-        .client
-        .reserve(reserve("r", &[("SKU-1", 3)]))
-        .await
-        .unwrap()
-        .into_inner();
+    let to_confirm = app.hold("c", &[("SKU-1", 2)]).await;
+    let to_release = app.hold("r", &[("SKU-1", 3)]).await;
 
     redis_process.kill().await;
     let before = app.row_counts().await;
@@ -388,21 +369,10 @@ async fn a_response_lost_after_commit_is_recovered_by_retrying_the_key() {
     let _ = lost.await;
     held.resume();
 
-    let retry = app
-        .client
-        .clone()
-        .reserve(reserve("k1", &[("SKU-1", 4)]))
-        .await
-        .unwrap()
-        .into_inner();
+    let retry = app.hold("k1", &[("SKU-1", 4)]).await;
     assert_eq!(retry.state(), ReservationState::Held);
     assert_eq!(app.level("SKU-1").await, (10, 4), "stock moved once");
-    let count: i64 = app
-        .db
-        .query_one("SELECT count(*) FROM reservations", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let count: i64 = app.count("SELECT count(*) FROM reservations").await;
     assert_eq!(count, 1);
 }
 

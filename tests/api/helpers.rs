@@ -352,6 +352,25 @@ impl TestApp {
             .fence(&inventory_core::domain::Sku::parse(sku).unwrap())
     }
 
+    /// A `Reserve` that must succeed.
+    pub async fn hold(
+        &self,
+        key: &str,
+        lines: &[(&str, i64)],
+    ) -> inventory_server::proto::Reservation {
+        self.client
+            .clone()
+            .reserve(crate::reservations::reserve(key, lines))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// The single number a `SELECT count(*) ...` query returns.
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.db.query_one(sql, &[]).await.unwrap().get(0)
+    }
+
     /// The fence PostgreSQL last accepted for `sku`.
     pub async fn stored_fence(&self, sku: &str) -> i64 {
         self.db

@@ -143,12 +143,7 @@ async fn ten_units_go_to_exactly_ten_of_a_hundred_racers() {
 async fn a_reservation_moves_through_its_lifecycle() {
     let mut app = spawn_app().await;
     stock(&app, "SKU-1", 10).await;
-    let held = app
-        .client
-        .reserve(reserve("k1", &[("SKU-1", 3)]))
-        .await
-        .unwrap()
-        .into_inner();
+    let held = app.hold("k1", &[("SKU-1", 3)]).await;
     assert_eq!(held.state(), ReservationState::Held);
     assert_eq!(held.order_id, "order-k1");
     assert_eq!(app.level("SKU-1").await, (10, 3));
@@ -194,12 +189,7 @@ async fn a_reservation_moves_through_its_lifecycle() {
 async fn a_released_reservation_returns_its_stock_once() {
     let mut app = spawn_app().await;
     stock(&app, "SKU-1", 5).await;
-    let held = app
-        .client
-        .reserve(reserve("k1", &[("SKU-1", 5)]))
-        .await
-        .unwrap()
-        .into_inner();
+    let held = app.hold("k1", &[("SKU-1", 5)]).await;
     assert_eq!(app.level("SKU-1").await, (5, 5));
 
     for _ in 0..2 {
@@ -333,12 +323,7 @@ async fn twenty_concurrent_requests_with_one_key_make_one_reservation() {
         .collect();
     assert_eq!(ids.len(), 1);
     assert_eq!(app.level("SKU-1").await, (100, 2));
-    let count: i64 = app
-        .db
-        .query_one("SELECT count(*) FROM reservations", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let count: i64 = app.count("SELECT count(*) FROM reservations").await;
     assert_eq!(count, 1);
 }
 
@@ -404,18 +389,8 @@ async fn opposite_order_carts_under_concurrency_all_finish() {
 async fn every_committed_change_has_exactly_one_event_and_refusals_none() {
     let mut app = spawn_app().await;
     stock(&app, "SKU-1", 3).await;
-    let a = app
-        .client
-        .reserve(reserve("a", &[("SKU-1", 2)]))
-        .await
-        .unwrap()
-        .into_inner();
-    let b = app
-        .client
-        .reserve(reserve("b", &[("SKU-1", 1)]))
-        .await
-        .unwrap()
-        .into_inner();
+    let a = app.hold("a", &[("SKU-1", 2)]).await;
+    let b = app.hold("b", &[("SKU-1", 1)]).await;
     // Refused, replayed and invalid calls commit no state change.
     app.client
         .reserve(reserve("c", &[("SKU-1", 1)]))
@@ -614,12 +589,7 @@ async fn a_one_second_hold_expires_and_returns_its_stock() {
 async fn a_hold_past_its_expiry_is_expired_for_every_reader_before_any_sweep() {
     let mut app = spawn_app_without_sweeper().await;
     stock(&app, "SKU-1", 2).await;
-    let held = app
-        .client
-        .reserve(reserve("k1", &[("SKU-1", 2)]))
-        .await
-        .unwrap()
-        .into_inner();
+    let held = app.hold("k1", &[("SKU-1", 2)]).await;
     backdate(&app, &held.reservation_id).await;
 
     let read = app
@@ -650,16 +620,11 @@ async fn a_hold_past_its_expiry_is_expired_for_every_reader_before_any_sweep() {
 
 #[tokio::test]
 async fn two_sweepers_at_once_return_expired_stock_exactly_once() {
-    let mut app = spawn_app_without_sweeper().await;
+    let app = spawn_app_without_sweeper().await;
     stock(&app, "SKU-1", 60).await;
     let mut ids = Vec::new();
     for i in 0..60 {
-        let held = app
-            .client
-            .reserve(reserve(&format!("k{i}"), &[("SKU-1", 1)]))
-            .await
-            .unwrap()
-            .into_inner();
+        let held = app.hold(&format!("k{i}"), &[("SKU-1", 1)]).await;
         ids.push(held.reservation_id);
     }
     for id in &ids {
@@ -685,13 +650,7 @@ async fn two_sweepers_at_once_return_expired_stock_exactly_once() {
     assert_eq!(a + b, 60);
     assert_eq!(app.level("SKU-1").await, (60, 0));
     let expired: i64 = app
-        .db
-        .query_one(
-            "SELECT count(*) FROM outbox WHERE event_type = 'RESERVATION_EXPIRED'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        .count("SELECT count(*) FROM outbox WHERE event_type = 'RESERVATION_EXPIRED'")
+        .await;
     assert_eq!(expired, 60);
 }

@@ -144,12 +144,7 @@ async fn removing_from_an_unknown_sku_is_not_found_and_creates_nothing() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
-    let stock: i64 = app
-        .db
-        .query_one("SELECT count(*) FROM stock", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let stock: i64 = app.count("SELECT count(*) FROM stock").await;
     assert_eq!(stock, 0);
 }
 
@@ -318,12 +313,7 @@ async fn concurrent_requests_with_one_key_execute_once() {
         assert_eq!(result.as_ref().unwrap().get_ref(), &level("SKU-1", 3, 0, 1));
     }
     assert_eq!(outbox_events(&app, "SKU-1").await.len(), 1);
-    let keys: i64 = app
-        .db
-        .query_one("SELECT count(*) FROM idempotency_keys", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let keys: i64 = app.count("SELECT count(*) FROM idempotency_keys").await;
     assert_eq!(keys, 1);
 }
 

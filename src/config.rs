@@ -5,7 +5,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use inventory_core::domain::Ttl;
+use inventory_core::{coalesce::CoalesceConfig, domain::Ttl};
 
 use crate::auth::Authenticator;
 use inventory_postgres::{PgConfig, PoolSettings};
@@ -107,6 +107,17 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub lease_max_waiters: u32,
 
+    /// Most single-line Reserve calls for one SKU that one transaction writes (hot-SKU
+    /// coalescing). 1 turns coalescing off: each call takes the lease and commits alone.
+    #[arg(long, env = "COALESCE_MAX_BATCH", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub coalesce_max_batch: u32,
+
+    /// How long a batch leader that finds others already queued waits for more before it
+    /// writes. 0 (the default): write at once; a call that finds nobody queued never waits.
+    #[arg(long, env = "COALESCE_LINGER", default_value = "0ms", value_parser = humantime::parse_duration)]
+    pub coalesce_linger: Duration,
+
     /// Most unary calls in flight in this replica; more are shed with RESOURCE_EXHAUSTED.
     #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -183,6 +194,9 @@ pub struct ServeArgs {
     pub shutdown_grace: Duration,
 }
 
+/// A linger is a latency every queued call pays; more than this is a misconfiguration.
+const MAX_COALESCE_LINGER: Duration = Duration::from_millis(100);
+
 /// Retries of the same request within a day must always replay.
 const MIN_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -196,6 +210,7 @@ pub struct Settings {
     pub redis_settings: RedisSettings,
     pub leases: LeaseSettings,
     pub lease_wait: Duration,
+    pub coalesce: CoalesceConfig,
     pub max_in_flight: usize,
     pub max_message_bytes: usize,
     pub max_connection_age: Duration,
@@ -313,6 +328,9 @@ impl Settings {
                 problems.push(format!("{name} must be greater than zero"));
             }
         }
+        if args.coalesce_linger > MAX_COALESCE_LINGER {
+            problems.push("COALESCE_LINGER must be at most 100ms".into());
+        }
         if args.idempotency_retention < MIN_IDEMPOTENCY_RETENTION {
             problems.push("IDEMPOTENCY_RETENTION must be at least 24h".into());
         }
@@ -343,6 +361,11 @@ impl Settings {
                         ..LeaseSettings::default()
                     },
                     lease_wait: args.lease_wait,
+                    coalesce: CoalesceConfig {
+                        max_batch: args.coalesce_max_batch as usize,
+                        linger: args.coalesce_linger,
+                        max_queued: args.lease_max_waiters as usize,
+                    },
                     max_in_flight: args.max_in_flight as usize,
                     max_message_bytes: args.max_message_bytes as usize,
                     max_connection_age: args.max_connection_age,

@@ -124,6 +124,7 @@ impl Application {
             RedisLeases::new(redis.clone(), settings.leases),
             InventoryConfig {
                 default_ttl: settings.default_ttl,
+                coalesce: settings.coalesce.clone(),
             },
         ));
         Ok(Self {

@@ -47,7 +47,9 @@ async fn a_saturated_server_sheds_load_and_recovers() {
 #[tokio::test]
 async fn too_many_waiters_on_one_sku_are_refused_at_once() {
     let mut settings = test_settings(fresh_database().await);
+    // LEASE_MAX_WAITERS=1 bounds both the lease waiters and the coalescing queue.
     settings.leases.max_waiters = 1;
+    settings.coalesce.max_queued = 1;
     let app = spawn_app_with(settings).await;
     stock(&app, "HOT", 10).await;
 

@@ -14,7 +14,7 @@ use tonic_types::StatusExt as _;
 use crate::{
     helpers::{
         RedisProcess, TestApp, error_reason, fresh_database, spawn_app, spawn_app_with,
-        test_settings_with_redis,
+        test_settings, test_settings_with_redis,
     },
     reservations::{reserve, stock},
 };
@@ -34,7 +34,13 @@ async fn expire_now(app: &TestApp, key: &str) {
 
 #[tokio::test]
 async fn a_holder_paused_past_its_lease_is_fenced_off_even_with_stock_to_spare() {
-    let app = spawn_app().await;
+    // Two replicas of one deployment: same database, same Redis keys. (Within one replica the
+    // second request would queue behind the stalled one instead of racing it.)
+    let first = test_settings(fresh_database().await);
+    let mut second = test_settings(first.database.clone());
+    second.redis_settings.key_prefix = first.redis_settings.key_prefix.clone();
+    let app = spawn_app_with(first).await;
+    let replica = spawn_app_with(second).await;
     // Plenty of stock: only the fence can stop the stale write.
     stock(&app, "SKU-1", 1_000).await;
 
@@ -44,9 +50,10 @@ async fn a_holder_paused_past_its_lease_is_fenced_off_even_with_stock_to_spare()
     held.reached().await;
     let token_a = app.redis_fence("SKU-1").await;
 
-    // A stalls; its lease runs out; B takes the SKU with a newer token and commits.
+    // A stalls; its lease runs out; B, on the other replica, takes the SKU with a newer token
+    // and commits.
     expire_now(&app, &app.lease_key("SKU-1")).await;
-    let b = app
+    let b = replica
         .client
         .clone()
         .reserve(reserve("b", &[("SKU-1", 5)]))

@@ -233,6 +233,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
         // Generous: races of a hundred callers on one SKU must end in stock outcomes, not in
         // lease timeouts, even on a loaded two-core machine.
         lease_wait: Duration::from_secs(20),
+        coalesce: inventory_core::coalesce::CoalesceConfig::default(),
         max_in_flight: 1024,
         max_message_bytes: 262_144,
         max_connection_age: Duration::from_secs(600),

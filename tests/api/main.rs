@@ -8,6 +8,7 @@
 
 mod admission;
 mod auth;
+mod coalescing;
 mod config;
 mod deploy;
 mod events;

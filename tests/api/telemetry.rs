@@ -94,7 +94,7 @@ async fn the_spans_of_one_reserve_reach_the_collector_under_the_callers_trace() 
         "continues the caller's span"
     );
     // The RPC, the use case (core), the lease wait (Redis) and the SQL transaction (PostgreSQL).
-    for expected in ["lease.acquire", "reserve", "sql.reserve"] {
+    for expected in ["lease.acquire", "reserve", "sql.reserve_batch"] {
         assert!(
             names.iter().filter(|n| **n == expected).count() >= 1,
             "{expected} missing from {names:?}"
@@ -185,8 +185,7 @@ async fn metrics_show_on_the_admin_port_after_a_contended_run() {
     for name in [
         "inventory_rpc_duration_seconds_count",
         "inventory_lease_acquire_duration_seconds_count",
-        "inventory_lease_contended_total",
-        "inventory_lease_retries_total",
+        "inventory_reserve_batch_size_count",
         "inventory_stock_insufficient_total",
         "inventory_idempotency_replays_total",
         "inventory_idempotency_conflicts_total",

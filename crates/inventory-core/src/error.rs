@@ -147,6 +147,64 @@ impl Error {
     pub fn internal(source: impl Into<BoxError>) -> Self {
         Self::Internal(source.into())
     }
+
+    /// The same error for another caller: every request of a batch that failed as a whole
+    /// gets one. Sources are carried over as their messages.
+    pub fn replicate(&self) -> Self {
+        let message = |source: &BoxError| -> BoxError { source.to_string().into() };
+        match self {
+            Self::InvalidArgument(v) => Self::InvalidArgument(v.clone()),
+            Self::UnknownSkus(skus) => Self::UnknownSkus(skus.clone()),
+            Self::UnknownReservation(id) => Self::UnknownReservation(*id),
+            Self::InsufficientStock(s) => Self::InsufficientStock(s.clone()),
+            Self::WrongState { id, state, action } => Self::WrongState {
+                id: *id,
+                state: *state,
+                action,
+            },
+            Self::LeaseBusy { sku, waited } => Self::LeaseBusy {
+                sku: sku.clone(),
+                waited: *waited,
+            },
+            Self::TooManyWaiters { sku } => Self::TooManyWaiters { sku: sku.clone() },
+            Self::Saturated => Self::Saturated,
+            Self::DeadlineExceeded => Self::DeadlineExceeded,
+            Self::LeaseLost { sku } => Self::LeaseLost { sku: sku.clone() },
+            Self::BelowReserved {
+                sku,
+                requested,
+                on_hand,
+                reserved,
+            } => Self::BelowReserved {
+                sku: sku.clone(),
+                requested: *requested,
+                on_hand: *on_hand,
+                reserved: *reserved,
+            },
+            Self::StockLimit {
+                sku,
+                requested,
+                limit,
+            } => Self::StockLimit {
+                sku: sku.clone(),
+                requested: *requested,
+                limit: *limit,
+            },
+            Self::CursorPruned {
+                requested,
+                pruned_through,
+            } => Self::CursorPruned {
+                requested: *requested,
+                pruned_through: *pruned_through,
+            },
+            Self::IdempotencyKeyReused => Self::IdempotencyKeyReused,
+            Self::Unavailable { dependency, source } => Self::Unavailable {
+                dependency: *dependency,
+                source: message(source),
+            },
+            Self::Internal(source) => Self::Internal(message(source)),
+        }
+    }
 }
 
 fn join(skus: &[Sku]) -> String {

@@ -3,7 +3,8 @@
 //! This crate owns what a valid request is, what each operation promises and which errors a
 //! caller can see. It talks to storage only through the traits in [`ports`], which the
 //! adapters (`inventory-postgres`, `inventory-redis`) implement. It must not depend on tonic,
-//! fred, tokio-postgres or any other I/O crate: `cargo tree -p inventory-core` shows it.
+//! fred, tokio-postgres or any other I/O crate (tokio's `sync` and `time` only, for the
+//! coalescing queues): `cargo tree -p inventory-core` shows it.
 //!
 //! # Layout
 //! - [`domain`] — newtypes that can only hold valid values (`Sku`, `IdempotencyKey`, ...), and the
@@ -14,7 +15,10 @@
 //! - [`ports`] — what the core needs from storage and from the lease service.
 //! - [`pause`] — named pause points that tests hold with latches; empty in production.
 //! - [`service`] — the use cases the gRPC layer calls.
+//! - [`coalesce`] — the per-SKU queues that let one lease and one transaction serve many
+//!   `Reserve` calls for a hot SKU.
 
+pub mod coalesce;
 pub mod command;
 pub mod domain;
 pub mod error;

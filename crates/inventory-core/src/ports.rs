@@ -31,10 +31,11 @@ pub trait StockStore: Send + Sync + 'static {
 
 /// What a reservation write came to.
 #[derive(Debug)]
-pub enum WriteOutcome {
+pub enum WriteOutcome<T = Result<Reservation, Error>> {
     /// The answer for the caller: a new reservation, a final refusal (stored with the
-    /// idempotency key) or the replay of the key's stored outcome.
-    Answered(Result<Reservation, Error>),
+    /// idempotency key) or the replay of the key's stored outcome; for a batch, one such
+    /// answer per request.
+    Answered(T),
     /// These lines' stored fences were not below the holder's tokens (each with the stored
     /// fence). Nothing was written.
     Fenced(Vec<(Sku, FenceToken)>),
@@ -52,6 +53,21 @@ pub trait ReservationStore: Send + Sync + 'static {
         ttl: Ttl,
         fences: &[(Sku, FenceToken)],
     ) -> impl Future<Output = Result<WriteOutcome, Error>> + Send;
+
+    /// A batch of single-line reservations of one SKU under one fencing token, in one
+    /// transaction: the stock row is locked once, then each request is decided on its own in
+    /// batch order, exactly as if each ran alone: its idempotency key claimed or replayed, held
+    /// if enough is still available after the requests before it, otherwise refused. One
+    /// conditional update of the stock row, guarded by the fence, applies every hold; each
+    /// hold is its own reservation with its own outbox event. Answers come in batch order.
+    /// `Fenced` (nothing written) if the stored fence is not below `fence`. Every command
+    /// must have exactly one line, of `sku`, and no two may share a caller and key.
+    fn reserve_batch(
+        &self,
+        sku: &Sku,
+        fence: FenceToken,
+        batch: &[(&Reserve, Ttl)],
+    ) -> impl Future<Output = Result<WriteOutcome<Vec<Result<Reservation, Error>>>, Error>> + Send;
 
     /// HELD -> CONFIRMED; a confirmed reservation is returned unchanged.
     fn confirm(

@@ -7,8 +7,9 @@
 use std::time::Instant;
 
 use crate::{
+    coalesce::{CoalesceConfig, Joined, Leadership, Queues, Turn},
     command::{AdjustStock, GetStock, ReservationRef, Reserve},
-    domain::{Reservation, Sku, StockLevel, Ttl},
+    domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
     pause::{PausePoint, PausePoints},
     ports::{Lease, LeaseService, ReservationStore, StockStore, WriteOutcome},
@@ -23,6 +24,7 @@ const MAX_FENCE_RECOVERIES: usize = 3;
 pub struct InventoryConfig {
     /// The hold a `Reserve` without a TTL gets.
     pub default_ttl: Ttl,
+    pub coalesce: CoalesceConfig,
 }
 
 #[derive(Debug)]
@@ -31,6 +33,7 @@ pub struct Inventory<S, L> {
     leases: L,
     config: InventoryConfig,
     pauses: PausePoints,
+    queues: Queues,
 }
 
 impl<S, L> Inventory<S, L>
@@ -44,7 +47,13 @@ where
             leases,
             config,
             pauses: PausePoints::default(),
+            queues: Queues::default(),
         }
+    }
+
+    /// How many `Reserve` calls wait in this replica's queue for `sku` behind its leader.
+    pub fn queued(&self, sku: &Sku) -> usize {
+        self.queues.queued(sku)
     }
 
     /// The pause points of this instance, for tests to arm.
@@ -60,7 +69,9 @@ where
         self.store.get_stock(query).await
     }
 
-    /// Leases for every line (in SKU order), then the fenced write.
+    /// Leases for every line (in SKU order), then the fenced write. A single-line request
+    /// goes through its SKU's queue instead (see [`crate::coalesce`]), unless coalescing is
+    /// off.
     ///
     /// A write refused by a fence means one of two things. If our lease is gone, another
     /// holder took over while we stalled: we are the stale writer and report
@@ -74,22 +85,135 @@ where
         deadline: Instant,
     ) -> Result<Reservation, Error> {
         let ttl = command.ttl.unwrap_or(self.config.default_ttl);
+        if let [line] = command.lines()
+            && self.config.coalesce.max_batch > 1
+        {
+            return self
+                .reserve_coalesced(&line.sku, command, ttl, deadline)
+                .await;
+        }
         let skus: Vec<Sku> = command
             .lines_by_sku()
             .into_iter()
             .map(|l| l.sku.clone())
             .collect();
+        let store = &self.store;
+        self.fenced_write(&skus, deadline, |fences| async move {
+            store.reserve(command, ttl, &fences).await
+        })
+        .await?
+    }
+
+    /// Queues behind the SKU's leader, or leads: one lease and one transaction for the whole
+    /// queue, each request answered on its own.
+    async fn reserve_coalesced(
+        &self,
+        sku: &Sku,
+        command: &Reserve,
+        ttl: Ttl,
+        deadline: Instant,
+    ) -> Result<Reservation, Error> {
+        let config = &self.config.coalesce;
+        if let Joined::Wait { id, mut turn } =
+            self.queues
+                .join(sku, command, ttl, deadline, config.max_queued)?
+        {
+            let enqueued = Instant::now();
+            let turn = match tokio::time::timeout_at(deadline.into(), &mut turn).await {
+                Ok(turn) => turn,
+                // Gave up in the queue, where nothing was written yet. Unless a leader took
+                // the request first: then its answer is on the way and is the truth.
+                Err(_) if self.queues.leave(sku, id) => {
+                    return Err(Error::LeaseBusy {
+                        sku: sku.clone(),
+                        waited: enqueued.elapsed(),
+                    });
+                }
+                Err(_) => turn.await,
+            };
+            match turn {
+                Ok(Turn::Done(answer)) => return answer,
+                Ok(Turn::Lead) => {}
+                Err(_) => return Err(Error::internal("batch leader ended without answering")),
+            }
+        }
+        let _leadership = Leadership::new(&self.queues, sku);
+        if !config.linger.is_zero() && self.queues.queued(sku) > 0 {
+            // Others are already waiting, so more are likely: give them a moment to join.
+            let until = (Instant::now() + config.linger).min(deadline);
+            tokio::time::sleep_until(until.into()).await;
+        }
+        let queued = self.queues.take(sku, config.max_batch - 1, command);
+        // The lease is waited for as long as the most patient request of the batch may wait.
+        let batch_deadline = queued
+            .iter()
+            .map(|q| q.deadline)
+            .fold(deadline, Instant::max);
+        let batch: Vec<(&Reserve, Ttl)> = std::iter::once((command, ttl))
+            .chain(queued.iter().map(|q| (&q.command, q.ttl)))
+            .collect();
+        let store = &self.store;
+        let batch_ref = &batch;
+        let written = self
+            .fenced_write(
+                std::slice::from_ref(sku),
+                batch_deadline,
+                |fences| async move {
+                    let (_, fence) = fences[0];
+                    store.reserve_batch(sku, fence, batch_ref).await
+                },
+            )
+            .await
+            .and_then(|answers| {
+                if answers.len() == batch.len() {
+                    Ok(answers)
+                } else {
+                    Err(Error::internal(
+                        "a batch write returned the wrong number of answers",
+                    ))
+                }
+            });
+        match written {
+            Ok(answers) => {
+                let mut answers = answers.into_iter();
+                let own = answers.next().expect("the leader's answer comes first");
+                for (waiter, answer) in queued.into_iter().zip(answers) {
+                    waiter.answer(answer);
+                }
+                own
+            }
+            Err(error) => {
+                for waiter in queued {
+                    waiter.answer(Err(error.replicate()));
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Takes the leases of `skus`, runs `write` with their fencing tokens and gives the
+    /// leases back; recovers from fence counters that fell behind PostgreSQL (see
+    /// [`Self::reserve`]).
+    async fn fenced_write<T, F, Fut>(
+        &self,
+        skus: &[Sku],
+        deadline: Instant,
+        write: F,
+    ) -> Result<T, Error>
+    where
+        F: Fn(Vec<(Sku, FenceToken)>) -> Fut,
+        Fut: Future<Output = Result<WriteOutcome<T>, Error>>,
+    {
         let mut recoveries = 0;
         loop {
-            let leases = self.acquire_all(&skus, deadline).await?;
+            let leases = self.acquire_all(skus, deadline).await?;
             self.pauses.reach(PausePoint::LeaseGranted).await;
             let fences: Vec<_> = leases.iter().map(|l| (l.sku.clone(), l.fence)).collect();
-            let outcome = self.store.reserve(command, ttl, &fences).await;
-            match outcome {
+            match write(fences).await {
                 Ok(WriteOutcome::Answered(answer)) => {
                     self.pauses.reach(PausePoint::Committed).await;
                     self.release_all(&leases).await;
-                    return answer;
+                    return Ok(answer);
                 }
                 Ok(WriteOutcome::Fenced(fenced)) => {
                     let lost = self.first_lost(&leases, &fenced).await;
@@ -138,7 +262,7 @@ where
     async fn first_lost(
         &self,
         leases: &[Lease],
-        fenced: &[(Sku, crate::domain::FenceToken)],
+        fenced: &[(Sku, FenceToken)],
     ) -> Result<Option<Sku>, Error> {
         for (sku, stored) in fenced {
             let lease = leases

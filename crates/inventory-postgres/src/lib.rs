@@ -11,9 +11,12 @@
 //! - [`migrate`] — the embedded, versioned schema and a lock so concurrent runs are safe.
 //! - `store` — [`PgStore`], the `StockStore` implementation, one transaction per use case.
 //! - [`events`] — positions for committed events, reading them back, retention, `LISTEN`.
+//! - `reserve`, `batch` — `Reserve` one request per transaction, and coalesced: many
+//!   single-line requests of one SKU in one transaction.
 //! - `stock`, `reservations`, `idempotency`, `outbox` — the SQL, one module per table.
 //! - `error` — driver errors classified as unavailable or internal.
 
+mod batch;
 pub mod connect;
 mod error;
 pub mod events;

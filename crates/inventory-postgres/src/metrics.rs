@@ -4,7 +4,7 @@ use std::sync::OnceLock;
 
 use opentelemetry::{
     KeyValue, global,
-    metrics::{Counter, Gauge},
+    metrics::{Counter, Gauge, Histogram},
 };
 
 pub(crate) struct StoreMetrics {
@@ -17,6 +17,8 @@ pub(crate) struct StoreMetrics {
     /// Reservations entering a state (HELD, CONFIRMED, RELEASED, EXPIRED) or refused.
     pub reservations: Counter<u64>,
     pub swept: Counter<u64>,
+    /// Requests written by one coalesced `Reserve` transaction.
+    pub batch_size: Histogram<u64>,
     /// Committed events still waiting for a stream position after a sequencer run.
     pub unpositioned: Gauge<u64>,
 }
@@ -49,6 +51,11 @@ pub(crate) fn store() -> &'static StoreMetrics {
             swept: meter
                 .u64_counter("inventory.sweeper.expired")
                 .with_description("Expired holds whose stock the sweeper returned")
+                .build(),
+            batch_size: meter
+                .u64_histogram("inventory.reserve.batch_size")
+                .with_description("Reserve requests written by one coalesced transaction")
+                .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0])
                 .build(),
             unpositioned: meter
                 .u64_gauge("inventory.outbox.unpositioned")

@@ -31,20 +31,7 @@ pub(crate) async fn append_reservation_event(
     reservation: &Reservation,
     levels: &[StockLevel],
 ) -> Result<(), tokio_postgres::Error> {
-    let payload = json!({
-        "order_id": reservation.order_id.as_str(),
-        "state": reservation.state.as_str(),
-        "lines": reservation.lines.iter().map(|line| json!({
-            "sku": line.sku.as_str(),
-            "quantity": line.quantity.get(),
-        })).collect::<Vec<_>>(),
-        "levels": levels.iter().map(|level| json!({
-            "sku": level.sku.as_str(),
-            "on_hand": level.on_hand,
-            "reserved": level.reserved,
-            "version": level.version,
-        })).collect::<Vec<_>>(),
-    });
+    let payload = reservation_payload(reservation, levels);
     let statement = tx.prepare_cached(APPEND_RESERVATION_EVENT).await?;
     tx.execute(
         &statement,
@@ -57,6 +44,28 @@ pub(crate) async fn append_reservation_event(
     )
     .await?;
     Ok(())
+}
+
+/// The payload of a reservation event: the reservation as it now is and its SKUs' levels
+/// right after the change.
+pub(crate) fn reservation_payload(
+    reservation: &Reservation,
+    levels: &[StockLevel],
+) -> serde_json::Value {
+    json!({
+        "order_id": reservation.order_id.as_str(),
+        "state": reservation.state.as_str(),
+        "lines": reservation.lines.iter().map(|line| json!({
+            "sku": line.sku.as_str(),
+            "quantity": line.quantity.get(),
+        })).collect::<Vec<_>>(),
+        "levels": levels.iter().map(|level| json!({
+            "sku": level.sku.as_str(),
+            "on_hand": level.on_hand,
+            "reserved": level.reserved,
+            "version": level.version,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 pub(crate) async fn append_sku_event(

@@ -23,19 +23,19 @@ use crate::{
     stock,
 };
 
-const RESERVE: &str = "Reserve";
+pub(crate) const RESERVE: &str = "Reserve";
 
 /// The stored outcome of a `Reserve`: what a retry with the same key gets back.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
-enum ReserveOutcome {
+pub(crate) enum ReserveOutcome {
     Held { reservation: StoredReservation },
     UnknownSkus { skus: Vec<String> },
     InsufficientStock { shortfalls: Vec<StoredShortfall> },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct StoredReservation {
+pub(crate) struct StoredReservation {
     reservation_id: uuid::Uuid,
     order_id: String,
     lines: Vec<(String, i64)>,
@@ -44,14 +44,14 @@ struct StoredReservation {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct StoredShortfall {
+pub(crate) struct StoredShortfall {
     sku: String,
     requested: i64,
     available: i64,
 }
 
 impl ReserveOutcome {
-    fn of(result: &Result<Reservation, Error>) -> Self {
+    pub(crate) fn of(result: &Result<Reservation, Error>) -> Self {
         match result {
             Ok(reservation) => Self::Held {
                 reservation: StoredReservation {
@@ -83,7 +83,7 @@ impl ReserveOutcome {
         }
     }
 
-    fn into_result(self) -> Result<Result<Reservation, Error>, Error> {
+    pub(crate) fn into_result(self) -> Result<Result<Reservation, Error>, Error> {
         let sku = |raw: String| Sku::parse(&raw).map_err(Error::internal);
         Ok(match self {
             Self::Held { reservation } => Ok(Reservation {
@@ -286,6 +286,15 @@ impl ReservationStore for PgStore {
             crate::metrics::reservation("REFUSED");
         }
         Ok(WriteOutcome::Answered(result))
+    }
+
+    async fn reserve_batch(
+        &self,
+        sku: &Sku,
+        fence: FenceToken,
+        batch: &[(&Reserve, Ttl)],
+    ) -> Result<WriteOutcome<Vec<Result<Reservation, Error>>>, Error> {
+        self.write_batch(sku, fence, batch).await
     }
 
     #[tracing::instrument(name = "sql.confirm", skip_all, fields(reservation_id = %target.id))]

@@ -1,0 +1,233 @@
+//! Hot-SKU coalescing: single-line `Reserve` calls for one SKU in one replica queue behind
+//! one lease, and the lease holder writes the queue in one transaction.
+//!
+//! Without it, every request for a hot SKU takes the lease and then the row lock in turn,
+//! and the SKU sells no faster than one commit after another. With it, a SKU has at most one
+//! *leader* per replica: the request that found no leader. The leader takes up to
+//! `max_batch` queued requests (in arrival order), takes the lease once, and hands the batch
+//! to [`ReservationStore::reserve_batch`](crate::ports::ReservationStore::reserve_batch),
+//! which decides each request on its own, in order. Requests that arrive meanwhile queue;
+//! when the leader is done it passes leadership to the oldest of them. A lone request is its
+//! own batch of one and never waits for company.
+//!
+//! A queued request gives up at its own deadline, and is then removed from the queue under
+//! the same lock the leader takes batches with: a request is either answered by its batch or
+//! left the queue untouched, never both.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::oneshot;
+
+use crate::{
+    command::Reserve,
+    domain::{Reservation, Sku, Ttl},
+    error::Error,
+};
+
+/// How coalescing behaves.
+#[derive(Clone, Debug)]
+pub struct CoalesceConfig {
+    /// Most requests one transaction writes. `1` turns coalescing off: every request takes the
+    /// lease and writes on its own.
+    pub max_batch: usize,
+    /// How long a leader that found others queued waits for more before it writes (`0`: not at
+    /// all). A request that finds nobody queued never waits.
+    pub linger: Duration,
+    /// Most requests of this replica queued for one SKU; more get
+    /// [`Error::TooManyWaiters`].
+    pub max_queued: usize,
+}
+
+impl Default for CoalesceConfig {
+    fn default() -> Self {
+        Self {
+            max_batch: 64,
+            linger: Duration::ZERO,
+            max_queued: 256,
+        }
+    }
+}
+
+/// One request waiting in a SKU's queue.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    id: u64,
+    pub command: Reserve,
+    pub ttl: Ttl,
+    pub deadline: Instant,
+    pub enqueued: Instant,
+    reply: oneshot::Sender<Turn>,
+}
+
+impl Queued {
+    /// Sends the request its answer; a request whose task is gone is not waiting for one.
+    pub fn answer(self, result: Result<Reservation, Error>) {
+        let _ = self.reply.send(Turn::Done(result));
+    }
+}
+
+/// What a queued request is told.
+#[derive(Debug)]
+pub(crate) enum Turn {
+    /// Lead the next batch: the request was taken off the queue and is first in it.
+    Lead,
+    /// The request was written; this is its answer.
+    Done(Result<Reservation, Error>),
+}
+
+/// The result of joining a queue.
+#[derive(Debug)]
+pub(crate) enum Joined {
+    /// Nobody leads this SKU: the caller does.
+    Lead,
+    /// Wait for a [`Turn`]; `id` names the entry for [`Queues::leave`].
+    Wait {
+        id: u64,
+        turn: oneshot::Receiver<Turn>,
+    },
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_id: u64,
+    /// A SKU is present exactly while it has a leader; its queue holds the others.
+    queues: HashMap<Sku, VecDeque<Queued>>,
+}
+
+/// The per-SKU queues of one replica.
+#[derive(Debug, Default)]
+pub(crate) struct Queues {
+    state: Mutex<State>,
+}
+
+impl Queues {
+    /// Becomes the SKU's leader, or queues behind the current one.
+    pub fn join(
+        &self,
+        sku: &Sku,
+        command: &Reserve,
+        ttl: Ttl,
+        deadline: Instant,
+        max_queued: usize,
+    ) -> Result<Joined, Error> {
+        let mut state = self.state.lock().expect("queues lock");
+        let State { next_id, queues } = &mut *state;
+        let Some(queue) = queues.get_mut(sku) else {
+            queues.insert(sku.clone(), VecDeque::new());
+            return Ok(Joined::Lead);
+        };
+        if queue.len() >= max_queued {
+            return Err(Error::TooManyWaiters { sku: sku.clone() });
+        }
+        *next_id += 1;
+        let (reply, turn) = oneshot::channel();
+        queue.push_back(Queued {
+            id: *next_id,
+            command: command.clone(),
+            ttl,
+            deadline,
+            enqueued: Instant::now(),
+            reply,
+        });
+        Ok(Joined::Wait { id: *next_id, turn })
+    }
+
+    /// Removes a request that gave up waiting. `false`: a leader already took it, and its
+    /// answer is on the way.
+    pub fn leave(&self, sku: &Sku, id: u64) -> bool {
+        let mut state = self.state.lock().expect("queues lock");
+        let Some(queue) = state.queues.get_mut(sku) else {
+            return false;
+        };
+        match queue.iter().position(|q| q.id == id) {
+            Some(at) => {
+                queue.remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// How many requests wait behind the leader.
+    pub fn queued(&self, sku: &Sku) -> usize {
+        let state = self.state.lock().expect("queues lock");
+        state.queues.get(sku).map_or(0, VecDeque::len)
+    }
+
+    /// Takes up to `max` queued requests in arrival order for the leader's batch. A request
+    /// whose idempotency key is already in the batch stays queued for the next one (where it
+    /// replays the first's outcome); one past its deadline is answered at once.
+    pub fn take(&self, sku: &Sku, max: usize, leader: &Reserve) -> Vec<Queued> {
+        let mut state = self.state.lock().expect("queues lock");
+        let Some(queue) = state.queues.get_mut(sku) else {
+            return Vec::new();
+        };
+        let now = Instant::now();
+        let mut batch: Vec<Queued> = Vec::new();
+        let mut kept = VecDeque::new();
+        while let Some(next) = queue.pop_front() {
+            if batch.len() >= max {
+                kept.push_back(next);
+                continue;
+            }
+            if next.reply.is_closed() {
+                continue;
+            }
+            if next.deadline <= now {
+                let waited = now.saturating_duration_since(next.enqueued);
+                next.answer(Err(Error::LeaseBusy {
+                    sku: sku.clone(),
+                    waited,
+                }));
+                continue;
+            }
+            let same_key = |c: &Reserve| {
+                c.caller == next.command.caller && c.idempotency_key == next.command.idempotency_key
+            };
+            if same_key(leader) || batch.iter().any(|q| same_key(&q.command)) {
+                kept.push_back(next);
+                continue;
+            }
+            batch.push(next);
+        }
+        *queue = kept;
+        batch
+    }
+
+    /// The leader is done: the oldest queued request leads next, or the SKU has no leader.
+    pub fn hand_off(&self, sku: &Sku) {
+        let mut state = self.state.lock().expect("queues lock");
+        let Some(queue) = state.queues.get_mut(sku) else {
+            return;
+        };
+        while let Some(next) = queue.pop_front() {
+            if next.reply.send(Turn::Lead).is_ok() {
+                return;
+            }
+        }
+        state.queues.remove(sku);
+    }
+}
+
+/// Leadership of one SKU's queue; dropping it (however the leader ends) passes it on.
+#[derive(Debug)]
+pub(crate) struct Leadership<'a> {
+    queues: &'a Queues,
+    sku: &'a Sku,
+}
+
+impl<'a> Leadership<'a> {
+    pub fn new(queues: &'a Queues, sku: &'a Sku) -> Self {
+        Self { queues, sku }
+    }
+}
+
+impl Drop for Leadership<'_> {
+    fn drop(&mut self) {
+        self.queues.hand_off(self.sku);
+    }
+}

@@ -1,0 +1,226 @@
+//! Hot-SKU coalescing: single-line Reserve calls queued behind one leader are written in one
+//! transaction, each decided on its own, in arrival order.
+
+use std::time::Duration;
+
+use inventory_core::{domain::Sku, pause::PausePoint};
+use inventory_server::proto::{Reservation, ReservationState, ReserveRequest};
+use tokio::task::JoinHandle;
+use tonic::Code;
+
+use crate::{
+    helpers::{TestApp, error_reason, fresh_database, spawn_app, spawn_app_with, test_settings},
+    reservations::{race, reserve, stock},
+};
+
+type Call = JoinHandle<Result<tonic::Response<Reservation>, tonic::Status>>;
+
+/// Sends `request` and returns once it waits in the SKU's queue (behind a held leader).
+async fn queue(app: &TestApp, sku: &str, request: ReserveRequest) -> Call {
+    let sku = Sku::parse(sku).unwrap();
+    let before = app.inventory.queued(&sku);
+    let mut client = app.client.clone();
+    let call = tokio::spawn(async move { client.reserve(request).await });
+    while app.inventory.queued(&sku) == before {
+        assert!(
+            !call.is_finished(),
+            "the call was answered instead of queued"
+        );
+        tokio::task::yield_now().await;
+    }
+    call
+}
+
+/// Holds a leader for `sku` at its lease, so that what follows queues behind it.
+async fn hold_leader(app: &TestApp, sku: &str) -> (inventory_core::pause::Held, Call) {
+    let mut held = app.pauses.arm(PausePoint::LeaseGranted);
+    let mut client = app.client.clone();
+    let request = reserve("leader", &[(sku, 1)]);
+    let leader = tokio::spawn(async move { client.reserve(request).await });
+    held.reached().await;
+    (held, leader)
+}
+
+async fn fence_of(app: &TestApp, reservation_id: &str) -> i64 {
+    app.db
+        .query_one(
+            "SELECT fence_token FROM reservation_lines WHERE reservation_id = $1::text::uuid",
+            &[&reservation_id],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_queued_batch_is_decided_in_arrival_order_in_one_transaction() {
+    let app = spawn_app().await;
+    stock(&app, "HOT", 6).await;
+    let (held, leader) = hold_leader(&app, "HOT").await;
+    let a = queue(&app, "HOT", reserve("a", &[("HOT", 3)])).await;
+    let b = queue(&app, "HOT", reserve("b", &[("HOT", 3)])).await;
+    let c = queue(&app, "HOT", reserve("c", &[("HOT", 2)])).await;
+    held.resume();
+
+    let leader = leader.await.unwrap().unwrap().into_inner();
+    // 5 left after the leader: A takes 3, B (3) would overdraw and is refused, C takes 2.
+    let a = a.await.unwrap().unwrap().into_inner();
+    let b = b.await.unwrap().unwrap_err();
+    let c = c.await.unwrap().unwrap().into_inner();
+    assert_eq!(a.state(), ReservationState::Held);
+    assert_eq!(c.state(), ReservationState::Held);
+    assert_eq!(b.code(), Code::FailedPrecondition, "{b:?}");
+    assert_eq!(error_reason(&b), "INSUFFICIENT_STOCK");
+    assert!(b.message().contains("HOT"), "{b:?}");
+    assert_eq!(app.level("HOT").await, (6, 6));
+
+    // A and C went in one transaction (one fencing token), after the leader's.
+    let (fence_leader, fence_a, fence_c) = (
+        fence_of(&app, &leader.reservation_id).await,
+        fence_of(&app, &a.reservation_id).await,
+        fence_of(&app, &c.reservation_id).await,
+    );
+    assert_eq!(fence_a, fence_c);
+    assert!(fence_a > fence_leader);
+
+    // Each is its own reservation, with its own event carrying the level right after it.
+    let levels: Vec<(String, i64, i64)> = app
+        .db
+        .query(
+            "SELECT r.idempotency_key, (o.payload->'levels'->0->>'reserved')::bigint,
+                    (o.payload->'levels'->0->>'version')::bigint
+             FROM outbox o JOIN reservations r USING (reservation_id)
+             WHERE o.event_type = 'RESERVATION_HELD' ORDER BY o.sequence",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    let keys: Vec<&str> = levels.iter().map(|(k, ..)| k.as_str()).collect();
+    assert_eq!(keys, ["leader", "a", "c"]);
+    assert_eq!(levels[1].1, 4);
+    assert_eq!(levels[2].1, 6);
+    assert_eq!(levels[2].2, levels[1].2 + 1, "one version per hold");
+
+    // Every outcome, the refusal included, is stored with its key and replays.
+    let replay_a = app
+        .client
+        .clone()
+        .reserve(reserve("a", &[("HOT", 3)]))
+        .await;
+    assert_eq!(
+        replay_a.unwrap().into_inner().reservation_id,
+        a.reservation_id
+    );
+    let replay_b = app
+        .client
+        .clone()
+        .reserve(reserve("b", &[("HOT", 3)]))
+        .await
+        .unwrap_err();
+    assert_eq!(replay_b.code(), Code::FailedPrecondition);
+    assert_eq!(app.level("HOT").await, (6, 6));
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 3);
+}
+
+#[tokio::test]
+async fn one_key_twice_in_a_queue_reserves_once() {
+    let app = spawn_app().await;
+    stock(&app, "HOT", 10).await;
+    let (held, leader) = hold_leader(&app, "HOT").await;
+    let first = queue(&app, "HOT", reserve("k", &[("HOT", 2)])).await;
+    let retry = queue(&app, "HOT", reserve("k", &[("HOT", 2)])).await;
+    let reused = queue(&app, "HOT", reserve("k", &[("HOT", 5)])).await;
+    let other = queue(&app, "HOT", reserve("other", &[("HOT", 1)])).await;
+    held.resume();
+
+    leader.await.unwrap().unwrap();
+    let first = first.await.unwrap().unwrap().into_inner();
+    let retry = retry.await.unwrap().unwrap().into_inner();
+    assert_eq!(
+        retry.reservation_id, first.reservation_id,
+        "the retry replays"
+    );
+    let reused = reused.await.unwrap().unwrap_err();
+    assert_eq!(reused.code(), Code::AlreadyExists, "{reused:?}");
+    other.await.unwrap().unwrap();
+    assert_eq!(app.level("HOT").await, (10, 4));
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 3);
+}
+
+#[tokio::test]
+async fn a_queued_batch_for_an_unknown_sku_is_refused_and_stored() {
+    let app = spawn_app().await;
+    let mut held = app.pauses.arm(PausePoint::LeaseGranted);
+    let mut client = app.client.clone();
+    let leader = tokio::spawn(async move { client.reserve(reserve("l", &[("NOPE", 1)])).await });
+    held.reached().await;
+    let a = queue(&app, "NOPE", reserve("a", &[("NOPE", 1)])).await;
+    held.resume();
+    for call in [leader, a] {
+        let status = call.await.unwrap().unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM idempotency_keys").await, 2);
+    assert_eq!(app.count("SELECT count(*) FROM stock").await, 0);
+}
+
+#[tokio::test]
+async fn a_multi_line_cart_and_a_queue_on_the_same_sku_share_the_stock_exactly() {
+    let app = spawn_app().await;
+    stock(&app, "HOT", 5).await;
+    stock(&app, "COLD", 5).await;
+    let (held, leader) = hold_leader(&app, "HOT").await;
+    let queued = queue(&app, "HOT", reserve("q", &[("HOT", 2)])).await;
+    // The cart takes the lease in the ordinary way: it waits for the leader's lease too.
+    let mut client = app.client.clone();
+    let cart = tokio::spawn(async move {
+        client
+            .reserve(reserve("cart", &[("COLD", 1), ("HOT", 3)]))
+            .await
+    });
+    held.resume();
+    leader.await.unwrap().unwrap();
+    queued.await.unwrap().unwrap();
+    // 1 + 2 held; the cart's 3 would overdraw HOT, so none of it is held.
+    let cart = cart.await.unwrap().unwrap_err();
+    assert_eq!(cart.code(), Code::FailedPrecondition, "{cart:?}");
+    assert_eq!(app.level("HOT").await, (5, 3));
+    assert_eq!(app.level("COLD").await, (5, 0));
+}
+
+#[tokio::test]
+async fn with_coalescing_off_every_racer_commits_alone() {
+    let mut settings = test_settings(fresh_database().await);
+    settings.coalesce.max_batch = 1;
+    let app = spawn_app_with(settings).await;
+    stock(&app, "TEN", 10).await;
+    let (held, refused) = race(&app, "TEN", 50).await;
+    assert_eq!(held.len(), 10, "{refused:?}");
+    assert!(refused.iter().all(|s| s.code() == Code::FailedPrecondition));
+    assert_eq!(app.level("TEN").await, (10, 10));
+    let fences = app
+        .count("SELECT count(DISTINCT fence_token) FROM reservation_lines WHERE sku = 'TEN'")
+        .await;
+    assert_eq!(fences, 10, "one transaction, one token, per reservation");
+}
+
+#[tokio::test]
+async fn a_lone_request_does_not_linger() {
+    let mut settings = test_settings(fresh_database().await);
+    settings.coalesce.linger = Duration::from_secs(30);
+    let app = spawn_app_with(settings).await;
+    stock(&app, "SKU-1", 10).await;
+    // Nobody else queued: a 30 s linger would show as a timeout here.
+    let alone = tokio::time::timeout(
+        Duration::from_secs(10),
+        app.client
+            .clone()
+            .reserve(reserve("alone", &[("SKU-1", 1)])),
+    )
+    .await
+    .expect("no linger without company");
+    assert!(alone.is_ok());
+}

@@ -4,7 +4,7 @@
 
 SERVICES := deploy/local/services.sh
 
-.PHONY: run test lint stop build
+.PHONY: run test bench lint stop build
 
 run: ## Start PostgreSQL and Redis, migrate, seed demo SKUs and serve (Ctrl-C stops all)
 	@$(SERVICES) run
@@ -12,12 +12,15 @@ run: ## Start PostgreSQL and Redis, migrate, seed demo SKUs and serve (Ctrl-C st
 test: ## Run the whole test suite against throwaway PostgreSQL and Redis
 	@$(SERVICES) test
 
+bench: ## Benchmark suite: pgbench's raw-SQL ceiling against the service, as ratios (~8 min)
+	@$(SERVICES) bench
+
 lint: ## Formatting, clippy (warnings denied), Dockerfile and Kubernetes manifests (offline)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	@$(SERVICES) lint-deploy
 
-stop: ## Stop what `make run` or `make test` started
+stop: ## Stop what `make run`, `make test` or `make bench` started
 	@$(SERVICES) stop
 
 build:

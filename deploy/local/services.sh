@@ -7,6 +7,7 @@
 #
 #   services.sh run     start services, migrate, seed demo SKUs, serve on 127.0.0.1:50051
 #   services.sh test    start services, run the whole test suite, stop them
+#   services.sh bench   start services (durable: fsync on), run the benchmark suite, stop them
 #   services.sh start PROFILE | stop PROFILE | env PROFILE
 #   services.sh grpcurl prints the path of grpcurl, installing it if needed
 #   services.sh lint-deploy   hadolint the Dockerfile, render and validate every overlay
@@ -27,7 +28,8 @@ profile_settings() {
   case "$1" in
     run)  PG_PORT=54320; REDIS_PORT=63790 ;;
     test) PG_PORT=54321; REDIS_PORT=63791 ;;
-    *) die "unknown profile '$1' (run or test)" ;;
+    bench) PG_PORT=54322; REDIS_PORT=63792 ;;
+    *) die "unknown profile '$1' (run, test or bench)" ;;
   esac
   STATE="$ROOT/.local/$1"
   PGDATA_DIR="$STATE/postgres"
@@ -211,6 +213,23 @@ cmd_test() {
   (cd "$ROOT" && "${runner[@]}")
 }
 
+cmd_bench() {
+  PROFILE=bench
+  profile_settings bench
+  ensure_packages
+  start_services
+  trap stop_services EXIT
+  log "building release binaries"
+  (cd "$ROOT" && cargo build --release --locked -p inventory-server -p inventory-bench)
+  log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), PostgreSQL $("$(pg_bin)/postgres" --version | awk '{print $3}') (fsync on), Redis $(redis-server --version | awk '{print $3}' | cut -d= -f2)"
+  (cd "$ROOT" && target/release/inventory-bench suite \
+    --database-url "postgres://postgres@127.0.0.1:$PG_PORT/postgres" \
+    --redis-url "redis://127.0.0.1:$REDIS_PORT" \
+    --server target/release/inventory-server \
+    --pgbench "$(pg_bin)/pgbench" \
+    --out target/bench)
+}
+
 cmd_run() {
   PROFILE=run
   profile_settings run
@@ -265,7 +284,7 @@ EOF
 }
 
 cmd_stop() {
-  for PROFILE in run test; do
+  for PROFILE in run test bench; do
     profile_settings "$PROFILE"
     if [ -f "$STATE/server.pid" ]; then
       kill -TERM "$(cat "$STATE/server.pid")" 2>/dev/null || true
@@ -278,6 +297,7 @@ cmd_stop() {
 case "${1:-}" in
   run) cmd_run ;;
   test) cmd_test ;;
+  bench) cmd_bench ;;
   stop) cmd_stop ;;
   start) PROFILE=${2:?profile}; profile_settings "$PROFILE"; start_services ;;
   env)
@@ -287,5 +307,5 @@ case "${1:-}" in
     ;;
   grpcurl) ensure_packages; ensure_grpcurl ;;
   lint-deploy) cmd_lint_deploy ;;
-  *) sed -n '2,14p' "$0"; exit 2 ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
 esac

@@ -224,3 +224,106 @@ async fn a_lone_request_does_not_linger() {
     .expect("no linger without company");
     assert!(alone.is_ok());
 }
+
+/// Sends a Reserve and returns once its SKU's batch waits for the group commit in progress.
+async fn wait_for_commit(app: &TestApp, request: ReserveRequest) -> Call {
+    let before = app.inventory.groups_waiting();
+    let mut client = app.client.clone();
+    let call = tokio::spawn(async move { client.reserve(request).await });
+    while app.inventory.groups_waiting() == before {
+        assert!(
+            !call.is_finished(),
+            "the call was answered instead of waiting"
+        );
+        tokio::task::yield_now().await;
+    }
+    call
+}
+
+async fn writing_transaction(app: &TestApp, key: &str) -> String {
+    app.db
+        .query_one(
+            "SELECT xmin::text FROM reservations WHERE idempotency_key = $1",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn batches_of_several_skus_share_one_commit_and_a_fenced_one_writes_nothing() {
+    let app = spawn_app().await;
+    for sku in ["A", "B", "C"] {
+        stock(&app, sku, 10).await;
+    }
+    // C's stored fence gets ahead of its Redis counter, which is then lost.
+    app.hold("c-before", &[("C", 1)]).await;
+    let _: i64 = fred::prelude::KeysInterface::del(&app.redis, app.fence_key("C"))
+        .await
+        .unwrap();
+
+    let mut held = app.pauses.arm(PausePoint::GroupCommit);
+    let mut client = app.client.clone();
+    let a = tokio::spawn(async move { client.reserve(reserve("a", &[("A", 2)])).await });
+    held.reached().await;
+    let b = wait_for_commit(&app, reserve("b", &[("B", 3)])).await;
+    let c = wait_for_commit(&app, reserve("c", &[("C", 4)])).await;
+    held.resume();
+
+    for call in [a, b, c] {
+        let reservation = call.await.unwrap().unwrap().into_inner();
+        assert_eq!(reservation.state(), ReservationState::Held);
+    }
+    assert_eq!(app.level("A").await, (10, 2));
+    assert_eq!(app.level("B").await, (10, 3));
+    assert_eq!(app.level("C").await, (10, 5));
+    // A and B in one transaction; C was fenced there (its counter lagged), wrote nothing,
+    // had its claim undone, and committed after its counter was raised.
+    let (ta, tb, tc) = (
+        writing_transaction(&app, "a").await,
+        writing_transaction(&app, "b").await,
+        writing_transaction(&app, "c").await,
+    );
+    assert_eq!(ta, tb);
+    assert_ne!(ta, tc);
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys WHERE key = 'c'")
+            .await,
+        1
+    );
+    // Replays still answer each with its own reservation.
+    let replay = app.hold("b", &[("B", 3)]).await;
+    assert_eq!(app.level("B").await, (10, 3));
+    assert_eq!(replay.state(), ReservationState::Held);
+}
+
+#[tokio::test]
+async fn one_key_in_two_skus_batches_is_not_executed_twice_in_one_commit() {
+    let app = spawn_app().await;
+    for sku in ["L", "A", "B"] {
+        stock(&app, sku, 10).await;
+    }
+    let mut held = app.pauses.arm(PausePoint::GroupCommit);
+    let mut client = app.client.clone();
+    let leader = tokio::spawn(async move { client.reserve(reserve("l", &[("L", 1)])).await });
+    held.reached().await;
+    // The same key for two different requests, on two SKUs: one executes, one conflicts.
+    let first = wait_for_commit(&app, reserve("same", &[("A", 2)])).await;
+    let second = wait_for_commit(&app, reserve("same", &[("B", 2)])).await;
+    held.resume();
+    leader.await.unwrap().unwrap();
+    let results = [first.await.unwrap(), second.await.unwrap()];
+    let held_count = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(held_count, 1, "{results:?}");
+    let conflict = results.iter().find_map(|r| r.as_ref().err()).unwrap();
+    assert_eq!(conflict.code(), Code::AlreadyExists, "{conflict:?}");
+    let (_, a) = app.level("A").await;
+    let (_, b) = app.level("B").await;
+    assert_eq!(
+        a + b,
+        2,
+        "one of the two requests held its units, the other nothing"
+    );
+    assert_eq!(app.level("L").await, (10, 1));
+}

@@ -1,21 +1,28 @@
 //! Hot-SKU coalescing: single-line `Reserve` calls for one SKU in one replica queue behind
-//! one lease, and the lease holder writes the queue in one transaction.
+//! one lease, and the batches of all SKUs that are ready at the same moment are written in
+//! one transaction (group commit).
 //!
 //! Without it, every request for a hot SKU takes the lease and then the row lock in turn,
 //! and the SKU sells no faster than one commit after another. With it, a SKU has at most one
 //! *leader* per replica: the request that found no leader. The leader takes up to
 //! `max_batch` queued requests (in arrival order), takes the lease once, and hands the batch
-//! to [`ReservationStore::reserve_batch`](crate::ports::ReservationStore::reserve_batch),
-//! which decides each request on its own, in order. Requests that arrive meanwhile queue;
-//! when the leader is done it passes leadership to the oldest of them. A lone request is its
-//! own batch of one and never waits for company.
+//! to the replica's [`Committer`]. Requests that arrive meanwhile queue; when the leader is
+//! done it passes leadership to the oldest of them. A lone request is its own batch of one and
+//! never waits for company.
+//!
+//! The committer does the same one level up: the first batch to arrive while no transaction
+//! of this replica's is being written writes, together with every batch that queued in the
+//! meantime (up to [`MAX_GROUPS`]), through
+//! [`ReservationStore::reserve_groups`](crate::ports::ReservationStore::reserve_groups),
+//! which decides each request on its own, in order. One commit then serves many SKUs, which
+//! is what a spread-out load needs: its SKUs are rarely contended, but every commit costs.
 //!
 //! A queued request gives up at its own deadline, and is then removed from the queue under
 //! the same lock the leader takes batches with: a request is either answered by its batch or
 //! left the queue untouched, never both.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -26,7 +33,11 @@ use crate::{
     command::Reserve,
     domain::{Reservation, Sku, Ttl},
     error::Error,
+    ports::{Answers, ReserveGroup, WriteOutcome},
 };
+
+/// Most SKU batches one transaction of the committer writes.
+pub const MAX_GROUPS: usize = 64;
 
 /// How coalescing behaves.
 #[derive(Clone, Debug)]
@@ -229,5 +240,105 @@ impl<'a> Leadership<'a> {
 impl Drop for Leadership<'_> {
     fn drop(&mut self) {
         self.queues.hand_off(self.sku);
+    }
+}
+
+/// What one SKU batch's write came to.
+pub(crate) type GroupOutcome = Result<WriteOutcome<Answers>, Error>;
+
+/// What a batch waiting for the committer is told.
+#[derive(Debug)]
+pub(crate) enum CommitTurn {
+    /// Write the next transaction: here is the batch back, first in it.
+    Lead(ReserveGroup),
+    Done(GroupOutcome),
+}
+
+/// The result of submitting a batch.
+#[derive(Debug)]
+pub(crate) enum Submitted {
+    Lead(ReserveGroup),
+    Wait(oneshot::Receiver<CommitTurn>),
+}
+
+/// A batch queued for the next transaction, with where its outcome goes.
+#[derive(Debug)]
+pub(crate) struct PendingGroup {
+    pub group: ReserveGroup,
+    pub reply: oneshot::Sender<CommitTurn>,
+}
+
+#[derive(Debug, Default)]
+struct CommitState {
+    writing: bool,
+    waiting: VecDeque<PendingGroup>,
+}
+
+/// The replica's group commit: one transaction in flight, the batches that arrive meanwhile
+/// go into the next.
+#[derive(Debug, Default)]
+pub(crate) struct Committer {
+    state: Mutex<CommitState>,
+}
+
+impl Committer {
+    pub fn submit(&self, group: ReserveGroup) -> Submitted {
+        let mut state = self.state.lock().expect("committer lock");
+        if !state.writing {
+            state.writing = true;
+            return Submitted::Lead(group);
+        }
+        let (reply, turn) = oneshot::channel();
+        state.waiting.push_back(PendingGroup { group, reply });
+        Submitted::Wait(turn)
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.state.lock().expect("committer lock").waiting.len()
+    }
+
+    /// The batches queued for the next transaction, oldest first. A batch with an
+    /// idempotency key already in the transaction (`own`'s or an earlier one's) stays queued
+    /// for the one after, where it replays or conflicts as it would alone.
+    pub fn take(&self, max: usize, own: &ReserveGroup) -> Vec<PendingGroup> {
+        let mut state = self.state.lock().expect("committer lock");
+        let key = |c: &Reserve| (c.caller.clone(), c.idempotency_key.clone());
+        let mut keys: HashSet<_> = own.batch.iter().map(|(c, _)| key(c)).collect();
+        let mut taken = Vec::new();
+        let mut kept = VecDeque::new();
+        while let Some(next) = state.waiting.pop_front() {
+            let overlaps = next.group.batch.iter().any(|(c, _)| keys.contains(&key(c)));
+            if taken.len() >= max || overlaps {
+                kept.push_back(next);
+                continue;
+            }
+            keys.extend(next.group.batch.iter().map(|(c, _)| key(c)));
+            taken.push(next);
+        }
+        state.waiting = kept;
+        taken
+    }
+
+    /// The transaction is written: the oldest queued batch writes the next one.
+    pub fn hand_off(&self) {
+        let mut state = self.state.lock().expect("committer lock");
+        while let Some(next) = state.waiting.pop_front() {
+            match next.reply.send(CommitTurn::Lead(next.group)) {
+                Ok(()) => return,
+                // Its leader is gone; nobody waits for this batch.
+                Err(_) => continue,
+            }
+        }
+        state.writing = false;
+    }
+}
+
+/// Writing the committer's transaction; dropping it passes the turn on.
+#[derive(Debug)]
+pub(crate) struct Writing<'a>(pub &'a Committer);
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.hand_off();
     }
 }

@@ -16,6 +16,9 @@ pub enum PausePoint {
     LeaseGranted,
     /// The `Reserve` transaction committed; the response is next.
     Committed,
+    /// A coalesced batch has the replica's group-commit turn; the batches of other SKUs queued
+    /// by now join its transaction next.
+    GroupCommit,
 }
 
 /// The pause points of one service instance.

@@ -41,6 +41,17 @@ pub enum WriteOutcome<T = Result<Reservation, Error>> {
     Fenced(Vec<(Sku, FenceToken)>),
 }
 
+/// One answer per request of a batch, in batch order.
+pub type Answers = Vec<Result<Reservation, Error>>;
+
+/// One SKU's coalesced batch, written under the fencing token of the lease held for it.
+#[derive(Clone, Debug)]
+pub struct ReserveGroup {
+    pub sku: Sku,
+    pub fence: FenceToken,
+    pub batch: Vec<(Reserve, Ttl)>,
+}
+
 /// Reservations in the system of record.
 pub trait ReservationStore: Send + Sync + 'static {
     /// In one transaction: claims the idempotency key (or replays its outcome), then for each
@@ -54,20 +65,20 @@ pub trait ReservationStore: Send + Sync + 'static {
         fences: &[(Sku, FenceToken)],
     ) -> impl Future<Output = Result<WriteOutcome, Error>> + Send;
 
-    /// A batch of single-line reservations of one SKU under one fencing token, in one
-    /// transaction: the stock row is locked once, then each request is decided on its own in
-    /// batch order, exactly as if each ran alone: its idempotency key claimed or replayed, held
-    /// if enough is still available after the requests before it, otherwise refused. One
-    /// conditional update of the stock row, guarded by the fence, applies every hold; each
-    /// hold is its own reservation with its own outbox event. Answers come in batch order.
-    /// `Fenced` (nothing written) if the stored fence is not below `fence`. Every command
-    /// must have exactly one line, of `sku`, and no two may share a caller and key.
-    fn reserve_batch(
+    /// Coalesced reservations, in one transaction: for each group (one SKU, its batch of
+    /// single-line requests and the fencing token of the lease held for it) the stock row is
+    /// locked once (all rows in SKU order), then each request is decided on its own in batch
+    /// order, exactly as if each ran alone: its idempotency key claimed or replayed, held if
+    /// enough is still available after the requests before it, otherwise refused. One
+    /// conditional update per SKU, guarded by the group's fence, applies its holds; each hold
+    /// is its own reservation with its own outbox event. A group whose stored fence is not
+    /// below its token is `Fenced` and writes nothing; the others still commit. One outcome
+    /// per group, in order; answers in batch order. Groups have distinct SKUs, every command
+    /// exactly one line of its group's SKU, and no two commands share a caller and key.
+    fn reserve_groups(
         &self,
-        sku: &Sku,
-        fence: FenceToken,
-        batch: &[(&Reserve, Ttl)],
-    ) -> impl Future<Output = Result<WriteOutcome<Vec<Result<Reservation, Error>>>, Error>> + Send;
+        groups: &[ReserveGroup],
+    ) -> impl Future<Output = Result<Vec<WriteOutcome<Answers>>, Error>> + Send;
 
     /// HELD -> CONFIRMED; a confirmed reservation is returned unchanged.
     fn confirm(

@@ -7,12 +7,15 @@
 use std::time::Instant;
 
 use crate::{
-    coalesce::{CoalesceConfig, Joined, Leadership, Queues, Turn},
+    coalesce::{
+        CoalesceConfig, CommitTurn, Committer, GroupOutcome, Joined, Leadership, MAX_GROUPS,
+        Queues, Submitted, Turn, Writing,
+    },
     command::{AdjustStock, GetStock, ReservationRef, Reserve},
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
     pause::{PausePoint, PausePoints},
-    ports::{Lease, LeaseService, ReservationStore, StockStore, WriteOutcome},
+    ports::{Lease, LeaseService, ReservationStore, ReserveGroup, StockStore, WriteOutcome},
 };
 
 /// How many times one `Reserve` raises lagging fence counters and tries again before giving
@@ -34,6 +37,7 @@ pub struct Inventory<S, L> {
     config: InventoryConfig,
     pauses: PausePoints,
     queues: Queues,
+    committer: Committer,
 }
 
 impl<S, L> Inventory<S, L>
@@ -48,12 +52,18 @@ where
             config,
             pauses: PausePoints::default(),
             queues: Queues::default(),
+            committer: Committer::default(),
         }
     }
 
     /// How many `Reserve` calls wait in this replica's queue for `sku` behind its leader.
     pub fn queued(&self, sku: &Sku) -> usize {
         self.queues.queued(sku)
+    }
+
+    /// How many SKU batches of this replica wait for the group commit in progress.
+    pub fn groups_waiting(&self) -> usize {
+        self.committer.waiting()
     }
 
     /// The pause points of this instance, for tests to arm.
@@ -149,10 +159,9 @@ where
             .iter()
             .map(|q| q.deadline)
             .fold(deadline, Instant::max);
-        let batch: Vec<(&Reserve, Ttl)> = std::iter::once((command, ttl))
-            .chain(queued.iter().map(|q| (&q.command, q.ttl)))
+        let batch: Vec<(Reserve, Ttl)> = std::iter::once((command.clone(), ttl))
+            .chain(queued.iter().map(|q| (q.command.clone(), q.ttl)))
             .collect();
-        let store = &self.store;
         let batch_ref = &batch;
         let written = self
             .fenced_write(
@@ -160,7 +169,12 @@ where
                 batch_deadline,
                 |fences| async move {
                     let (_, fence) = fences[0];
-                    store.reserve_batch(sku, fence, batch_ref).await
+                    self.commit(ReserveGroup {
+                        sku: sku.clone(),
+                        fence,
+                        batch: batch_ref.clone(),
+                    })
+                    .await
                 },
             )
             .await
@@ -185,6 +199,60 @@ where
             Err(error) => {
                 for waiter in queued {
                     waiter.answer(Err(error.replicate()));
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Writes one SKU's batch through the replica's group commit: in the transaction being
+    /// assembled now, with whichever other SKUs' batches are ready.
+    async fn commit(&self, group: ReserveGroup) -> GroupOutcome {
+        let own = match self.committer.submit(group) {
+            Submitted::Lead(group) => group,
+            Submitted::Wait(turn) => match turn.await {
+                Ok(CommitTurn::Done(outcome)) => return outcome,
+                Ok(CommitTurn::Lead(group)) => group,
+                Err(_) => return Err(Error::internal("group commit ended without answering")),
+            },
+        };
+        let _writing = Writing(&self.committer);
+        self.pauses.reach(PausePoint::GroupCommit).await;
+        let (others, replies): (Vec<_>, Vec<_>) = self
+            .committer
+            .take(MAX_GROUPS - 1, &own)
+            .into_iter()
+            .map(|pending| (pending.group, pending.reply))
+            .unzip();
+        let groups: Vec<ReserveGroup> = std::iter::once(own).chain(others).collect();
+        let outcomes = self
+            .store
+            .reserve_groups(&groups)
+            .await
+            .and_then(|outcomes| {
+                if outcomes.len() == groups.len() {
+                    Ok(outcomes)
+                } else {
+                    Err(Error::internal(
+                        "a group commit returned the wrong number of outcomes",
+                    ))
+                }
+            });
+        let answer = |reply: tokio::sync::oneshot::Sender<CommitTurn>, outcome| {
+            let _ = reply.send(CommitTurn::Done(outcome));
+        };
+        match outcomes {
+            Ok(outcomes) => {
+                let mut outcomes = outcomes.into_iter();
+                let own = outcomes.next().expect("the leader's outcome comes first");
+                for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                    answer(reply, Ok(outcome));
+                }
+                Ok(own)
+            }
+            Err(error) => {
+                for reply in replies {
+                    answer(reply, Err(error.replicate()));
                 }
                 Err(error)
             }

@@ -1,20 +1,22 @@
-//! The coalesced `Reserve`: many single-line requests of one SKU in one transaction.
+//! The coalesced `Reserve`: the batches of several SKUs (each many single-line requests) in
+//! one transaction.
 //!
-//! The transaction takes four round trips whatever the batch size, because each step sends
-//! its statements together (tokio-postgres pipelines queries issued concurrently on one
+//! The transaction takes four round trips whatever its size, because each step sends its
+//! statements together (tokio-postgres pipelines queries issued concurrently on one
 //! connection) and every per-request statement is one array statement (`unnest`):
 //!
 //! 1. `BEGIN`
 //! 2. claim every idempotency key, read the outcomes stored for keys already used, lock the
-//!    stock row (`FOR UPDATE`) — in this order, the same order as the one-request path (keys,
-//!    then stock), with keys sorted, so two transactions never wait on each other in a cycle;
-//! 3. decide each request in batch order in memory, then write: one conditional update of the
-//!    stock row guarded by the fence, the reservations, their lines, their outbox events and
-//!    every request's outcome;
+//!    stock rows (`FOR UPDATE`, in SKU order) — in this order, the same order as the
+//!    one-request path (keys, then stock), with keys sorted, so two transactions never wait on
+//!    each other in a cycle;
+//! 3. set fenced groups aside (their claims are deleted again), decide each request in batch
+//!    order in memory, then write: one conditional update per SKU guarded by its group's fence,
+//!    the reservations, their lines, their outbox events and every request's outcome;
 //! 4. `COMMIT`.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     time::{Duration, SystemTime},
 };
 
@@ -22,9 +24,9 @@ use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
     command::Reserve,
-    domain::{FenceToken, Reservation, ReservationId, ReservationState, Sku, StockLevel, Ttl},
+    domain::{FenceToken, Reservation, ReservationId, ReservationState, Sku, StockLevel},
     error::Shortfall,
-    ports::WriteOutcome,
+    ports::{Answers, ReserveGroup, WriteOutcome},
 };
 
 use crate::{
@@ -33,9 +35,6 @@ use crate::{
     outbox,
     reserve::{RESERVE, ReserveOutcome},
 };
-
-/// One answer per request of a batch, in batch order.
-type Answers = Vec<Result<Reservation, Error>>;
 
 type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync + 'a);
 
@@ -52,15 +51,23 @@ const READ_STORED: &str = "
     JOIN unnest($1::text[], $2::text[]) AS u(caller, key) USING (caller, key)
     WHERE k.outcome IS NOT NULL";
 
+/// Rows are locked as the sort returns them: in SKU order, like every other writer.
 const LOCK_STOCK: &str = "
-    SELECT now(), on_hand, reserved, version, fence_token FROM stock WHERE sku = $1 FOR UPDATE";
+    SELECT sku, now(), on_hand, reserved, version, fence_token FROM stock
+    WHERE sku = ANY($1) ORDER BY sku FOR UPDATE";
 
-/// Every hold of the batch at once. The guards repeat what the locked row already showed:
-/// should they ever not hold, no row comes back and the transaction is abandoned.
+const UNCLAIM: &str = "
+    DELETE FROM idempotency_keys k USING unnest($1::text[], $2::text[]) AS u(caller, key)
+    WHERE k.caller = u.caller AND k.key = u.key";
+
+/// Every hold of every SKU at once. The guards repeat what the locked rows already showed:
+/// should they ever not hold, fewer rows change and the transaction is abandoned.
 const HOLD: &str = "
-    UPDATE stock
-    SET reserved = reserved + $2, fence_token = $3, version = version + $4, updated_at = now()
-    WHERE sku = $1 AND fence_token < $3 AND on_hand - reserved >= $2";
+    UPDATE stock s
+    SET reserved = s.reserved + u.units, fence_token = u.fence, version = s.version + u.holds,
+        updated_at = now()
+    FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS u(sku, units, fence, holds)
+    WHERE s.sku = u.sku AND s.fence_token < u.fence AND s.on_hand - s.reserved >= u.units";
 
 const INSERT_RESERVATIONS: &str = "
     INSERT INTO reservations
@@ -71,7 +78,7 @@ const INSERT_RESERVATIONS: &str = "
 
 const INSERT_LINES: &str = "
     INSERT INTO reservation_lines (reservation_id, sku, quantity, fence_token)
-    SELECT u.id, $2, u.quantity, $3 FROM unnest($1::uuid[], $4::bigint[]) AS u(id, quantity)";
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bigint[])";
 
 const APPEND_EVENTS: &str = "
     INSERT INTO outbox (event_id, event_type, reservation_id, payload)
@@ -83,7 +90,7 @@ const RECORD_OUTCOMES: &str = "
     FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS u(caller, key, outcome)
     WHERE k.caller = u.caller AND k.key = u.key";
 
-/// The stock row as locked, and the transaction's clock.
+/// A stock row as locked, and the transaction's clock.
 struct Locked {
     now: SystemTime,
     level: StockLevel,
@@ -94,18 +101,31 @@ struct Locked {
 struct Hold<'a> {
     command: &'a Reserve,
     reservation: Reservation,
+    fence: FenceToken,
     /// The SKU's level right after this hold.
     level: StockLevel,
 }
 
+type Key = (String, String);
+
+/// A request's answer, and whether this transaction executed it (so stores its outcome).
+type Decided = (Result<Reservation, Error>, bool);
+
+fn key_of(command: &Reserve) -> Key {
+    (
+        command.caller.as_str().to_owned(),
+        command.idempotency_key.as_str().to_owned(),
+    )
+}
+
 impl PgStore {
-    #[tracing::instrument(name = "sql.reserve_batch", skip_all, fields(%sku, batch = batch.len()))]
-    pub(crate) async fn write_batch(
+    #[tracing::instrument(name = "sql.reserve_batch", skip_all, fields(skus = groups.len(), batch))]
+    pub(crate) async fn write_groups(
         &self,
-        sku: &Sku,
-        fence: FenceToken,
-        batch: &[(&Reserve, Ttl)],
-    ) -> Result<WriteOutcome<Answers>, Error> {
+        groups: &[ReserveGroup],
+    ) -> Result<Vec<WriteOutcome<Answers>>, Error> {
+        let requests: usize = groups.iter().map(|g| g.batch.len()).sum();
+        tracing::Span::current().record("batch", requests);
         let mut client = self.pool().get().await.map_err(from_pool)?;
         let tx = client.transaction().await.map_err(from_db)?;
         let (claim, read, lock) = tokio::try_join!(
@@ -116,8 +136,9 @@ impl PgStore {
         .map_err(from_db)?;
 
         // Keys in sorted order: the order their row locks are taken in.
-        let mut keys: Vec<(&str, &str, Vec<u8>)> = batch
+        let mut keys: Vec<(&str, &str, Vec<u8>)> = groups
             .iter()
+            .flat_map(|g| &g.batch)
             .map(|(c, _)| {
                 (
                     c.caller.as_str(),
@@ -131,40 +152,23 @@ impl PgStore {
         let names: Vec<&str> = keys.iter().map(|k| k.1).collect();
         let fingerprints: Vec<&[u8]> = keys.iter().map(|k| k.2.as_slice()).collect();
         let operations = vec![RESERVE; keys.len()];
+        let skus: Vec<&str> = groups.iter().map(|g| g.sku.as_str()).collect();
 
-        let sku_name = sku.as_str();
         let claim_params: [Param<'_>; 4] = [&callers, &names, &operations, &fingerprints];
         let read_params: [Param<'_>; 2] = [&callers, &names];
-        let lock_params: [Param<'_>; 1] = [&sku_name];
-        let (claimed, stored, row) = tokio::try_join!(
+        let lock_params: [Param<'_>; 1] = [&skus];
+        let (claimed, stored, rows) = tokio::try_join!(
             tx.query(&claim, &claim_params),
             tx.query(&read, &read_params),
-            tx.query_opt(&lock, &lock_params),
+            tx.query(&lock, &lock_params),
         )
         .map_err(from_db)?;
-        let locked = row.map(|row| Locked {
-            now: row.get(0),
-            level: StockLevel {
-                sku: sku.clone(),
-                on_hand: row.get(1),
-                reserved: row.get(2),
-                version: row.get(3),
-            },
-            fence: FenceToken::new(row.get(4)),
-        });
-        if let Some(locked) = &locked
-            && locked.fence >= fence
-        {
-            crate::metrics::store().fence_rejected.add(1, &[]);
-            // Dropping the transaction rolls back the claims: a lost lease is transient.
-            return Ok(WriteOutcome::Fenced(vec![(sku.clone(), locked.fence)]));
-        }
-        let claimed: Vec<(String, String)> = claimed
+        let mut claimed: HashSet<Key> = claimed
             .iter()
             .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
             .collect::<Result<_, tokio_postgres::Error>>()
             .map_err(Error::internal)?;
-        let mut stored: HashMap<(String, String), (Vec<u8>, serde_json::Value)> = stored
+        let mut stored: HashMap<Key, (Vec<u8>, serde_json::Value)> = stored
             .iter()
             .map(|row| {
                 Ok((
@@ -174,171 +178,245 @@ impl PgStore {
             })
             .collect::<Result<_, tokio_postgres::Error>>()
             .map_err(Error::internal)?;
-
-        let (answers, holds) = decide(sku, batch, &claimed, &mut stored, locked.as_ref())?;
-        let outcomes: Vec<(&Reserve, serde_json::Value)> = batch
-            .iter()
-            .zip(&answers)
-            .filter(|((command, _), _)| {
-                claimed.iter().any(|(caller, key)| {
-                    caller == command.caller.as_str() && key == command.idempotency_key.as_str()
-                })
-            })
-            .map(|((command, _), answer)| {
-                serde_json::to_value(ReserveOutcome::of(answer))
-                    .map(|value| (*command, value))
-                    .map_err(Error::internal)
-            })
-            .collect::<Result<_, _>>()?;
-        self.write_decisions(&tx, sku, fence, &holds, &outcomes)
-            .await?;
-        tx.commit().await.map_err(from_db)?;
+        let mut locked: HashMap<String, Locked> = HashMap::new();
+        for row in &rows {
+            let sku: String = row.try_get(0).map_err(Error::internal)?;
+            let level = StockLevel {
+                sku: Sku::parse(&sku).map_err(Error::internal)?,
+                on_hand: row.try_get(2).map_err(Error::internal)?,
+                reserved: row.try_get(3).map_err(Error::internal)?,
+                version: row.try_get(4).map_err(Error::internal)?,
+            };
+            let entry = Locked {
+                now: row.try_get(1).map_err(Error::internal)?,
+                level,
+                fence: FenceToken::new(row.try_get(5).map_err(Error::internal)?),
+            };
+            locked.insert(sku, entry);
+        }
 
         let metrics = crate::metrics::store();
-        metrics.batch_size.record(batch.len() as u64, &[]);
+        let mut outcomes: Vec<WriteOutcome<Answers>> = Vec::with_capacity(groups.len());
+        let mut holds: Vec<Hold<'_>> = Vec::new();
+        let mut unclaim: Vec<&Reserve> = Vec::new();
+        let mut records: Vec<(&Reserve, serde_json::Value)> = Vec::new();
+        for group in groups {
+            let row = locked.get(group.sku.as_str());
+            if let Some(row) = row
+                && row.fence >= group.fence
+            {
+                metrics.fence_rejected.add(1, &[]);
+                // A lost lease is transient: this group's claims are undone, nothing stored.
+                unclaim.extend(
+                    group
+                        .batch
+                        .iter()
+                        .map(|(c, _)| c)
+                        .filter(|c| claimed.contains(&key_of(c))),
+                );
+                outcomes.push(WriteOutcome::Fenced(vec![(group.sku.clone(), row.fence)]));
+                continue;
+            }
+            let mut answers = Vec::with_capacity(group.batch.len());
+            for ((command, _), (answer, executed)) in
+                group
+                    .batch
+                    .iter()
+                    .zip(decide(group, &mut claimed, &mut stored, row, &mut holds)?)
+            {
+                if executed {
+                    let value = serde_json::to_value(ReserveOutcome::of(&answer))
+                        .map_err(Error::internal)?;
+                    records.push((command, value));
+                }
+                answers.push(answer);
+            }
+            outcomes.push(WriteOutcome::Answered(answers));
+        }
+        write_decisions(&tx, &holds, &records, &unclaim).await?;
+        tx.commit().await.map_err(from_db)?;
+
+        metrics.batch_size.record(requests as u64, &[]);
         if !holds.is_empty() {
             self.outbox_written();
         }
-        for answer in &answers {
-            crate::metrics::reservation(if answer.is_ok() { "HELD" } else { "REFUSED" });
-        }
-        Ok(WriteOutcome::Answered(answers))
-    }
-
-    /// Step 3: every write of the batch, sent together.
-    async fn write_decisions(
-        &self,
-        tx: &Transaction<'_>,
-        sku: &Sku,
-        fence: FenceToken,
-        holds: &[Hold<'_>],
-        outcomes: &[(&Reserve, serde_json::Value)],
-    ) -> Result<(), Error> {
-        let (hold, reservations, lines, events, record) = tokio::try_join!(
-            tx.prepare_cached(HOLD),
-            tx.prepare_cached(INSERT_RESERVATIONS),
-            tx.prepare_cached(INSERT_LINES),
-            tx.prepare_cached(APPEND_EVENTS),
-            tx.prepare_cached(RECORD_OUTCOMES),
-        )
-        .map_err(from_db)?;
-        let units: i64 = holds
-            .iter()
-            .map(|h| h.reservation.lines[0].quantity.get())
-            .sum();
-        let ids: Vec<uuid::Uuid> = holds.iter().map(|h| h.reservation.id.as_uuid()).collect();
-        let order_ids: Vec<&str> = holds
-            .iter()
-            .map(|h| h.reservation.order_id.as_str())
-            .collect();
-        let hold_callers: Vec<&str> = holds.iter().map(|h| h.command.caller.as_str()).collect();
-        let hold_keys: Vec<&str> = holds
-            .iter()
-            .map(|h| h.command.idempotency_key.as_str())
-            .collect();
-        let expires: Vec<SystemTime> = holds.iter().map(|h| h.reservation.expires_at).collect();
-        let quantities: Vec<i64> = holds
-            .iter()
-            .map(|h| h.reservation.lines[0].quantity.get())
-            .collect();
-        let event_ids: Vec<uuid::Uuid> = holds.iter().map(|_| uuid::Uuid::new_v4()).collect();
-        let payloads: Vec<serde_json::Value> = holds
-            .iter()
-            .map(|h| outbox::reservation_payload(&h.reservation, std::slice::from_ref(&h.level)))
-            .collect();
-        let outcome_callers: Vec<&str> = outcomes.iter().map(|(c, _)| c.caller.as_str()).collect();
-        let outcome_keys: Vec<&str> = outcomes
-            .iter()
-            .map(|(c, _)| c.idempotency_key.as_str())
-            .collect();
-        let outcome_values: Vec<&serde_json::Value> = outcomes.iter().map(|(_, v)| v).collect();
-        let held = holds.len() as i64;
-        let fence = fence.get();
-
-        let sku_name = sku.as_str();
-        let hold_params: [Param<'_>; 4] = [&sku_name, &units, &fence, &held];
-        let reservation_params: [Param<'_>; 5] =
-            [&ids, &order_ids, &hold_callers, &hold_keys, &expires];
-        let line_params: [Param<'_>; 4] = [&ids, &sku_name, &fence, &quantities];
-        let event_params: [Param<'_>; 3] = [&event_ids, &ids, &payloads];
-        let record_params: [Param<'_>; 3] = [&outcome_callers, &outcome_keys, &outcome_values];
-        let write_holds = async {
-            if holds.is_empty() {
-                return Ok(1);
+        for outcome in &outcomes {
+            if let WriteOutcome::Answered(answers) = outcome {
+                for answer in answers {
+                    crate::metrics::reservation(if answer.is_ok() { "HELD" } else { "REFUSED" });
+                }
             }
-            let (updated, ..) = tokio::try_join!(
-                tx.execute(&hold, &hold_params),
-                tx.execute(&reservations, &reservation_params),
-                tx.execute(&lines, &line_params),
-                tx.execute(&events, &event_params),
-            )?;
-            Ok(updated)
-        };
-        let (updated, _) =
-            tokio::try_join!(write_holds, tx.execute(&record, &record_params)).map_err(from_db)?;
-        if updated != 1 {
-            return Err(Error::internal(
-                "the locked stock row no longer matched its guards",
-            ));
         }
-        Ok(())
+        Ok(outcomes)
     }
 }
 
-/// Decides every request of the batch in order: replay, refusal or hold, the way each would
-/// have gone alone after the ones before it.
+/// Step 3: every write of the transaction, sent together.
+async fn write_decisions(
+    tx: &Transaction<'_>,
+    holds: &[Hold<'_>],
+    records: &[(&Reserve, serde_json::Value)],
+    unclaim: &[&Reserve],
+) -> Result<(), Error> {
+    let (hold, reservations, lines, events, record, undo) = tokio::try_join!(
+        tx.prepare_cached(HOLD),
+        tx.prepare_cached(INSERT_RESERVATIONS),
+        tx.prepare_cached(INSERT_LINES),
+        tx.prepare_cached(APPEND_EVENTS),
+        tx.prepare_cached(RECORD_OUTCOMES),
+        tx.prepare_cached(UNCLAIM),
+    )
+    .map_err(from_db)?;
+
+    // Per SKU: units, fence and number of holds, for the one UPDATE.
+    let mut per_sku: Vec<(&str, i64, i64, i64)> = Vec::new();
+    for h in holds {
+        let sku = h.reservation.lines[0].sku.as_str();
+        let units = h.reservation.lines[0].quantity.get();
+        match per_sku.iter_mut().find(|(s, ..)| *s == sku) {
+            Some(entry) => {
+                entry.1 += units;
+                entry.3 += 1;
+            }
+            None => per_sku.push((sku, units, h.fence.get(), 1)),
+        }
+    }
+    let hold_skus: Vec<&str> = per_sku.iter().map(|p| p.0).collect();
+    let hold_units: Vec<i64> = per_sku.iter().map(|p| p.1).collect();
+    let hold_fences: Vec<i64> = per_sku.iter().map(|p| p.2).collect();
+    let hold_counts: Vec<i64> = per_sku.iter().map(|p| p.3).collect();
+
+    let ids: Vec<uuid::Uuid> = holds.iter().map(|h| h.reservation.id.as_uuid()).collect();
+    let order_ids: Vec<&str> = holds
+        .iter()
+        .map(|h| h.reservation.order_id.as_str())
+        .collect();
+    let callers: Vec<&str> = holds.iter().map(|h| h.command.caller.as_str()).collect();
+    let keys: Vec<&str> = holds
+        .iter()
+        .map(|h| h.command.idempotency_key.as_str())
+        .collect();
+    let expires: Vec<SystemTime> = holds.iter().map(|h| h.reservation.expires_at).collect();
+    let line_skus: Vec<&str> = holds
+        .iter()
+        .map(|h| h.reservation.lines[0].sku.as_str())
+        .collect();
+    let quantities: Vec<i64> = holds
+        .iter()
+        .map(|h| h.reservation.lines[0].quantity.get())
+        .collect();
+    let line_fences: Vec<i64> = holds.iter().map(|h| h.fence.get()).collect();
+    let event_ids: Vec<uuid::Uuid> = holds.iter().map(|_| uuid::Uuid::new_v4()).collect();
+    let payloads: Vec<serde_json::Value> = holds
+        .iter()
+        .map(|h| outbox::reservation_payload(&h.reservation, std::slice::from_ref(&h.level)))
+        .collect();
+    let record_callers: Vec<&str> = records.iter().map(|(c, _)| c.caller.as_str()).collect();
+    let record_keys: Vec<&str> = records
+        .iter()
+        .map(|(c, _)| c.idempotency_key.as_str())
+        .collect();
+    let record_values: Vec<&serde_json::Value> = records.iter().map(|(_, v)| v).collect();
+    let undo_callers: Vec<&str> = unclaim.iter().map(|c| c.caller.as_str()).collect();
+    let undo_keys: Vec<&str> = unclaim.iter().map(|c| c.idempotency_key.as_str()).collect();
+
+    let hold_params: [Param<'_>; 4] = [&hold_skus, &hold_units, &hold_fences, &hold_counts];
+    let reservation_params: [Param<'_>; 5] = [&ids, &order_ids, &callers, &keys, &expires];
+    let line_params: [Param<'_>; 4] = [&ids, &line_skus, &quantities, &line_fences];
+    let event_params: [Param<'_>; 3] = [&event_ids, &ids, &payloads];
+    let record_params: [Param<'_>; 3] = [&record_callers, &record_keys, &record_values];
+    let undo_params: [Param<'_>; 2] = [&undo_callers, &undo_keys];
+    let write_holds = async {
+        if holds.is_empty() {
+            return Ok(0);
+        }
+        let (updated, ..) = tokio::try_join!(
+            tx.execute(&hold, &hold_params),
+            tx.execute(&reservations, &reservation_params),
+            tx.execute(&lines, &line_params),
+            tx.execute(&events, &event_params),
+        )?;
+        Ok(updated)
+    };
+    let write_records = async {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        tx.execute(&record, &record_params).await
+    };
+    let undo_claims = async {
+        if unclaim.is_empty() {
+            return Ok(0);
+        }
+        tx.execute(&undo, &undo_params).await
+    };
+    let (updated, ..) =
+        tokio::try_join!(write_holds, write_records, undo_claims).map_err(from_db)?;
+    if updated != per_sku.len() as u64 {
+        return Err(Error::internal(
+            "the locked stock rows no longer matched their guards",
+        ));
+    }
+    Ok(())
+}
+
+/// Decides every request of one SKU's batch in order: replay, refusal or hold, the way each
+/// would have gone alone after the ones before it. Holds are appended to `holds`. Each answer
+/// comes with whether this transaction executed the request (claimed its key), so that its
+/// outcome is to be stored; a claimed key is used up by the first request that has it.
 fn decide<'a>(
-    sku: &Sku,
-    batch: &[(&'a Reserve, Ttl)],
-    claimed: &[(String, String)],
-    stored: &mut HashMap<(String, String), (Vec<u8>, serde_json::Value)>,
+    group: &'a ReserveGroup,
+    claimed: &mut HashSet<Key>,
+    stored: &mut HashMap<Key, (Vec<u8>, serde_json::Value)>,
     locked: Option<&Locked>,
-) -> Result<(Answers, Vec<Hold<'a>>), Error> {
+    holds: &mut Vec<Hold<'a>>,
+) -> Result<Vec<Decided>, Error> {
     let metrics = crate::metrics::store();
+    let sku = &group.sku;
     let mut level = locked.map(|l| l.level.clone());
-    let mut answers = Vec::with_capacity(batch.len());
-    let mut holds = Vec::new();
-    for (command, ttl) in batch {
-        let key = (
-            command.caller.as_str().to_owned(),
-            command.idempotency_key.as_str().to_owned(),
-        );
+    let mut answers = Vec::with_capacity(group.batch.len());
+    for (command, ttl) in &group.batch {
+        let key = key_of(command);
         if let Some((fingerprint, outcome)) = stored.remove(&key) {
             if fingerprint != command.fingerprint().as_bytes() {
                 metrics
                     .conflicts
                     .add(1, &crate::metrics::operation(RESERVE));
-                answers.push(Err(Error::IdempotencyKeyReused));
+                answers.push((Err(Error::IdempotencyKeyReused), false));
             } else {
                 metrics.replays.add(1, &crate::metrics::operation(RESERVE));
                 let outcome: ReserveOutcome =
                     serde_json::from_value(outcome).map_err(Error::internal)?;
-                answers.push(outcome.into_result()?);
+                answers.push((outcome.into_result()?, false));
             }
             continue;
         }
-        if !claimed.contains(&key) {
-            // Neither claimed nor stored: retention removed the record in between, or the
-            // batch held the key twice. Retrying the request settles it.
-            answers.push(Err(Error::internal(
-                "idempotency key neither claimed nor stored",
-            )));
+        if !claimed.remove(&key) {
+            // Neither claimed nor stored: retention removed the record in between, or two
+            // requests shared the key. Retrying the request settles it.
+            answers.push((
+                Err(Error::internal(
+                    "idempotency key neither claimed nor stored",
+                )),
+                false,
+            ));
             continue;
         }
         let line = &command.lines()[0];
-        debug_assert_eq!(&line.sku, sku, "a batch holds one SKU");
+        debug_assert_eq!(&line.sku, sku, "a group holds one SKU");
         let (Some(level), Some(locked)) = (level.as_mut(), locked) else {
-            answers.push(Err(Error::UnknownSkus(vec![sku.clone()])));
+            answers.push((Err(Error::UnknownSkus(vec![sku.clone()])), true));
             continue;
         };
         let units = line.quantity.get();
         if units > level.available() {
             metrics.insufficient.add(1, &[]);
-            answers.push(Err(Error::InsufficientStock(vec![Shortfall {
+            let shortfall = Shortfall {
                 sku: sku.clone(),
                 requested: units,
                 available: level.available(),
-            }])));
+            };
+            answers.push((Err(Error::InsufficientStock(vec![shortfall])), true));
             continue;
         }
         level.reserved += units;
@@ -353,12 +431,13 @@ fn decide<'a>(
             created_at: locked.now,
             expires_at: locked.now + ttl,
         };
-        answers.push(Ok(reservation.clone()));
+        answers.push((Ok(reservation.clone()), true));
         holds.push(Hold {
             command,
             reservation,
+            fence: group.fence,
             level: level.clone(),
         });
     }
-    Ok((answers, holds))
+    Ok(answers)
 }

@@ -11,7 +11,7 @@ use inventory_core::{
         StockLevel, Ttl,
     },
     error::Shortfall,
-    ports::{ReservationStore, WriteOutcome},
+    ports::{Answers, ReservationStore, ReserveGroup, WriteOutcome},
 };
 use serde::{Deserialize, Serialize};
 
@@ -288,13 +288,11 @@ impl ReservationStore for PgStore {
         Ok(WriteOutcome::Answered(result))
     }
 
-    async fn reserve_batch(
+    async fn reserve_groups(
         &self,
-        sku: &Sku,
-        fence: FenceToken,
-        batch: &[(&Reserve, Ttl)],
-    ) -> Result<WriteOutcome<Vec<Result<Reservation, Error>>>, Error> {
-        self.write_batch(sku, fence, batch).await
+        groups: &[ReserveGroup],
+    ) -> Result<Vec<WriteOutcome<Answers>>, Error> {
+        self.write_groups(groups).await
     }
 
     #[tracing::instrument(name = "sql.confirm", skip_all, fields(reservation_id = %target.id))]

@@ -1,0 +1,34 @@
+-- The service's one-request Reserve transaction (crates/inventory-postgres/src/reserve.rs),
+-- statement for statement, for pgbench: the raw-SQL ceiling the service is measured
+-- against. No lease, no gRPC: only what PostgreSQL must do for one reservation.
+--   pgbench -n -M prepared -D skus=N -f reserve_one.sql
+\set n random(0, :skus - 1)
+\set k random(1, 1000000000000)
+BEGIN;
+INSERT INTO idempotency_keys (caller, key, operation, fingerprint)
+    VALUES ('pgbench', 'k' || :client_id::text || '-' || :k::text, 'Reserve', sha256(('k' || :k::text)::bytea))
+    ON CONFLICT (caller, key) DO NOTHING;
+SAVEPOINT lines;
+UPDATE stock
+    SET reserved = reserved + 1, fence_token = fence_token + 1, version = version + 1, updated_at = now()
+    WHERE sku = 'P-' || :n::text AND on_hand - reserved >= 1
+    RETURNING on_hand, reserved, version;
+RELEASE SAVEPOINT lines;
+INSERT INTO reservations (reservation_id, order_id, state, caller, idempotency_key, expires_at)
+    VALUES (gen_random_uuid(), 'o-' || :k::text, 'HELD', 'pgbench', 'k' || :client_id::text || '-' || :k::text,
+            now() + make_interval(secs => 3600))
+    RETURNING reservation_id AS rid, created_at, expires_at \gset
+INSERT INTO reservation_lines (reservation_id, sku, quantity, fence_token)
+    SELECT :rid::uuid, * FROM unnest(ARRAY['P-' || :n::text], ARRAY[1::bigint], ARRAY[1::bigint]);
+INSERT INTO outbox (event_id, event_type, reservation_id, payload)
+    VALUES (gen_random_uuid(), 'RESERVATION_HELD', :rid::uuid,
+            jsonb_build_object('order_id', 'o-' || :k::text, 'state', 'HELD',
+                'lines', jsonb_build_array(jsonb_build_object('sku', 'P-' || :n::text, 'quantity', 1)),
+                'levels', jsonb_build_array(jsonb_build_object('sku', 'P-' || :n::text, 'on_hand', 1000000000,
+                    'reserved', 1, 'version', 1))));
+UPDATE idempotency_keys
+    SET outcome = jsonb_build_object('outcome', 'held', 'reservation', jsonb_build_object(
+        'reservation_id', :rid::uuid, 'order_id', 'o-' || :k::text, 'lines', jsonb_build_array(jsonb_build_array('P-' || :n::text, 1)),
+        'created_at_micros', 0, 'expires_at_micros', 0))
+    WHERE caller = 'pgbench' AND key = 'k' || :client_id::text || '-' || :k::text;
+COMMIT;

@@ -1,0 +1,12 @@
+//! Load generator and benchmark suite for `inventory-server`.
+//!
+//! - [`load`] — scenarios (`uniform`, `hot`, `zipf`, `race`) driven over gRPC, every call
+//!   recorded.
+//! - [`audit`] — the oversell audit over what the service and PostgreSQL hold afterwards.
+//! - [`report`] — latency percentiles (HDR histogram), JSON results and an SVG chart.
+//! - [`suite`] — `make bench`: pgbench's raw-SQL ceiling against the service, as ratios.
+
+pub mod audit;
+pub mod load;
+pub mod report;
+pub mod suite;

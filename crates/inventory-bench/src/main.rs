@@ -1,0 +1,202 @@
+//! `inventory-bench run` drives one scenario against a running service; `inventory-bench
+//! suite` is what `make bench` runs.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+use inventory_bench::{
+    audit,
+    load::{self, LoadConfig, Scenario},
+    report::{RunResult, svg},
+    suite::{self, SuiteConfig},
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "inventory-bench",
+    version,
+    about = "Load generator for inventory-server"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one scenario against a running service, audit it, write JSON and SVG.
+    Run(Box<RunArgs>),
+    /// The benchmark suite: pgbench's raw-SQL ceiling, then the service, as ratios.
+    Suite(SuiteArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The service, e.g. http://127.0.0.1:50051.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    addr: String,
+    #[arg(long, value_enum, default_value_t = Scenario::Hot)]
+    scenario: Scenario,
+    /// Calls in flight at once.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// HTTP/2 connections the calls are spread over.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Units each Reserve asks for.
+    #[arg(long, default_value_t = 1)]
+    quantity: i64,
+    /// Hold each Reserve asks for.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// SKUs of `uniform` and `zipf`.
+    #[arg(long, default_value_t = 10_000)]
+    skus: usize,
+    /// Units each SKU is stocked with before the run (default: 1,000,000, or 100 in race).
+    #[arg(long)]
+    stock: Option<i64>,
+    #[arg(long, default_value_t = 1.1)]
+    zipf_exponent: f64,
+    /// `race`: how many shoppers (one Reserve each).
+    #[arg(long, default_value_t = 1_000)]
+    shoppers: usize,
+    /// `race`: share of holds confirmed, then share released afterwards.
+    #[arg(long, default_value_t = 0.3)]
+    confirm_share: f64,
+    #[arg(long, default_value_t = 0.3)]
+    release_share: f64,
+    /// Bearer token, when the service requires one.
+    #[arg(long, env = "BENCH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// PostgreSQL URL of the service's database: adds the row-level audit.
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Where the JSON result and the SVG chart go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Debug, Args)]
+struct SuiteArgs {
+    /// A PostgreSQL role that may create databases.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    redis_url: String,
+    /// The inventory-server binary to measure (a release build).
+    #[arg(long, default_value = "target/release/inventory-server")]
+    server: PathBuf,
+    #[arg(long, env = "PGBENCH", default_value = "pgbench")]
+    pgbench: PathBuf,
+    /// Length of each measured run.
+    #[arg(long, env = "BENCH_DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Concurrency levels, comma separated.
+    #[arg(
+        long,
+        env = "BENCH_CLIENTS",
+        default_value = "1,8,32,64",
+        value_delimiter = ','
+    )]
+    clients: Vec<usize>,
+    /// SKUs of the uniform scenario.
+    #[arg(long, default_value_t = 10_000)]
+    skus: usize,
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Run(args) => match run(*args).await {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(2),
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Suite(args) => {
+            let out = args.out.join(timestamp());
+            let config = SuiteConfig {
+                database_url: args.database_url,
+                redis_url: args.redis_url,
+                server: args.server,
+                pgbench: args.pgbench,
+                duration: args.duration,
+                clients: args.clients,
+                skus: args.skus,
+                out,
+            };
+            match suite::run(config).await {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => {
+                    eprintln!("error: an oversell audit FAILED");
+                    ExitCode::from(2)
+                }
+                Err(error) => {
+                    eprintln!("error: {error:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("run-{secs}")
+}
+
+/// `Ok(false)`: the audit failed.
+async fn run(args: RunArgs) -> anyhow::Result<bool> {
+    let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let config = LoadConfig {
+        addr: args.addr,
+        scenario: args.scenario,
+        clients: args.clients,
+        connections: args.connections,
+        duration: args.duration,
+        quantity: args.quantity,
+        ttl: args.ttl,
+        skus: args.skus,
+        stock: args.stock.unwrap_or(if args.scenario == Scenario::Race {
+            100
+        } else {
+            1_000_000
+        }),
+        zipf_exponent: args.zipf_exponent,
+        shoppers: args.shoppers,
+        confirm_share: args.confirm_share,
+        release_share: args.release_share,
+        run_id: run_id.clone(),
+        token: args.token,
+        seed: args.seed,
+    };
+    let observed = load::run(config.clone()).await?;
+    let audit = audit::audit(&config, &observed, args.database_url.as_deref()).await?;
+    let passed = audit.passed;
+    let label = format!("{:?}-{}-{run_id}", config.scenario, config.clients).to_lowercase();
+    let result = RunResult::new(
+        &label,
+        config.scenario,
+        config.clients,
+        &observed,
+        Some(audit),
+    );
+    result.print();
+    std::fs::create_dir_all(&args.out)?;
+    let json = args.out.join(format!("{label}.json"));
+    std::fs::write(&json, serde_json::to_vec_pretty(&result)?)?;
+    let chart = args.out.join(format!("{label}.svg"));
+    std::fs::write(&chart, svg(&result))?;
+    println!("  wrote {} and {}", json.display(), chart.display());
+    Ok(passed)
+}

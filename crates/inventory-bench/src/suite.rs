@@ -1,0 +1,371 @@
+//! `make bench`: the raw-SQL ceiling (pgbench running the service's own one-request
+//! transaction), the service without coalescing (a lease and a transaction per request) and
+//! the service as shipped, at the same concurrency, in one run; then a table of ratios.
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use inventory_server::proto::GetStockRequest;
+use serde::Serialize;
+use tokio::process::{Child, Command};
+
+use crate::{
+    audit,
+    load::{self, LoadConfig, Scenario},
+    report::{RunResult, svg, us},
+};
+
+/// The service's one-request Reserve transaction, statement for statement.
+const RESERVE_SQL: &str = include_str!("../sql/reserve_one.sql");
+
+#[derive(Clone, Debug)]
+pub struct SuiteConfig {
+    /// A role that may create databases; each run gets a fresh one.
+    pub database_url: String,
+    pub redis_url: String,
+    pub server: PathBuf,
+    pub pgbench: PathBuf,
+    pub duration: Duration,
+    pub clients: Vec<usize>,
+    pub skus: usize,
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    scenario: Scenario,
+    clients: usize,
+    raw_tps: f64,
+    raw_latency_ms: f64,
+    lease_only: Measured,
+    coalesced: Measured,
+}
+
+#[derive(Debug, Serialize)]
+struct Measured {
+    reservations_per_s: f64,
+    p99_us: u64,
+    ratio_to_raw: f64,
+    errors: u64,
+    audit_passed: bool,
+}
+
+impl Measured {
+    fn of(result: &RunResult, raw_tps: f64) -> Self {
+        Self {
+            reservations_per_s: result.reservations_per_s,
+            p99_us: result.latency.p99_us,
+            ratio_to_raw: result.reservations_per_s / raw_tps.max(1e-9),
+            errors: result.calls - result.reservations,
+            audit_passed: result.audit.as_ref().is_some_and(|a| a.passed),
+        }
+    }
+}
+
+pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
+    std::fs::create_dir_all(&config.out)?;
+    let script = config.out.join("reserve_one.sql");
+    std::fs::write(&script, RESERVE_SQL)?;
+    let admin = config.database_url.parse::<tokio_postgres::Config>()?;
+    let mut rows = Vec::new();
+    let mut all_audits_passed = true;
+    let mut serial = 0;
+    for scenario in [Scenario::Uniform, Scenario::Hot] {
+        for &clients in &config.clients {
+            serial += 1;
+            let skus = if scenario == Scenario::Hot {
+                1
+            } else {
+                config.skus
+            };
+            let (raw_tps, raw_latency_ms) = raw(&config, &admin, &script, serial, skus, clients)
+                .await
+                .with_context(|| format!("pgbench {scenario:?} {clients}"))?;
+            println!(
+                "raw SQL  {scenario:?} {clients:>2} clients: {raw_tps:.0} tx/s, mean {raw_latency_ms:.2} ms"
+            );
+            let mut measured = Vec::new();
+            for (variant, max_batch) in [("lease-only", 1), ("coalesced", 64)] {
+                let label = format!("{variant}-{scenario:?}-{clients}").to_lowercase();
+                let result = service(&config, serial, &label, scenario, clients, max_batch).await?;
+                result.print();
+                all_audits_passed &= result.audit.as_ref().is_some_and(|a| a.passed);
+                measured.push(Measured::of(&result, raw_tps));
+            }
+            let coalesced = measured.pop().expect("two variants");
+            let lease_only = measured.pop().expect("two variants");
+            rows.push(Row {
+                scenario,
+                clients,
+                raw_tps,
+                raw_latency_ms,
+                lease_only,
+                coalesced,
+            });
+        }
+    }
+    serial += 1;
+    let race = service(&config, serial, "coalesced-race", Scenario::Race, 64, 64).await?;
+    race.print();
+    all_audits_passed &= race.audit.as_ref().is_some_and(|a| a.passed);
+
+    let table = table(&rows);
+    println!("\n{table}");
+    std::fs::write(config.out.join("summary.md"), &table)?;
+    std::fs::write(
+        config.out.join("summary.json"),
+        serde_json::to_vec_pretty(&rows)?,
+    )?;
+    println!(
+        "results: {} (one JSON and one SVG per run, summary.md, summary.json)",
+        config.out.display()
+    );
+    Ok(all_audits_passed)
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| scenario | clients | raw SQL tx/s | lease-only r/s | ratio | p99 | coalesced r/s | ratio | p99 | audits |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for row in rows {
+        out.push_str(&format!(
+            "| {:?} | {} | {:.0} | {:.0} | {:.2}x | {} | {:.0} | **{:.2}x** | {} | {} |\n",
+            row.scenario,
+            row.clients,
+            row.raw_tps,
+            row.lease_only.reservations_per_s,
+            row.lease_only.ratio_to_raw,
+            us(row.lease_only.p99_us),
+            row.coalesced.reservations_per_s,
+            row.coalesced.ratio_to_raw,
+            us(row.coalesced.p99_us),
+            if row.lease_only.audit_passed && row.coalesced.audit_passed {
+                "passed"
+            } else {
+                "FAILED"
+            }
+        ));
+    }
+    out
+}
+
+/// A fresh, migrated database named for this run.
+async fn fresh_database(
+    admin: &tokio_postgres::Config,
+    server: &Path,
+    name: &str,
+) -> anyhow::Result<tokio_postgres::Config> {
+    let (db, connection) = admin.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    db.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+        .await?;
+    db.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+    let mut config = admin.clone();
+    config.dbname(name);
+    let status = Command::new(server)
+        .arg("migrate")
+        .env("DATABASE_URL", url(&config))
+        .env("RUST_LOG", "warn")
+        .status()
+        .await?;
+    if !status.success() {
+        bail!("migrate failed");
+    }
+    Ok(config)
+}
+
+async fn drop_database(admin: &tokio_postgres::Config, name: &str) -> anyhow::Result<()> {
+    let (db, connection) = admin.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    db.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await?;
+    Ok(())
+}
+
+fn url(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    let db = config.get_dbname().unwrap_or("postgres");
+    format!("postgres://{user}@{host}:{port}/{db}")
+}
+
+/// pgbench with the service's transaction: (transactions/s, mean latency in ms).
+async fn raw(
+    config: &SuiteConfig,
+    admin: &tokio_postgres::Config,
+    script: &Path,
+    serial: usize,
+    skus: usize,
+    clients: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let name = format!("bench_raw_{serial}");
+    let db_config = fresh_database(admin, &config.server, &name).await?;
+    let (db, connection) = db_config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    db.execute(
+        "INSERT INTO stock (sku, on_hand) SELECT 'P-' || g, 1000000000 FROM generate_series(0, $1::int - 1) g",
+        &[&(skus as i32)],
+    )
+    .await?;
+    db.batch_execute("VACUUM ANALYZE").await?;
+    let host = match db_config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".into(),
+    };
+    let output = Command::new(&config.pgbench)
+        .args(["-n", "-M", "prepared", "-h", &host])
+        .args(["-p", &db_config.get_ports()[0].to_string()])
+        .args(["-U", db_config.get_user().unwrap_or("postgres")])
+        .args(["-c", &clients.to_string()])
+        .args(["-j", &clients.min(2).to_string()])
+        .args(["-T", &config.duration.as_secs().max(1).to_string()])
+        .args(["-D", &format!("skus={skus}")])
+        .arg("-f")
+        .arg(script)
+        .arg(&name)
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .context("run pgbench")?;
+    drop(db);
+    drop_database(admin, &name).await?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        bail!("pgbench failed:\n{text}");
+    }
+    let number_after = |prefix: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|line| line.trim().strip_prefix(prefix))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+    };
+    let tps = number_after("tps = ").context("no tps in pgbench output")?;
+    let latency = number_after("latency average = ").unwrap_or(f64::NAN);
+    Ok((tps, latency))
+}
+
+/// The service under load: a fresh database, its own server process, then the audit.
+async fn service(
+    config: &SuiteConfig,
+    serial: usize,
+    label: &str,
+    scenario: Scenario,
+    clients: usize,
+    max_batch: usize,
+) -> anyhow::Result<RunResult> {
+    let admin = config.database_url.parse::<tokio_postgres::Config>()?;
+    let name = format!("bench_service_{serial}_{max_batch}");
+    let db_config = fresh_database(&admin, &config.server, &name).await?;
+    let port = free_port()?;
+    let addr = format!("http://127.0.0.1:{port}");
+    let log = std::fs::File::create(config.out.join(format!("{label}.server.log")))?;
+    let mut server = Command::new(&config.server)
+        .arg("serve")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .env("DATABASE_URL", url(&db_config))
+        .env("REDIS_URL", &config.redis_url)
+        .env("REDIS_KEY_PREFIX", format!("bench:{name}"))
+        .env("LISTEN_ADDR", format!("127.0.0.1:{port}"))
+        .env("AUTH_DISABLED", "true")
+        // As many connections as pgbench gets, so the comparison is like for like.
+        .env("DATABASE_POOL_SIZE", clients.max(16).to_string())
+        .env("COALESCE_MAX_BATCH", max_batch.to_string())
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .context("start inventory-server")?;
+    let outcome = async {
+        wait_ready(&addr, &mut server).await?;
+        let load = LoadConfig {
+            addr: addr.clone(),
+            scenario,
+            clients,
+            connections: clients.clamp(1, 4),
+            duration: config.duration,
+            quantity: 1,
+            ttl: Duration::from_secs(3600),
+            skus: config.skus,
+            stock: match scenario {
+                Scenario::Race => 1_000,
+                Scenario::Hot => 1_000_000_000,
+                _ => 1_000_000,
+            },
+            zipf_exponent: 1.1,
+            shoppers: 5_000,
+            confirm_share: 0.3,
+            release_share: 0.3,
+            run_id: format!("s{serial}x{max_batch}"),
+            token: None,
+            seed: serial as u64,
+        };
+        let observed = load::run(load.clone()).await?;
+        let audit = audit::audit(&load, &observed, Some(&url(&db_config))).await?;
+        let result = RunResult::new(label, scenario, clients, &observed, Some(audit));
+        std::fs::write(
+            config.out.join(format!("{label}.json")),
+            serde_json::to_vec_pretty(&result)?,
+        )?;
+        std::fs::write(config.out.join(format!("{label}.svg")), svg(&result))?;
+        Ok::<_, anyhow::Error>(result)
+    }
+    .await;
+    stop(&mut server).await;
+    drop_database(&admin, &name).await?;
+    outcome
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+async fn wait_ready(addr: &str, server: &mut Child) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        if let Some(status) = server.try_wait()? {
+            bail!("inventory-server exited during start-up: {status}");
+        }
+        if let Ok(mut client) =
+            inventory_server::proto::inventory_service_client::InventoryServiceClient::connect(
+                addr.to_owned(),
+            )
+            .await
+            && client
+                .get_stock(GetStockRequest {
+                    skus: vec!["READY-CHECK".into()],
+                })
+                .await
+                .is_err_and(|s| s.code() == tonic::Code::NotFound)
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("inventory-server did not become ready within 30 s")
+}
+
+/// SIGTERM and wait, like an orchestrator would.
+async fn stop(server: &mut Child) {
+    if let Some(pid) = server.id() {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await;
+    }
+    if tokio::time::timeout(Duration::from_secs(30), server.wait())
+        .await
+        .is_err()
+    {
+        let _ = server.kill().await;
+    }
+}

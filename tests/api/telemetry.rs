@@ -94,7 +94,7 @@ async fn the_spans_of_one_reserve_reach_the_collector_under_the_callers_trace() 
         "continues the caller's span"
     );
     // The RPC, the use case (core), the lease wait (Redis) and the SQL transaction (PostgreSQL).
-    for expected in ["lease.acquire", "reserve", "sql.reserve_batch"] {
+    for expected in ["lease.acquire", "reserve", "sql.reserve"] {
         assert!(
             names.iter().filter(|n| **n == expected).count() >= 1,
             "{expected} missing from {names:?}"

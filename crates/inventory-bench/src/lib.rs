@@ -3,10 +3,12 @@
 //! - [`load`] — scenarios (`uniform`, `hot`, `zipf`, `race`) driven over gRPC, every call
 //!   recorded.
 //! - [`audit`] — the oversell audit over what the service and PostgreSQL hold afterwards.
+//! - [`profile`] — CPU per process and the server's step timings, for where the time goes.
 //! - [`report`] — latency percentiles (HDR histogram), JSON results and an SVG chart.
 //! - [`suite`] — `make bench`: pgbench's raw-SQL ceiling against the service, as ratios.
 
 pub mod audit;
 pub mod load;
+pub mod profile;
 pub mod report;
 pub mod suite;

@@ -212,9 +212,35 @@ pub async fn seed(
 
 /// Seeds the run's SKUs, runs the load, then (for `race`) confirms and releases shares.
 pub async fn run(config: LoadConfig) -> anyhow::Result<Observed> {
+    drive(prepare(config).await?).await
+}
+
+/// A run with its SKUs stocked, ready to [`drive`].
+#[derive(Debug)]
+pub struct Prepared {
+    config: LoadConfig,
+    clients: Vec<InventoryServiceClient<Channel>>,
+    skus: Vec<String>,
+}
+
+pub async fn prepare(config: LoadConfig) -> anyhow::Result<Prepared> {
     let clients = connect(&config).await?;
     let skus = sku_names(&config);
     seed(&clients, &config, &skus).await?;
+    Ok(Prepared {
+        config,
+        clients,
+        skus,
+    })
+}
+
+/// The load itself, then (for `race`) the confirms and releases.
+pub async fn drive(prepared: Prepared) -> anyhow::Result<Observed> {
+    let Prepared {
+        config,
+        clients,
+        skus,
+    } = prepared;
     let zipf = match config.scenario {
         Scenario::Zipf => Some(Zipf::new(skus.len() as f64, config.zipf_exponent)?),
         _ => None,

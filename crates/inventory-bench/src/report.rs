@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::{
     audit::Audit,
     load::{Observed, Scenario},
+    profile::Profile,
 };
 
 #[derive(Debug, Serialize)]
@@ -60,6 +61,7 @@ pub struct RunResult {
     /// (quantile, latency in µs), for the distribution plot.
     pub distribution: Vec<(f64, u64)>,
     pub audit: Option<Audit>,
+    pub profile: Option<Profile>,
 }
 
 impl RunResult {
@@ -120,6 +122,7 @@ impl RunResult {
             timeline,
             distribution,
             audit,
+            profile: None,
         }
     }
 
@@ -150,6 +153,9 @@ impl RunResult {
             .map(|(code, n)| format!("{code} {n}"))
             .collect();
         println!("  statuses: {}", statuses.join(", "));
+        if let Some(profile) = &self.profile {
+            profile.print();
+        }
         if let Some(audit) = &self.audit {
             println!(
                 "  audit: {}",

@@ -17,6 +17,7 @@ use tokio::process::{Child, Command};
 use crate::{
     audit,
     load::{self, LoadConfig, Scenario},
+    profile::{self, CpuSnapshot, Profile},
     report::{RunResult, svg, us},
 };
 
@@ -222,7 +223,7 @@ async fn raw(
         Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
         _ => "127.0.0.1".into(),
     };
-    let output = Command::new(&config.pgbench)
+    let pgbench = Command::new(&config.pgbench)
         .args(["-n", "-M", "prepared", "-h", &host])
         .args(["-p", &db_config.get_ports()[0].to_string()])
         .args(["-U", db_config.get_user().unwrap_or("postgres")])
@@ -233,10 +234,20 @@ async fn raw(
         .arg("-f")
         .arg(script)
         .arg(&name)
+        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .output()
-        .await
+        .spawn()
         .context("run pgbench")?;
+    // CPU over the middle of the run, while every pgbench connection is alive.
+    let window = config.duration.saturating_sub(Duration::from_secs(2));
+    let mut cpu = None;
+    if !window.is_zero() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let before = CpuSnapshot::take();
+        tokio::time::sleep(window).await;
+        cpu = Some(CpuSnapshot::take().since(&before));
+    }
+    let output = pgbench.wait_with_output().await?;
     drop(db);
     drop_database(admin, &name).await?;
     let text = String::from_utf8_lossy(&output.stdout);
@@ -251,6 +262,10 @@ async fn raw(
     };
     let tps = number_after("tps = ").context("no tps in pgbench output")?;
     let latency = number_after("latency average = ").unwrap_or(f64::NAN);
+    if let Some(cpu) = cpu {
+        let seconds = window.as_secs_f64();
+        Profile::new(cpu, seconds, tps * seconds, profile::Steps::default()).print();
+    }
     Ok((tps, latency))
 }
 
@@ -268,6 +283,7 @@ async fn service(
     let db_config = fresh_database(&admin, &config.server, &name).await?;
     let port = free_port()?;
     let addr = format!("http://127.0.0.1:{port}");
+    let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let log = std::fs::File::create(config.out.join(format!("{label}.server.log")))?;
     let mut server = Command::new(&config.server)
         .arg("serve")
@@ -277,6 +293,7 @@ async fn service(
         .env("REDIS_URL", &config.redis_url)
         .env("REDIS_KEY_PREFIX", format!("bench:{name}"))
         .env("LISTEN_ADDR", format!("127.0.0.1:{port}"))
+        .env("ADMIN_LISTEN_ADDR", admin_addr.to_string())
         .env("AUTH_DISABLED", "true")
         // As many connections as pgbench gets, so the comparison is like for like.
         .env("DATABASE_POOL_SIZE", clients.max(16).to_string())
@@ -309,9 +326,19 @@ async fn service(
             token: None,
             seed: serial as u64,
         };
-        let observed = load::run(load.clone()).await?;
+        let prepared = load::prepare(load.clone()).await?;
+        let (cpu, page) = (CpuSnapshot::take(), profile::scrape(admin_addr).await);
+        let observed = load::drive(prepared).await?;
+        let cpu = CpuSnapshot::take().since(&cpu);
+        let steps = profile::steps(&page, &profile::scrape(admin_addr).await);
         let audit = audit::audit(&load, &observed, Some(&url(&db_config))).await?;
-        let result = RunResult::new(label, scenario, clients, &observed, Some(audit));
+        let mut result = RunResult::new(label, scenario, clients, &observed, Some(audit));
+        result.profile = Some(Profile::new(
+            cpu,
+            observed.elapsed.as_secs_f64(),
+            observed.held.len() as f64,
+            steps,
+        ));
         std::fs::write(
             config.out.join(format!("{label}.json")),
             serde_json::to_vec_pretty(&result)?,

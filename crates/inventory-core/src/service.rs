@@ -224,6 +224,17 @@ where
             .into_iter()
             .map(|pending| (pending.group, pending.reply))
             .unzip();
+        if others.is_empty()
+            && let [(command, ttl)] = own.batch.as_slice()
+        {
+            // Nobody to share the transaction with: the one-request write is the cheaper one,
+            // so coalescing costs a lone call nothing.
+            let fences = [(own.sku.clone(), own.fence)];
+            return Ok(match self.store.reserve(command, *ttl, &fences).await? {
+                WriteOutcome::Answered(answer) => WriteOutcome::Answered(vec![answer]),
+                WriteOutcome::Fenced(fenced) => WriteOutcome::Fenced(fenced),
+            });
+        }
         let groups: Vec<ReserveGroup> = std::iter::once(own).chain(others).collect();
         let outcomes = self
             .store

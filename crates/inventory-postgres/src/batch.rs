@@ -126,6 +126,7 @@ impl PgStore {
     ) -> Result<Vec<WriteOutcome<Answers>>, Error> {
         let requests: usize = groups.iter().map(|g| g.batch.len()).sum();
         tracing::Span::current().record("batch", requests);
+        let started = std::time::Instant::now();
         let mut client = self.pool().get().await.map_err(from_pool)?;
         let tx = client.transaction().await.map_err(from_db)?;
         let (claim, read, lock) = tokio::try_join!(
@@ -234,7 +235,14 @@ impl PgStore {
             outcomes.push(WriteOutcome::Answered(answers));
         }
         write_decisions(&tx, &holds, &records, &unclaim).await?;
+        let committing = std::time::Instant::now();
         tx.commit().await.map_err(from_db)?;
+        metrics
+            .commit_duration
+            .record(committing.elapsed().as_secs_f64(), &[]);
+        metrics
+            .batch_duration
+            .record(started.elapsed().as_secs_f64(), &[]);
 
         metrics.batch_size.record(requests as u64, &[]);
         if !holds.is_empty() {

@@ -19,6 +19,10 @@ pub(crate) struct StoreMetrics {
     pub swept: Counter<u64>,
     /// Requests written by one coalesced `Reserve` transaction.
     pub batch_size: Histogram<u64>,
+    /// How long a coalesced `Reserve` transaction took, from taking a connection to the end of
+    /// its commit, and the commit alone (seconds).
+    pub batch_duration: Histogram<f64>,
+    pub commit_duration: Histogram<f64>,
     /// Committed events still waiting for a stream position after a sequencer run.
     pub unpositioned: Gauge<u64>,
 }
@@ -56,6 +60,16 @@ pub(crate) fn store() -> &'static StoreMetrics {
                 .u64_histogram("inventory.reserve.batch_size")
                 .with_description("Reserve requests written by one coalesced transaction")
                 .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0])
+                .build(),
+            batch_duration: meter
+                .f64_histogram("inventory.reserve.transaction.duration")
+                .with_unit("s")
+                .with_description("Coalesced Reserve transactions, from taking a connection to the end of the commit")
+                .build(),
+            commit_duration: meter
+                .f64_histogram("inventory.reserve.commit.duration")
+                .with_unit("s")
+                .with_description("The COMMIT of coalesced Reserve transactions")
                 .build(),
             unpositioned: meter
                 .u64_gauge("inventory.outbox.unpositioned")

@@ -1,0 +1,184 @@
+//! Where the time goes: CPU seconds of each process on the machine over a run (from
+//! `/proc`), and the server's own timings of each step (from its `/metrics` page).
+
+use std::{collections::BTreeMap, net::SocketAddr};
+
+use serde::Serialize;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// CPU seconds (user + system) per process name, of every process alive at the moment.
+#[derive(Clone, Debug, Default)]
+pub struct CpuSnapshot(BTreeMap<u32, (String, f64)>);
+
+impl CpuSnapshot {
+    /// Empty where `/proc` is not there (not Linux).
+    pub fn take() -> Self {
+        // USER_HZ is 100 on every Linux architecture this runs on.
+        const TICKS: f64 = 100.0;
+        let mut processes = BTreeMap::new();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Self(processes);
+        };
+        for entry in entries.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            let name = stat[open + 1..close].to_owned();
+            let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+            let ticks = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|f| f.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            processes.insert(pid, (name, (ticks(11) + ticks(12)) / TICKS));
+        }
+        Self(processes)
+    }
+
+    /// CPU seconds spent since `before`, by component. Processes that ended in between are
+    /// not counted, so the load's processes must outlive the window.
+    pub fn since(&self, before: &Self) -> BTreeMap<String, f64> {
+        let mut by_component = BTreeMap::new();
+        for (pid, (name, now)) in &self.0 {
+            let then = before.0.get(pid).map_or(0.0, |(_, t)| *t);
+            let component = match name.as_str() {
+                "postgres" => "postgres",
+                "redis-server" => "redis",
+                n if n.starts_with("inventory-serv") => "server",
+                n if n.starts_with("inventory-benc") => "load generator",
+                _ => "other",
+            };
+            *by_component.entry(component.to_owned()).or_insert(0.0) += now - then;
+        }
+        by_component
+    }
+}
+
+/// Means of the server's step timings over a run, in microseconds.
+#[derive(Debug, Default, Serialize)]
+pub struct Steps {
+    pub rpc_us: f64,
+    pub lease_acquire_us: f64,
+    pub transaction_us: f64,
+    pub commit_us: f64,
+    pub transactions: f64,
+    pub requests_per_transaction: f64,
+}
+
+/// Sum and count of a histogram over the series whose labels contain `filter`.
+fn histogram(page: &str, name: &str, filter: &str) -> (f64, f64) {
+    let value = |suffix: &str| -> f64 {
+        page.lines()
+            .filter(|line| line.starts_with(&format!("{name}_{suffix}")) && line.contains(filter))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    (value("sum"), value("count"))
+}
+
+/// `after - before` of the server's histograms, as means.
+pub fn steps(before: &str, after: &str) -> Steps {
+    let mean_us = |name: &str, filter: &str| {
+        let (s0, c0) = histogram(before, name, filter);
+        let (s1, c1) = histogram(after, name, filter);
+        let count = c1 - c0;
+        (
+            if count > 0.0 {
+                (s1 - s0) / count * 1e6
+            } else {
+                0.0
+            },
+            count,
+        )
+    };
+    let (rpc_us, _) = mean_us("inventory_rpc_duration_seconds", "Reserve\"");
+    let (lease_acquire_us, _) = mean_us("inventory_lease_acquire_duration_seconds", "granted");
+    let (transaction_us, transactions) =
+        mean_us("inventory_reserve_transaction_duration_seconds", "");
+    let (commit_us, _) = mean_us("inventory_reserve_commit_duration_seconds", "");
+    let (b0, _) = histogram(before, "inventory_reserve_batch_size", "");
+    let (b1, _) = histogram(after, "inventory_reserve_batch_size", "");
+    Steps {
+        rpc_us,
+        lease_acquire_us,
+        transaction_us,
+        commit_us,
+        transactions,
+        requests_per_transaction: if transactions > 0.0 {
+            (b1 - b0) / transactions
+        } else {
+            0.0
+        },
+    }
+}
+
+/// The admin port's `/metrics` page (empty if it cannot be read).
+pub async fn scrape(admin: SocketAddr) -> String {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(admin).await else {
+        return String::new();
+    };
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut page = String::new();
+    let _ = stream.read_to_string(&mut page).await;
+    page
+}
+
+/// Where one run's time went.
+#[derive(Debug, Default, Serialize)]
+pub struct Profile {
+    /// CPU microseconds per reservation, by component (`postgres`, `server`, `redis`,
+    /// `load generator`, `other`).
+    pub cpu_us_per_reservation: BTreeMap<String, f64>,
+    /// Share of the machine's CPU time that was busy over the run (1.0: every core, always).
+    pub cpu_busy: f64,
+    pub steps: Steps,
+}
+
+impl Profile {
+    pub fn new(cpu: BTreeMap<String, f64>, seconds: f64, reservations: f64, steps: Steps) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let total: f64 = cpu.values().sum();
+        Self {
+            cpu_us_per_reservation: cpu
+                .into_iter()
+                .map(|(k, v)| (k, v / reservations.max(1.0) * 1e6))
+                .collect(),
+            cpu_busy: total / (seconds.max(1e-9) * cores),
+            steps,
+        }
+    }
+
+    pub fn print(&self) {
+        let cpu: Vec<String> = self
+            .cpu_us_per_reservation
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.0}"))
+            .collect();
+        println!(
+            "  CPU µs per reservation: {} (machine {:.0}% busy)",
+            cpu.join(", "),
+            self.cpu_busy * 100.0
+        );
+        let s = &self.steps;
+        if s.rpc_us > 0.0 {
+            println!(
+                "  server means: Reserve {:.0}µs = lease {:.0}µs + transaction {:.0}µs (commit {:.0}µs) + rest; {:.1} requests per transaction",
+                s.rpc_us,
+                s.lease_acquire_us,
+                s.transaction_us,
+                s.commit_us,
+                s.requests_per_transaction
+            );
+        }
+    }
+}

@@ -12,7 +12,7 @@ run: ## Start PostgreSQL and Redis, migrate, seed demo SKUs and serve (Ctrl-C st
 test: ## Run the whole test suite against throwaway PostgreSQL and Redis
 	@$(SERVICES) test
 
-bench: ## Benchmark suite: pgbench's raw-SQL ceiling against the service, as ratios (~8 min)
+bench: ## Benchmark suite: pgbench's raw-SQL ceiling against the service, as ratios (~10 min)
 	@$(SERVICES) bench
 
 lint: ## Formatting, clippy (warnings denied), Dockerfile and Kubernetes manifests (offline)

@@ -52,7 +52,7 @@ impl CpuSnapshot {
                 "postgres" => "postgres",
                 "redis-server" => "redis",
                 n if n.starts_with("inventory-serv") => "server",
-                n if n.starts_with("inventory-benc") => "load generator",
+                n if n.starts_with("inventory-benc") || n == "pgbench" => "load generator",
                 _ => "other",
             };
             *by_component.entry(component.to_owned()).or_insert(0.0) += now - then;

@@ -298,21 +298,28 @@ impl Committer {
     }
 
     /// The batches queued for the next transaction, oldest first. A batch with an
-    /// idempotency key already in the transaction (`own`'s or an earlier one's) stays queued
-    /// for the one after, where it replays or conflicts as it would alone.
+    /// idempotency key or a SKU already in the transaction (`own`'s or an earlier one's) stays
+    /// queued for the one after, where it replays or conflicts as it would alone.
     pub fn take(&self, max: usize, own: &ReserveGroup) -> Vec<PendingGroup> {
         let mut state = self.state.lock().expect("committer lock");
         let key = |c: &Reserve| (c.caller.clone(), c.idempotency_key.clone());
         let mut keys: HashSet<_> = own.batch.iter().map(|(c, _)| key(c)).collect();
-        let mut taken = Vec::new();
+        let mut skus: HashSet<Sku> = HashSet::from([own.sku.clone()]);
+        let mut taken: Vec<PendingGroup> = Vec::new();
         let mut kept = VecDeque::new();
         while let Some(next) = state.waiting.pop_front() {
-            let overlaps = next.group.batch.iter().any(|(c, _)| keys.contains(&key(c)));
+            if next.reply.is_closed() {
+                // Its leader is gone: nobody would be told the outcome.
+                continue;
+            }
+            let overlaps = skus.contains(&next.group.sku)
+                || next.group.batch.iter().any(|(c, _)| keys.contains(&key(c)));
             if taken.len() >= max || overlaps {
                 kept.push_back(next);
                 continue;
             }
             keys.extend(next.group.batch.iter().map(|(c, _)| key(c)));
+            skus.insert(next.group.sku.clone());
             taken.push(next);
         }
         state.waiting = kept;
@@ -340,5 +347,122 @@ pub(crate) struct Writing<'a>(pub &'a Committer);
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
         self.0.hand_off();
+    }
+}
+
+/// A queued request's wait for its turn. If the waiting task ends before it read a
+/// [`Turn::Lead`] sent to it (cancelled, panicked), dropping this passes the lead on, so the
+/// SKU's queue is never left without a leader.
+#[derive(Debug)]
+pub(crate) struct TurnWait<'a> {
+    pub turn: oneshot::Receiver<Turn>,
+    queues: &'a Queues,
+    sku: &'a Sku,
+}
+
+impl<'a> TurnWait<'a> {
+    pub fn new(turn: oneshot::Receiver<Turn>, queues: &'a Queues, sku: &'a Sku) -> Self {
+        Self { turn, queues, sku }
+    }
+}
+
+impl Drop for TurnWait<'_> {
+    fn drop(&mut self) {
+        if let Ok(Turn::Lead) = self.turn.try_recv() {
+            self.queues.hand_off(self.sku);
+        }
+    }
+}
+
+/// A batch's wait for the committer; like [`TurnWait`], passes an unread turn on.
+#[derive(Debug)]
+pub(crate) struct CommitWait<'a> {
+    pub turn: oneshot::Receiver<CommitTurn>,
+    committer: &'a Committer,
+}
+
+impl<'a> CommitWait<'a> {
+    pub fn new(turn: oneshot::Receiver<CommitTurn>, committer: &'a Committer) -> Self {
+        Self { turn, committer }
+    }
+}
+
+impl Drop for CommitWait<'_> {
+    fn drop(&mut self) {
+        if let Ok(CommitTurn::Lead(_)) = self.turn.try_recv() {
+            self.committer.hand_off();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{FenceToken, IdempotencyKey, Line, OrderId, Quantity};
+
+    fn group(sku: &str, keys: &[&str]) -> ReserveGroup {
+        let sku = Sku::parse(sku).unwrap();
+        let batch = keys
+            .iter()
+            .map(|key| {
+                let command = Reserve::new(
+                    IdempotencyKey::parse(key).unwrap(),
+                    OrderId::parse("o").unwrap(),
+                    vec![Line {
+                        sku: sku.clone(),
+                        quantity: Quantity::parse(1).unwrap(),
+                    }],
+                    None,
+                );
+                (command, Ttl::parse(Duration::from_secs(60)).unwrap())
+            })
+            .collect();
+        ReserveGroup {
+            sku,
+            fence: FenceToken::new(1),
+            batch,
+        }
+    }
+
+    fn wait(submitted: Submitted) -> oneshot::Receiver<CommitTurn> {
+        match submitted {
+            Submitted::Wait(turn) => turn,
+            Submitted::Lead(_) => panic!("expected to wait"),
+        }
+    }
+
+    #[test]
+    fn a_transaction_takes_no_sku_or_key_twice_and_no_abandoned_batch() {
+        let committer = Committer::default();
+        let own = match committer.submit(group("A", &["k1"])) {
+            Submitted::Lead(group) => group,
+            Submitted::Wait(_) => panic!("the first batch leads"),
+        };
+        let _same_sku = wait(committer.submit(group("A", &["k2"])));
+        let _same_key = wait(committer.submit(group("B", &["k1"])));
+        drop(wait(committer.submit(group("C", &["k3"]))));
+        let _fine = wait(committer.submit(group("D", &["k4"])));
+        let taken: Vec<String> = committer
+            .take(10, &own)
+            .into_iter()
+            .map(|p| p.group.sku.as_str().to_owned())
+            .collect();
+        assert_eq!(taken, ["D"]);
+        // The two that clashed wait for the next transaction, in order; C's task is gone.
+        assert_eq!(committer.waiting(), 2);
+    }
+
+    #[test]
+    fn a_lead_nobody_read_is_passed_on() {
+        let committer = Committer::default();
+        let Submitted::Lead(_) = committer.submit(group("A", &["k1"])) else {
+            panic!("the first batch leads");
+        };
+        let first = wait(committer.submit(group("B", &["k2"])));
+        let mut second = wait(committer.submit(group("C", &["k3"])));
+        committer.hand_off();
+        // B was handed the turn, but its task ends without reading it.
+        drop(CommitWait::new(first, &committer));
+        assert!(matches!(second.try_recv(), Ok(CommitTurn::Lead(g)) if g.sku.as_str() == "C"));
     }
 }

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use crate::{
     coalesce::{
-        CoalesceConfig, CommitTurn, Committer, GroupOutcome, Joined, Leadership, MAX_GROUPS,
-        Queues, Submitted, Turn, Writing,
+        CoalesceConfig, CommitTurn, CommitWait, Committer, GroupOutcome, Joined, Leadership,
+        MAX_GROUPS, Queues, Submitted, Turn, TurnWait, Writing,
     },
     command::{AdjustStock, GetStock, ReservationRef, Reserve},
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
@@ -124,12 +124,13 @@ where
         deadline: Instant,
     ) -> Result<Reservation, Error> {
         let config = &self.config.coalesce;
-        if let Joined::Wait { id, mut turn } =
+        if let Joined::Wait { id, turn } =
             self.queues
                 .join(sku, command, ttl, deadline, config.max_queued)?
         {
             let enqueued = Instant::now();
-            let turn = match tokio::time::timeout_at(deadline.into(), &mut turn).await {
+            let mut waiting = TurnWait::new(turn, &self.queues, sku);
+            let turn = match tokio::time::timeout_at(deadline.into(), &mut waiting.turn).await {
                 Ok(turn) => turn,
                 // Gave up in the queue, where nothing was written yet. Unless a leader took
                 // the request first: then its answer is on the way and is the truth.
@@ -139,10 +140,18 @@ where
                         waited: enqueued.elapsed(),
                     });
                 }
-                Err(_) => turn.await,
+                Err(_) => (&mut waiting.turn).await,
             };
             match turn {
                 Ok(Turn::Done(answer)) => return answer,
+                // Handed the lead just as its own budget ran out: pass it on, write nothing.
+                Ok(Turn::Lead) if Instant::now() >= deadline => {
+                    drop(Leadership::new(&self.queues, sku));
+                    return Err(Error::LeaseBusy {
+                        sku: sku.clone(),
+                        waited: enqueued.elapsed(),
+                    });
+                }
                 Ok(Turn::Lead) => {}
                 Err(_) => return Err(Error::internal("batch leader ended without answering")),
             }
@@ -210,7 +219,8 @@ where
     async fn commit(&self, group: ReserveGroup) -> GroupOutcome {
         let own = match self.committer.submit(group) {
             Submitted::Lead(group) => group,
-            Submitted::Wait(turn) => match turn.await {
+            Submitted::Wait(turn) => match (&mut CommitWait::new(turn, &self.committer).turn).await
+            {
                 Ok(CommitTurn::Done(outcome)) => return outcome,
                 Ok(CommitTurn::Lead(group)) => group,
                 Err(_) => return Err(Error::internal("group commit ended without answering")),

@@ -51,10 +51,11 @@ const READ_STORED: &str = "
     JOIN unnest($1::text[], $2::text[]) AS u(caller, key) USING (caller, key)
     WHERE k.outcome IS NOT NULL";
 
-/// Rows are locked as the sort returns them: in SKU order, like every other writer.
+/// Rows are locked as the sort returns them: in SKU order, like every other writer. Byte
+/// order (`COLLATE "C"`), as Rust sorts SKUs, whatever the database's collation.
 const LOCK_STOCK: &str = "
     SELECT sku, now(), on_hand, reserved, version, fence_token FROM stock
-    WHERE sku = ANY($1) ORDER BY sku FOR UPDATE";
+    WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\" FOR UPDATE";
 
 const UNCLAIM: &str = "
     DELETE FROM idempotency_keys k USING unnest($1::text[], $2::text[]) AS u(caller, key)

@@ -29,8 +29,11 @@ const INSERT_LINES: &str = "
     INSERT INTO reservation_lines (reservation_id, sku, quantity, fence_token)
     SELECT $1, * FROM unnest($2::text[], $3::bigint[], $4::bigint[])";
 
+/// In byte order (`COLLATE "C"`), the order Rust sorts SKUs in: confirm and release lock
+/// stock rows in this order, like every other writer, whatever the database's collation.
 const LINES: &str = "
-    SELECT sku, quantity FROM reservation_lines WHERE reservation_id = $1 ORDER BY sku";
+    SELECT sku, quantity FROM reservation_lines WHERE reservation_id = $1
+    ORDER BY sku COLLATE \"C\"";
 
 const SET_STATE: &str = "
     UPDATE reservations SET state = $2, updated_at = now() WHERE reservation_id = $1";
@@ -46,7 +49,7 @@ const LOCK_DUE: &str = "
 
 const LINES_OF_MANY: &str = "
     SELECT reservation_id, sku, quantity FROM reservation_lines
-    WHERE reservation_id = ANY($1) ORDER BY reservation_id, sku";
+    WHERE reservation_id = ANY($1) ORDER BY reservation_id, sku COLLATE \"C\"";
 
 const EXPIRE_MANY: &str = "
     UPDATE reservations SET state = 'EXPIRED', updated_at = now()

@@ -15,20 +15,30 @@ use crate::{
 
 type Call = JoinHandle<Result<tonic::Response<Reservation>, tonic::Status>>;
 
-/// Sends `request` and returns once it waits in the SKU's queue (behind a held leader).
-async fn queue(app: &TestApp, sku: &str, request: ReserveRequest) -> Call {
-    let sku = Sku::parse(sku).unwrap();
-    let before = app.inventory.queued(&sku);
+/// Sends `request` and returns once `waiting` (a count of waiting calls) went up: the call
+/// waits behind a held leader instead of being answered.
+async fn send_until_waiting(
+    app: &TestApp,
+    request: ReserveRequest,
+    waiting: impl Fn() -> usize,
+) -> Call {
+    let before = waiting();
     let mut client = app.client.clone();
     let call = tokio::spawn(async move { client.reserve(request).await });
-    while app.inventory.queued(&sku) == before {
+    while waiting() == before {
         assert!(
             !call.is_finished(),
-            "the call was answered instead of queued"
+            "the call was answered instead of waiting"
         );
         tokio::task::yield_now().await;
     }
     call
+}
+
+/// Sends `request` and returns once it waits in the SKU's queue (behind a held leader).
+async fn queue(app: &TestApp, sku: &str, request: ReserveRequest) -> Call {
+    let sku = Sku::parse(sku).unwrap();
+    send_until_waiting(app, request, || app.inventory.queued(&sku)).await
 }
 
 /// Holds a leader for `sku` at its lease, so that what follows queues behind it.
@@ -238,17 +248,7 @@ async fn a_lone_request_does_not_linger() {
 
 /// Sends a Reserve and returns once its SKU's batch waits for the group commit in progress.
 async fn wait_for_commit(app: &TestApp, request: ReserveRequest) -> Call {
-    let before = app.inventory.groups_waiting();
-    let mut client = app.client.clone();
-    let call = tokio::spawn(async move { client.reserve(request).await });
-    while app.inventory.groups_waiting() == before {
-        assert!(
-            !call.is_finished(),
-            "the call was answered instead of waiting"
-        );
-        tokio::task::yield_now().await;
-    }
-    call
+    send_until_waiting(app, request, || app.inventory.groups_waiting()).await
 }
 
 async fn writing_transaction(app: &TestApp, key: &str) -> String {

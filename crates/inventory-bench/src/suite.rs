@@ -189,11 +189,15 @@ async fn drop_database(admin: &tokio_postgres::Config, name: &str) -> anyhow::Re
     Ok(())
 }
 
-fn url(config: &tokio_postgres::Config) -> String {
-    let host = match config.get_hosts().first() {
+fn host(config: &tokio_postgres::Config) -> String {
+    match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
         _ => "127.0.0.1".into(),
-    };
+    }
+}
+
+fn url(config: &tokio_postgres::Config) -> String {
+    let host = host(config);
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let user = config.get_user().unwrap_or("postgres");
     let db = config.get_dbname().unwrap_or("postgres");
@@ -219,10 +223,7 @@ async fn raw(
     )
     .await?;
     db.batch_execute("VACUUM ANALYZE").await?;
-    let host = match db_config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".into(),
-    };
+    let host = host(&db_config);
     let pgbench = Command::new(&config.pgbench)
         .args(["-n", "-M", "prepared", "-h", &host])
         .args(["-p", &db_config.get_ports()[0].to_string()])

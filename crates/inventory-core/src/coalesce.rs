@@ -77,7 +77,22 @@ pub(crate) struct Queued {
 impl Queued {
     /// Sends the request its answer; a request whose task is gone is not waiting for one.
     pub fn answer(self, result: Result<Reservation, Error>) {
-        let _ = self.reply.send(Turn::Done(result));
+        Reply(self.reply).answer(result);
+    }
+
+    /// The request, to write, and where its answer goes.
+    pub fn into_parts(self) -> ((Reserve, Ttl), Reply) {
+        ((self.command, self.ttl), Reply(self.reply))
+    }
+}
+
+/// Where a taken request's answer goes.
+#[derive(Debug)]
+pub(crate) struct Reply(oneshot::Sender<Turn>);
+
+impl Reply {
+    pub fn answer(self, result: Result<Reservation, Error>) {
+        let _ = self.0.send(Turn::Done(result));
     }
 }
 

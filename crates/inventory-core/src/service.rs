@@ -9,7 +9,7 @@ use std::time::Instant;
 use crate::{
     coalesce::{
         CoalesceConfig, CommitTurn, CommitWait, Committer, GroupOutcome, Joined, Leadership,
-        MAX_GROUPS, Queues, Submitted, Turn, TurnWait, Writing,
+        MAX_GROUPS, Queued, Queues, Submitted, Turn, TurnWait, Writing,
     },
     command::{AdjustStock, GetStock, ReservationRef, Reserve},
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
@@ -168,8 +168,10 @@ where
             .iter()
             .map(|q| q.deadline)
             .fold(deadline, Instant::max);
+        let (others, replies): (Vec<_>, Vec<_>) =
+            queued.into_iter().map(Queued::into_parts).unzip();
         let batch: Vec<(Reserve, Ttl)> = std::iter::once((command.clone(), ttl))
-            .chain(queued.iter().map(|q| (q.command.clone(), q.ttl)))
+            .chain(others)
             .collect();
         let batch_ref = &batch;
         let written = self
@@ -200,14 +202,14 @@ where
             Ok(answers) => {
                 let mut answers = answers.into_iter();
                 let own = answers.next().expect("the leader's answer comes first");
-                for (waiter, answer) in queued.into_iter().zip(answers) {
-                    waiter.answer(answer);
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    reply.answer(answer);
                 }
                 own
             }
             Err(error) => {
-                for waiter in queued {
-                    waiter.answer(Err(error.replicate()));
+                for reply in replies {
+                    reply.answer(Err(error.replicate()));
                 }
                 Err(error)
             }

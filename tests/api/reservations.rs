@@ -664,3 +664,47 @@ async fn two_sweepers_at_once_return_expired_stock_exactly_once() {
         .await;
     assert_eq!(expired, 60);
 }
+
+#[tokio::test]
+async fn lines_come_in_byte_order_even_where_the_database_sorts_linguistically() {
+    // A database whose default collation puts "apple" before "Banana" (byte order is the
+    // other way round). Every writer must lock stock rows in one order, the byte order the
+    // service sorts SKUs in; confirm and release take theirs from the stored lines.
+    let name = format!("inventory_test_{}", uuid::Uuid::new_v4().simple());
+    crate::helpers::connect(&crate::helpers::admin_config())
+        .await
+        .batch_execute(&format!(
+            "CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+        ))
+        .await
+        .unwrap();
+    let mut database = crate::helpers::admin_config();
+    database.dbname(&name);
+    inventory_postgres::migrate::run(&database).await.unwrap();
+    let app = spawn_app_with(test_settings(database)).await;
+    let sorted: String = app
+        .db
+        .query_one(
+            "SELECT string_agg(s, ',' ORDER BY s) FROM unnest(ARRAY['apple', 'Banana']) s",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(sorted, "apple,Banana", "the database sorts linguistically");
+
+    stock(&app, "apple", 5).await;
+    stock(&app, "Banana", 5).await;
+    let held = app.hold("cart", &[("apple", 1), ("Banana", 2)]).await;
+    let read = app
+        .client
+        .clone()
+        .get_reservation(get(&held.reservation_id))
+        .await
+        .unwrap()
+        .into_inner();
+    let skus: Vec<&str> = read.lines.iter().map(|l| l.sku.as_str()).collect();
+    assert_eq!(skus, ["Banana", "apple"]);
+    let held_skus: Vec<&str> = held.lines.iter().map(|l| l.sku.as_str()).collect();
+    assert_eq!(held_skus, skus, "reads and writes agree on the order");
+}

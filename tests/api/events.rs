@@ -68,29 +68,93 @@ async fn an_event_committed_late_with_a_lower_sequence_is_not_skipped() {
     insert_event(&fast, "FAST").await;
     fast.commit().await.unwrap();
 
-    // A watcher starts between the two commits. The committed event must wait: handing it out
-    // now would move the watcher's cursor past the slow writer's lower sequence.
+    // A watcher starts between the two commits and gets the committed event at once: the
+    // open writer holds nothing back.
     let mut stream = watch(&app, 0).await;
-    app.store.position_events(1000).await.unwrap();
-    let positioned: i64 = app
-        .count("SELECT count(*) FROM outbox WHERE position IS NOT NULL")
-        .await;
-    assert_eq!(
-        positioned, 0,
-        "nothing is exposed while an earlier writer is open"
-    );
+    let events = take(&mut stream, 1).await;
+    assert_eq!(sequences(&events), [1]);
 
+    // The late one commits and comes next, above the watcher's cursor: not skipped.
     slow.commit().await.unwrap();
-    let events = take(&mut stream, 2).await;
-    assert_eq!(sequences(&events), [1, 2]);
+    let late = take(&mut stream, 1).await;
+    assert_eq!(sequences(&late), [2]);
     let skus: Vec<_> = events
         .iter()
+        .chain(&late)
         .map(|e| match &e.subject {
             Some(event::Subject::Sku(sku)) => sku.clone(),
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(skus, ["SLOW", "FAST"], "in the order of their sequences");
+    assert_eq!(skus, ["FAST", "SLOW"], "in the order they became visible");
+}
+
+/// Writes one stock change of `sku` the way every writer does: lock and update the row, then
+/// insert the event carrying the new level.
+async fn change_stock(db: &impl tokio_postgres::GenericClient, sku: &str) -> i64 {
+    let version: i64 = db
+        .query_one(
+            "UPDATE stock SET on_hand = on_hand + 1, version = version + 1 WHERE sku = $1
+             RETURNING version",
+            &[&sku],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    db.execute(
+        "INSERT INTO outbox (event_id, event_type, sku, payload)
+         VALUES (gen_random_uuid(), 'STOCK_ADJUSTED', $1, jsonb_build_object(
+             'delta', 1, 'reason', 'manual', 'on_hand', 0, 'reserved', 0, 'version', $2::bigint))",
+        &[&sku, &version],
+    )
+    .await
+    .unwrap();
+    version
+}
+
+#[tokio::test]
+async fn a_skus_events_come_in_commit_order_whatever_the_transaction_ids() {
+    // Found by the fault suite: transaction ids are handed out at a transaction's first write
+    // (a confirm's, say, when it locks the reservation), so the writer that commits second on a
+    // SKU can hold the older id. Positioning by transaction id put its event first.
+    let app = spawn_app().await;
+    stock(&app, "SKU-1", 5).await;
+    let config = app_config(&app).await;
+    let mut first = connect(&config).await;
+    let mut second = connect(&config).await;
+    let older = first.transaction().await.unwrap();
+    older
+        .query_one("SELECT pg_current_xact_id()", &[])
+        .await
+        .unwrap();
+    let younger = second.transaction().await.unwrap();
+    younger
+        .query_one("SELECT pg_current_xact_id()", &[])
+        .await
+        .unwrap();
+
+    // The younger transaction changes the SKU and commits first; the older one after it.
+    assert_eq!(change_stock(&younger, "SKU-1").await, 2);
+    younger.commit().await.unwrap();
+    assert_eq!(change_stock(&older, "SKU-1").await, 3);
+    older.commit().await.unwrap();
+
+    let mut stream = watch(&app, 0).await;
+    let events = take(&mut stream, 3).await;
+    let versions: Vec<i64> = events
+        .iter()
+        .map(|e| match &e.payload {
+            Some(event::Payload::StockAdjusted(adjusted)) => {
+                adjusted.level.as_ref().expect("a level").version
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        versions,
+        [1, 2, 3],
+        "the SKU's changes in the order they committed"
+    );
 }
 
 async fn app_config(app: &TestApp) -> tokio_postgres::Config {

@@ -666,6 +666,43 @@ async fn two_sweepers_at_once_return_expired_stock_exactly_once() {
 }
 
 #[tokio::test]
+async fn one_sweep_gives_each_expiry_of_a_sku_its_own_level_and_version() {
+    // Found by the fault suite: a sweep that expired several holds of one SKU gave each of
+    // their events the level after the whole sweep, all with one version.
+    let app = spawn_app_without_sweeper().await;
+    stock(&app, "SKU-1", 10).await;
+    for (key, units) in [("k1", 2), ("k2", 3)] {
+        let held = app.hold(key, &[("SKU-1", units)]).await;
+        backdate(&app, &held.reservation_id).await;
+    }
+    assert_eq!(app.level("SKU-1").await, (10, 5));
+
+    assert_eq!(app.inventory.expire_due(100).await.unwrap(), 2);
+    let rows = app
+        .db
+        .query(
+            "SELECT (payload->'lines'->0->>'quantity')::bigint,
+                    (payload->'levels'->0->>'reserved')::bigint,
+                    (payload->'levels'->0->>'version')::bigint
+             FROM outbox WHERE event_type = 'RESERVATION_EXPIRED' ORDER BY sequence",
+            &[],
+        )
+        .await
+        .unwrap();
+    let expiries: Vec<(i64, i64, i64)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    // Created at version 1, two holds (2, 3), then one version per expiry, each level the
+    // one its own change left.
+    let (first, second) = (expiries[0], expiries[1]);
+    assert_eq!(expiries.len(), 2);
+    assert_eq!((first.1, first.2), (5 - first.0, 4), "{expiries:?}");
+    assert_eq!((second.1, second.2), (0, 5), "{expiries:?}");
+    assert_eq!(app.level("SKU-1").await, (10, 0));
+}
+
+#[tokio::test]
 async fn lines_come_in_byte_order_even_where_the_database_sorts_linguistically() {
     // A database whose default collation puts "apple" before "Banana" (byte order is the
     // other way round). Every writer must lock stock rows in one order, the byte order the

@@ -1,10 +1,14 @@
 //! The event stream over the outbox: positioning committed events, reading them back,
 //! retention, and the `LISTEN` connection that tells replicas the head moved.
 //!
-//! Invariant relied on: a transaction whose xid is below `pg_snapshot_xmin` of a fresh snapshot
-//! has finished, so every event it wrote is visible now and no running transaction can add
-//! one before it in (tx_id, sequence) order. Events are positioned in that order, and only
-//! those, so positions never go back in time.
+//! Invariant relied on: every transaction that changes a stock row inserts its outbox rows
+//! after it has locked that row, and `outbox.sequence` is taken at insert. A later writer of
+//! the same SKU waits for the row lock, which is released only once the earlier writer's
+//! commit is visible, so its events get higher sequences and become visible later. Events are
+//! therefore positioned in `sequence` order among those committed: for each SKU (and each
+//! reservation) the stream follows commit order, whatever transaction ids the writers got.
+//! An event committed after others were positioned gets a position above the head, so
+//! "after my cursor" never misses one, and no open transaction anywhere holds positioning back.
 
 use std::{
     sync::Arc,
@@ -34,10 +38,10 @@ const LOCK_STREAM: &str = "SELECT head FROM event_stream WHERE id = 1 FOR UPDATE
 
 const POSITION_READY: &str = "
     WITH ready AS (
-        SELECT sequence, row_number() OVER (ORDER BY tx_id, sequence) AS n
+        SELECT sequence, row_number() OVER (ORDER BY sequence) AS n
         FROM outbox
-        WHERE position IS NULL AND tx_id < pg_snapshot_xmin(pg_current_snapshot())
-        ORDER BY tx_id, sequence
+        WHERE position IS NULL
+        ORDER BY sequence
         LIMIT $2
     )
     UPDATE outbox o SET position = $1 + ready.n FROM ready WHERE o.sequence = ready.sequence";

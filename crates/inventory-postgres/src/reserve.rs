@@ -324,17 +324,29 @@ impl ReservationStore for PgStore {
             return Ok(0);
         }
         // Return the stock SKU by SKU in one fixed order, as every other writer does.
-        let mut per_sku: Vec<(Sku, i64)> = Vec::new();
+        let mut per_sku: Vec<(Sku, i64, i64)> = Vec::new();
         for line in due.iter().flat_map(|r| &r.lines) {
-            match per_sku.iter_mut().find(|(sku, _)| sku == &line.sku) {
-                Some((_, units)) => *units += line.quantity.get(),
-                None => per_sku.push((line.sku.clone(), line.quantity.get())),
+            match per_sku.iter_mut().find(|(sku, _, _)| sku == &line.sku) {
+                Some((_, units, holds)) => {
+                    *units += line.quantity.get();
+                    *holds += 1;
+                }
+                None => per_sku.push((line.sku.clone(), line.quantity.get(), 1)),
             }
         }
-        per_sku.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut levels = Vec::with_capacity(per_sku.len());
-        for (sku, units) in &per_sku {
-            levels.push(stock::unreserve(&tx, sku, *units).await.map_err(from_db)?);
+        per_sku.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        // Each SKU's level before the batch; every expiry then moves it by its own lines and
+        // one version, so each event carries the level its own change produced.
+        let mut running = Vec::with_capacity(per_sku.len());
+        for (sku, units, holds) in &per_sku {
+            let after = stock::unreserve(&tx, sku, *units, *holds)
+                .await
+                .map_err(from_db)?;
+            running.push(StockLevel {
+                reserved: after.reserved + units,
+                version: after.version - holds,
+                ..after
+            });
         }
         let ids: Vec<uuid::Uuid> = due.iter().map(|r| r.id.as_uuid()).collect();
         reservations::mark_expired(&tx, &ids)
@@ -342,11 +354,16 @@ impl ReservationStore for PgStore {
             .map_err(from_db)?;
         for reservation in &mut due {
             reservation.state = ReservationState::Expired;
-            let own: Vec<StockLevel> = levels
-                .iter()
-                .filter(|level| reservation.lines.iter().any(|l| l.sku == level.sku))
-                .cloned()
-                .collect();
+            let mut own = Vec::with_capacity(reservation.lines.len());
+            for line in &reservation.lines {
+                let level = running
+                    .iter_mut()
+                    .find(|level| level.sku == line.sku)
+                    .expect("every line's SKU was unreserved");
+                level.reserved -= line.quantity.get();
+                level.version += 1;
+                own.push(level.clone());
+            }
             outbox::append_reservation_event(&tx, reservation, &own)
                 .await
                 .map_err(from_db)?;
@@ -407,7 +424,7 @@ impl PgStore {
             let units = line.quantity.get();
             let level = match transition {
                 Transition::Confirm => stock::ship(&tx, &line.sku, units).await,
-                Transition::Release => stock::unreserve(&tx, &line.sku, units).await,
+                Transition::Release => stock::unreserve(&tx, &line.sku, units, 1).await,
             };
             levels.push(level.map_err(from_db)?);
         }

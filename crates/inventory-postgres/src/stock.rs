@@ -42,9 +42,10 @@ const SHIP: &str = "
     WHERE sku = $1
     RETURNING on_hand, reserved, version";
 
-/// Released or expired units go back to `available`.
+/// Released or expired units go back to `available`: $2 units of $3 reservations, one
+/// version each.
 const UNRESERVE: &str = "
-    UPDATE stock SET reserved = reserved - $2, version = version + 1, updated_at = now()
+    UPDATE stock SET reserved = reserved - $2, version = version + $3, updated_at = now()
     WHERE sku = $1
     RETURNING on_hand, reserved, version";
 
@@ -122,14 +123,18 @@ pub(crate) async fn ship(
     Ok(level(sku, &row))
 }
 
-/// Returns held units to `available`.
+/// Returns the held units of `holds` reservations to `available`; the version moves by one
+/// per reservation, so each one's event can carry its own level.
 pub(crate) async fn unreserve(
     tx: &Transaction<'_>,
     sku: &Sku,
     units: i64,
+    holds: i64,
 ) -> Result<StockLevel, tokio_postgres::Error> {
     let statement = tx.prepare_cached(UNRESERVE).await?;
-    let row = tx.query_one(&statement, &[&sku.as_str(), &units]).await?;
+    let row = tx
+        .query_one(&statement, &[&sku.as_str(), &units, &holds])
+        .await?;
     Ok(level(sku, &row))
 }
 

@@ -8,6 +8,8 @@
 #   services.sh run     start services, migrate, seed demo SKUs, serve on 127.0.0.1:50051
 #   services.sh test    start services, run the whole test suite, stop them
 #   services.sh bench   start services (durable: fsync on), run the benchmark suite, stop them
+#   services.sh chaos   the fault suite (it starts its own PostgreSQL, Redis and servers);
+#                       TOPOLOGIES, DURATION and SEED pick what it runs
 #   services.sh start PROFILE | stop PROFILE | env PROFILE
 #   services.sh grpcurl prints the path of grpcurl, installing it if needed
 #   services.sh lint-deploy   hadolint the Dockerfile, render and validate every overlay
@@ -230,6 +232,16 @@ cmd_bench() {
     --out target/bench)
 }
 
+cmd_chaos() {
+  ensure_packages
+  log "building release binaries"
+  (cd "$ROOT" && cargo build --release --locked -p inventory-server -p inventory-chaos)
+  local args=(--topologies "${TOPOLOGIES:-single,sentinel,cluster}" --duration "${DURATION:-3m}"
+    --server "$ROOT/target/release/inventory-server" --out "$ROOT/target/chaos")
+  if [ -n "${SEED:-}" ]; then args+=(--seed "$SEED"); fi
+  (cd "$ROOT" && target/release/inventory-chaos "${args[@]}")
+}
+
 cmd_run() {
   PROFILE=run
   profile_settings run
@@ -298,6 +310,7 @@ case "${1:-}" in
   run) cmd_run ;;
   test) cmd_test ;;
   bench) cmd_bench ;;
+  chaos) cmd_chaos ;;
   stop) cmd_stop ;;
   start) PROFILE=${2:?profile}; profile_settings "$PROFILE"; start_services ;;
   env)

@@ -1,0 +1,649 @@
+//! The checker: after a run, the recorded history, the event stream read back from the start
+//! and PostgreSQL's rows must agree on every guarantee. Each check names what it examined and,
+//! when it fails, the first offenders.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::Serialize;
+
+use crate::history::{History, Line, Op, OpKind, Outcome, Phase, SeenEvent};
+
+/// A reservation as PostgreSQL holds it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReservationRow {
+    pub id: String,
+    pub key: String,
+    pub state: String,
+    /// (sku, quantity, fence token), by SKU.
+    pub lines: Vec<(String, i64, i64)>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StockRow {
+    pub sku: String,
+    pub on_hand: i64,
+    pub reserved: i64,
+    pub version: i64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OutboxRow {
+    pub position: Option<i64>,
+    pub event_id: String,
+    pub event_type: String,
+    /// The writing transaction.
+    pub tx_id: String,
+}
+
+/// What PostgreSQL holds once the run is over.
+#[derive(Debug, Default, Serialize)]
+pub struct Facts {
+    pub reservations: Vec<ReservationRow>,
+    pub stock: Vec<StockRow>,
+    pub outbox: Vec<OutboxRow>,
+    pub head: i64,
+}
+
+/// A span during which Redis could not grant a lease for these SKUs (all, when `None`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Outage {
+    pub fault: String,
+    pub start_ms: f64,
+    pub end_ms: f64,
+    pub skus: Option<Vec<String>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub passed: bool,
+    pub examined: usize,
+    pub detail: String,
+}
+
+/// How long after an outage starts a `Reserve` may still complete on a lease granted before it
+/// (the grant was on its way back when Redis went away).
+const OUTAGE_GRACE_MS: f64 = 100.0;
+/// How soon after a fault heals a `Reserve` must succeed again.
+pub const RESUME_WITHIN_MS: f64 = 15_000.0;
+
+struct Verdict {
+    name: &'static str,
+    examined: usize,
+    problems: Vec<String>,
+    note: String,
+}
+
+impl Verdict {
+    fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            examined: 0,
+            problems: Vec::new(),
+            note: String::new(),
+        }
+    }
+
+    fn fail(&mut self, problem: String) {
+        self.problems.push(problem);
+    }
+
+    fn done(self) -> Check {
+        let passed = self.problems.is_empty();
+        let detail = if passed {
+            self.note
+        } else {
+            let shown: Vec<_> = self.problems.iter().take(5).cloned().collect();
+            format!(
+                "{} problem(s): {}{}",
+                self.problems.len(),
+                shown.join("; "),
+                if self.problems.len() > 5 { "; …" } else { "" }
+            )
+        };
+        Check {
+            name: self.name,
+            passed,
+            examined: self.examined,
+            detail,
+        }
+    }
+}
+
+fn sorted_lines(lines: &[Line]) -> Vec<(String, i64)> {
+    let mut lines: Vec<_> = lines.iter().map(|l| (l.sku.clone(), l.quantity)).collect();
+    lines.sort();
+    lines
+}
+
+pub fn check(
+    history: &History,
+    stream: &[SeenEvent],
+    facts: &Facts,
+    outages: &[Outage],
+    heals_ms: &[(String, f64)],
+    load_end_ms: f64,
+) -> Vec<Check> {
+    let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in history.ops.iter().filter(|o| o.kind == OpKind::Reserve) {
+        by_key
+            .entry(op.key.as_deref().unwrap_or(""))
+            .or_default()
+            .push(op);
+    }
+    let mut rows_by_key: HashMap<&str, Vec<&ReservationRow>> = HashMap::new();
+    for row in &facts.reservations {
+        rows_by_key.entry(&row.key).or_default().push(row);
+    }
+    let rows_by_id: HashMap<&str, &ReservationRow> = facts
+        .reservations
+        .iter()
+        .map(|r| (r.id.as_str(), r))
+        .collect();
+    vec![
+        never_oversold(history, stream, facts),
+        successes_exist_once(&by_key, &rows_by_key),
+        failures_left_nothing(&by_key, &rows_by_key),
+        indeterminate_resolved(&by_key, &rows_by_key),
+        no_phantoms(&by_key, facts),
+        settled_never_lost(history, &rows_by_id),
+        stock_returned_once(stream, facts),
+        fences_increase(stream, facts, &rows_by_id),
+        events_gap_free(stream, facts),
+        events_in_commit_order(stream),
+        live_stream_consistent(history, stream),
+        unavailable_while_redis_down(history, outages),
+        resumed_after_faults(history, heals_ms, load_end_ms),
+    ]
+}
+
+fn never_oversold(history: &History, stream: &[SeenEvent], facts: &Facts) -> Check {
+    let mut v = Verdict::new("never_oversold");
+    for s in &history.snapshots {
+        v.examined += 1;
+        if s.reserved > s.on_hand || s.available < 0 || s.available != s.on_hand - s.reserved {
+            v.fail(format!(
+                "{} at {:.0} ms: on_hand {} reserved {} available {}",
+                s.sku, s.at_ms, s.on_hand, s.reserved, s.available
+            ));
+        }
+    }
+    for e in stream {
+        for (sku, on_hand, reserved, version) in &e.levels {
+            v.examined += 1;
+            if reserved > on_hand || *reserved < 0 {
+                v.fail(format!(
+                    "{sku} v{version} (event {}): on_hand {on_hand} reserved {reserved}",
+                    e.sequence
+                ));
+            }
+        }
+    }
+    for s in &facts.stock {
+        v.examined += 1;
+        if s.reserved > s.on_hand || s.reserved < 0 {
+            v.fail(format!(
+                "{} at the end: {} of {}",
+                s.sku, s.reserved, s.on_hand
+            ));
+        }
+    }
+    v.note = format!(
+        "{} snapshots, every committed level in the stream and the final rows",
+        history.snapshots.len()
+    );
+    v.done()
+}
+
+fn successes_exist_once(
+    by_key: &BTreeMap<&str, Vec<&Op>>,
+    rows: &HashMap<&str, Vec<&ReservationRow>>,
+) -> Check {
+    let mut v = Verdict::new("successes_exist_once");
+    for (key, ops) in by_key {
+        let ids: BTreeSet<&str> = ops
+            .iter()
+            .filter(|o| o.outcome == Outcome::Ok)
+            .filter_map(|o| o.reservation_id.as_deref())
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        v.examined += 1;
+        let stored = rows.get(key).map(Vec::as_slice).unwrap_or_default();
+        if ids.len() > 1 {
+            v.fail(format!(
+                "{key}: answered with {} reservation ids",
+                ids.len()
+            ));
+        }
+        match stored {
+            [row] => {
+                let id = ids.first().expect("not empty");
+                let asked = sorted_lines(&ops[0].lines);
+                let held: Vec<_> = row.lines.iter().map(|(s, q, _)| (s.clone(), *q)).collect();
+                if row.id != *id {
+                    v.fail(format!("{key}: answered {id}, stored {}", row.id));
+                } else if held != asked {
+                    v.fail(format!("{key}: asked {asked:?}, stored {held:?}"));
+                }
+            }
+            _ => v.fail(format!(
+                "{key}: reported success, {} rows stored",
+                stored.len()
+            )),
+        }
+    }
+    v.note = format!("{} keys answered with success", v.examined);
+    v.done()
+}
+
+fn failures_left_nothing(
+    by_key: &BTreeMap<&str, Vec<&Op>>,
+    rows: &HashMap<&str, Vec<&ReservationRow>>,
+) -> Check {
+    let mut v = Verdict::new("failures_left_nothing");
+    for (key, ops) in by_key {
+        if ops.iter().all(|o| o.outcome == Outcome::Fail) {
+            v.examined += 1;
+            let stored = rows.get(key).map_or(0, Vec::len);
+            if stored != 0 {
+                v.fail(format!(
+                    "{key}: refused ({}) yet {stored} stored",
+                    ops[0].code
+                ));
+            }
+        }
+    }
+    v.note = format!("{} keys refused outright", v.examined);
+    v.done()
+}
+
+fn indeterminate_resolved(
+    by_key: &BTreeMap<&str, Vec<&Op>>,
+    rows: &HashMap<&str, Vec<&ReservationRow>>,
+) -> Check {
+    let mut v = Verdict::new("indeterminate_resolved");
+    let (mut to_one, mut to_zero) = (0, 0);
+    for (key, ops) in by_key {
+        let load: Vec<_> = ops.iter().filter(|o| o.phase == Phase::Load).collect();
+        if load.iter().any(|o| o.outcome == Outcome::Ok)
+            || !load.iter().any(|o| o.outcome == Outcome::Unknown)
+        {
+            continue;
+        }
+        v.examined += 1;
+        let stored = rows.get(key).map_or(0, Vec::len);
+        match ops.iter().rev().find(|o| o.phase == Phase::Resolve) {
+            Some(last) if last.outcome == Outcome::Ok => {
+                to_one += 1;
+                if stored != 1 {
+                    v.fail(format!("{key}: the retry succeeded, {stored} rows stored"));
+                }
+            }
+            Some(last) if last.outcome == Outcome::Fail && last.code != "Aborted" => {
+                to_zero += 1;
+                if stored != 0 {
+                    v.fail(format!(
+                        "{key}: the retry was refused ({}), {stored} rows stored",
+                        last.code
+                    ));
+                }
+            }
+            Some(last) => v.fail(format!("{key}: still {} after the retries", last.code)),
+            None => v.fail(format!("{key}: never retried")),
+        }
+    }
+    v.note = format!("{to_one} resolved to one reservation, {to_zero} to none");
+    v.done()
+}
+
+fn no_phantoms(by_key: &BTreeMap<&str, Vec<&Op>>, facts: &Facts) -> Check {
+    let mut v = Verdict::new("no_phantom_reservations");
+    for row in &facts.reservations {
+        v.examined += 1;
+        if !by_key.contains_key(row.key.as_str()) {
+            v.fail(format!("{} under key {} nobody sent", row.id, row.key));
+        }
+    }
+    v.note = format!("{} stored reservations", v.examined);
+    v.done()
+}
+
+fn settled_never_lost(history: &History, rows: &HashMap<&str, &ReservationRow>) -> Check {
+    let mut v = Verdict::new("confirmed_and_released_never_lost");
+    for op in &history.ops {
+        // Releasing an expired hold is a no-op that answers EXPIRED: its stock went back once,
+        // through the sweeper.
+        let allowed: &[&str] = match op.kind {
+            OpKind::Confirm => &["CONFIRMED"],
+            OpKind::Release => &["RELEASED", "EXPIRED"],
+            _ => continue,
+        };
+        if op.outcome != Outcome::Ok {
+            continue;
+        }
+        v.examined += 1;
+        let id = op.reservation_id.as_deref().unwrap_or("");
+        let stored = rows.get(id).map(|r| r.state.as_str());
+        let answered = op.state.as_deref();
+        if !answered.is_some_and(|a| allowed.contains(&a)) || stored != answered {
+            v.fail(format!(
+                "{id}: {:?} answered {answered:?}, stored {stored:?}",
+                op.kind
+            ));
+        }
+    }
+    v.note = format!("{} confirms and releases answered OK", v.examined);
+    v.done()
+}
+
+/// One SKU's level in one event: (version, on_hand, reserved, and the change's own deltas to
+/// on_hand and reserved).
+type LevelChange = (i64, i64, i64, i64, i64);
+
+/// Replays every SKU's levels from its events in commit (version) order: each change moves
+/// `on_hand` and `reserved` by exactly its own lines, and the last level is the stored row.
+fn stock_returned_once(stream: &[SeenEvent], facts: &Facts) -> Check {
+    let mut v = Verdict::new("stock_moves_exactly_once");
+    let mut per_sku: BTreeMap<&str, Vec<LevelChange>> = BTreeMap::new();
+    for e in stream {
+        for (sku, on_hand, reserved, version) in &e.levels {
+            let (d_on, d_res) = match e.event_type.as_str() {
+                "STOCK_ADJUSTED" => (e.delta.unwrap_or(0), 0),
+                kind => {
+                    let q: i64 = e
+                        .lines
+                        .iter()
+                        .filter(|l| &l.sku == sku)
+                        .map(|l| l.quantity)
+                        .sum();
+                    match kind {
+                        "RESERVATION_HELD" => (0, q),
+                        "RESERVATION_CONFIRMED" => (-q, -q),
+                        _ => (0, -q),
+                    }
+                }
+            };
+            per_sku
+                .entry(sku)
+                .or_default()
+                .push((*version, *on_hand, *reserved, d_on, d_res));
+        }
+    }
+    for (sku, mut changes) in per_sku {
+        changes.sort();
+        let (mut on, mut res, mut ver) = (0, 0, 0);
+        for (version, on_hand, reserved, d_on, d_res) in changes {
+            v.examined += 1;
+            if version != ver + 1 {
+                v.fail(format!("{sku}: version {version} follows {ver}"));
+            }
+            on += d_on;
+            res += d_res;
+            if (on, res) != (on_hand, reserved) {
+                v.fail(format!(
+                    "{sku} v{version}: replayed {on}/{res}, event says {on_hand}/{reserved}"
+                ));
+                (on, res) = (on_hand, reserved);
+            }
+            ver = version;
+        }
+        match facts.stock.iter().find(|s| s.sku == sku) {
+            Some(row) if (row.on_hand, row.reserved, row.version) == (on, res, ver) => {}
+            row => v.fail(format!(
+                "{sku}: events end at {on}/{res} v{ver}, row is {row:?}"
+            )),
+        }
+    }
+    // And from the rows alone: reserved is exactly what is still held.
+    for s in &facts.stock {
+        let held: i64 = facts
+            .reservations
+            .iter()
+            .filter(|r| r.state == "HELD")
+            .flat_map(|r| r.lines.iter())
+            .filter(|(sku, _, _)| *sku == s.sku)
+            .map(|(_, q, _)| q)
+            .sum();
+        if held != s.reserved {
+            v.fail(format!(
+                "{}: reserved {} but {held} held",
+                s.sku, s.reserved
+            ));
+        }
+    }
+    v.note = format!("{} level changes replayed", v.examined);
+    v.done()
+}
+
+/// The version of `sku` an event's levels carry.
+fn version_of(event: &SeenEvent, sku: &str) -> Option<i64> {
+    event.levels.iter().find(|l| l.0 == sku).map(|l| l.3)
+}
+
+fn fences_increase(
+    stream: &[SeenEvent],
+    facts: &Facts,
+    rows: &HashMap<&str, &ReservationRow>,
+) -> Check {
+    let mut v = Verdict::new("fences_increase_in_commit_order");
+    let tx_of: HashMap<&str, &str> = facts
+        .outbox
+        .iter()
+        .map(|o| (o.event_id.as_str(), o.tx_id.as_str()))
+        .collect();
+    // Per SKU: (version = commit order, fence, transaction).
+    let mut per_sku: BTreeMap<&str, Vec<(i64, i64, &str)>> = BTreeMap::new();
+    for e in stream.iter().filter(|e| e.event_type == "RESERVATION_HELD") {
+        let Some(row) = e.reservation_id.as_deref().and_then(|id| rows.get(id)) else {
+            v.fail(format!("event {}: no stored reservation", e.sequence));
+            continue;
+        };
+        for (sku, _, fence) in &row.lines {
+            let version = version_of(e, sku).unwrap_or(-1);
+            let tx = tx_of.get(e.event_id.as_str()).copied().unwrap_or("");
+            per_sku.entry(sku).or_default().push((version, *fence, tx));
+        }
+    }
+    for (sku, mut holds) in per_sku {
+        holds.sort();
+        for pair in holds.windows(2) {
+            v.examined += 1;
+            let ((_, f0, t0), (version, f1, t1)) = (pair[0], pair[1]);
+            let ok = if t0 == t1 { f1 == f0 } else { f1 > f0 };
+            if !ok {
+                v.fail(format!("{sku} v{version}: fence {f1} after {f0}"));
+            }
+        }
+    }
+    v.note = format!("{} consecutive holds compared", v.examined);
+    v.done()
+}
+
+fn events_gap_free(stream: &[SeenEvent], facts: &Facts) -> Check {
+    let mut v = Verdict::new("events_one_per_change_gap_free");
+    for (i, e) in stream.iter().enumerate() {
+        v.examined += 1;
+        if e.sequence != i as i64 + 1 {
+            v.fail(format!("position {} holds sequence {}", i + 1, e.sequence));
+            break;
+        }
+    }
+    if stream.len() as i64 != facts.head || facts.outbox.len() != stream.len() {
+        v.fail(format!(
+            "{} events read, head {}, {} outbox rows",
+            stream.len(),
+            facts.head,
+            facts.outbox.len()
+        ));
+    }
+    let mut ids = BTreeSet::new();
+    for e in stream {
+        if !ids.insert(e.event_id.as_str()) {
+            v.fail(format!("event id {} twice", e.event_id));
+        }
+    }
+    let by_position: HashMap<i64, &OutboxRow> = facts
+        .outbox
+        .iter()
+        .filter_map(|o| o.position.map(|p| (p, o)))
+        .collect();
+    for e in stream {
+        match by_position.get(&e.sequence) {
+            Some(row) if row.event_id == e.event_id && row.event_type == e.event_type => {}
+            row => v.fail(format!(
+                "sequence {}: stream {:?}, outbox {row:?}",
+                e.sequence, e.event_type
+            )),
+        }
+    }
+    // One event per transition of every reservation.
+    let mut per_reservation: HashMap<&str, Vec<&str>> = HashMap::new();
+    for e in stream {
+        if let Some(id) = e.reservation_id.as_deref() {
+            per_reservation.entry(id).or_default().push(&e.event_type);
+        }
+    }
+    for row in &facts.reservations {
+        let mut expected = vec!["RESERVATION_HELD"];
+        if row.state != "HELD" {
+            expected.push(match row.state.as_str() {
+                "CONFIRMED" => "RESERVATION_CONFIRMED",
+                "RELEASED" => "RESERVATION_RELEASED",
+                _ => "RESERVATION_EXPIRED",
+            });
+        }
+        let seen = per_reservation.remove(row.id.as_str()).unwrap_or_default();
+        if seen != expected {
+            v.fail(format!("{} ({}): events {seen:?}", row.id, row.state));
+        }
+    }
+    if let Some((id, _)) = per_reservation.into_iter().next() {
+        v.fail(format!("events for {id}, which is not stored"));
+    }
+    v.note = format!("{} events, sequences 1..={}", stream.len(), facts.head);
+    v.done()
+}
+
+/// Within one SKU, stream order is commit order: versions only go up along the stream.
+fn events_in_commit_order(stream: &[SeenEvent]) -> Check {
+    let mut v = Verdict::new("events_in_commit_order_per_sku");
+    let mut last: HashMap<&str, (i64, i64)> = HashMap::new();
+    for e in stream {
+        for (sku, _, _, version) in &e.levels {
+            v.examined += 1;
+            if let Some(&(before, at)) = last.get(sku.as_str())
+                && *version <= before
+            {
+                v.fail(format!(
+                    "{sku}: v{version} at sequence {} after v{before} at {at}",
+                    e.sequence
+                ));
+            }
+            last.insert(sku, (*version, e.sequence));
+        }
+    }
+    v.done()
+}
+
+fn live_stream_consistent(history: &History, stream: &[SeenEvent]) -> Check {
+    let mut v = Verdict::new("live_stream_consistent");
+    let mut previous = 0;
+    for e in &history.live_events {
+        v.examined += 1;
+        if e.sequence <= previous {
+            v.fail(format!(
+                "sequence {} delivered after {previous}",
+                e.sequence
+            ));
+        }
+        previous = e.sequence;
+        match usize::try_from(e.sequence - 1)
+            .ok()
+            .and_then(|i| stream.get(i))
+        {
+            Some(stored) if stored == e => {}
+            _ => v.fail(format!(
+                "sequence {} differs from the stored stream",
+                e.sequence
+            )),
+        }
+    }
+    v.note = format!(
+        "{} events received live across reconnections, in order, none changed",
+        v.examined
+    );
+    v.done()
+}
+
+fn unavailable_while_redis_down(history: &History, outages: &[Outage]) -> Check {
+    let mut v = Verdict::new("unavailable_while_redis_down");
+    let mut unavailable = 0;
+    for outage in outages {
+        for op in history.ops.iter().filter(|o| o.kind == OpKind::Reserve) {
+            let inside = op.invoked_ms >= outage.start_ms + OUTAGE_GRACE_MS
+                && op.completed_ms <= outage.end_ms;
+            let affected = outage
+                .skus
+                .as_ref()
+                .is_none_or(|skus| op.lines.iter().any(|l| skus.contains(&l.sku)));
+            if !inside || !affected {
+                continue;
+            }
+            v.examined += 1;
+            if op.outcome == Outcome::Ok {
+                v.fail(format!(
+                    "{}: {} succeeded at {:.0}–{:.0} ms during {} ({:.0}–{:.0} ms)",
+                    op.key.as_deref().unwrap_or(""),
+                    op.lines.first().map_or("", |l| l.sku.as_str()),
+                    op.invoked_ms,
+                    op.completed_ms,
+                    outage.fault,
+                    outage.start_ms,
+                    outage.end_ms
+                ));
+            }
+            if op.code == "Unavailable" {
+                unavailable += 1;
+            }
+        }
+    }
+    v.note = format!(
+        "{} outages, {} Reserve calls inside them, {unavailable} answered UNAVAILABLE",
+        outages.len(),
+        v.examined
+    );
+    v.done()
+}
+
+fn resumed_after_faults(history: &History, heals: &[(String, f64)], load_end_ms: f64) -> Check {
+    let mut v = Verdict::new("resumed_after_faults");
+    for (fault, healed) in heals {
+        if healed + RESUME_WITHIN_MS > load_end_ms {
+            // Judged by the resolve phase instead, which must answer every key.
+            continue;
+        }
+        v.examined += 1;
+        let resumed = history.ops.iter().any(|o| {
+            o.kind == OpKind::Reserve
+                && o.outcome == Outcome::Ok
+                && o.invoked_ms >= *healed
+                && o.completed_ms <= healed + RESUME_WITHIN_MS
+        });
+        if !resumed {
+            v.fail(format!(
+                "{fault}: no Reserve succeeded within {} s of healing at {healed:.0} ms",
+                RESUME_WITHIN_MS / 1000.0
+            ));
+        }
+    }
+    v.note = format!(
+        "{} healed faults followed by a successful Reserve",
+        v.examined
+    );
+    v.done()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,180 @@
+//! The recorded history of a run: every client operation with its invocation and completion
+//! time and outcome, every stock snapshot, and every event the live watcher received.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use serde::{Deserialize, Serialize};
+use tonic::Code;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpKind {
+    Reserve,
+    Confirm,
+    Release,
+    Adjust,
+}
+
+/// What a client can conclude from an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Ok,
+    /// A definite refusal: nothing was written.
+    Fail,
+    /// The call may or may not have taken effect (deadline, unavailable, cut connection).
+    Unknown,
+}
+
+impl Outcome {
+    pub fn of(code: Code) -> Self {
+        match code {
+            Code::Ok => Outcome::Ok,
+            Code::DeadlineExceeded
+            | Code::Unavailable
+            | Code::Internal
+            | Code::Unknown
+            | Code::Cancelled => Outcome::Unknown,
+            _ => Outcome::Fail,
+        }
+    }
+}
+
+/// When the operation was made: under load and faults, or afterwards to resolve unknowns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Load,
+    Resolve,
+}
+
+/// One line of a `Reserve` or one `AdjustStock`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Line {
+    pub sku: String,
+    pub quantity: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Op {
+    pub client: usize,
+    pub replica: usize,
+    pub kind: OpKind,
+    pub phase: Phase,
+    /// The idempotency key of a `Reserve` or `AdjustStock`.
+    pub key: Option<String>,
+    /// The reservation a confirm or release names, or the one a `Reserve` answered with.
+    pub reservation_id: Option<String>,
+    /// `Reserve`: its lines; `AdjustStock`: the SKU and delta.
+    pub lines: Vec<Line>,
+    /// `Reserve`: the hold it asked for (part of the request a retry must repeat).
+    pub ttl_ms: Option<u64>,
+    pub invoked_ms: f64,
+    pub completed_ms: f64,
+    pub outcome: Outcome,
+    pub code: String,
+    /// The reservation state the answer carried.
+    pub state: Option<String>,
+    pub message: String,
+}
+
+/// What `GetStock` showed at one moment.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub at_ms: f64,
+    pub sku: String,
+    pub on_hand: i64,
+    pub reserved: i64,
+    pub available: i64,
+}
+
+/// One event as `WatchEvents` delivered it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeenEvent {
+    pub sequence: i64,
+    pub event_id: String,
+    pub event_type: String,
+    pub reservation_id: Option<String>,
+    pub sku: Option<String>,
+    /// `StockAdjusted`: the delta.
+    pub delta: Option<i64>,
+    /// `ReservationChanged`: the lines.
+    pub lines: Vec<Line>,
+    /// The stock levels after the change: (sku, on_hand, reserved, version).
+    pub levels: Vec<(String, i64, i64, i64)>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct History {
+    pub ops: Vec<Op>,
+    pub snapshots: Vec<Snapshot>,
+    /// In the order the live watcher received them, reconnections included.
+    pub live_events: Vec<SeenEvent>,
+}
+
+/// Shared by every client task of a run.
+#[derive(Clone, Debug)]
+pub struct Recorder {
+    started: Instant,
+    history: Arc<Mutex<History>>,
+}
+
+impl Recorder {
+    pub fn new(started: Instant) -> Self {
+        Self {
+            started,
+            history: Arc::default(),
+        }
+    }
+
+    pub fn now_ms(&self) -> f64 {
+        self.started.elapsed().as_secs_f64() * 1000.0
+    }
+
+    pub fn op(&self, op: Op) {
+        self.history.lock().expect("history").ops.push(op);
+    }
+
+    pub fn snapshot(&self, snapshot: Snapshot) {
+        self.history
+            .lock()
+            .expect("history")
+            .snapshots
+            .push(snapshot);
+    }
+
+    pub fn event(&self, event: SeenEvent) {
+        self.history
+            .lock()
+            .expect("history")
+            .live_events
+            .push(event);
+    }
+
+    /// A copy of the operations so far.
+    pub fn ops(&self) -> Vec<Op> {
+        self.history.lock().expect("history").ops.clone()
+    }
+
+    /// The status code of the latest operation under `key`.
+    pub fn last_code_of(&self, key: &str) -> Option<String> {
+        let history = self.history.lock().expect("history");
+        history
+            .ops
+            .iter()
+            .rev()
+            .find(|o| o.key.as_deref() == Some(key))
+            .map(|o| o.code.clone())
+    }
+
+    pub fn take(&self) -> History {
+        let mut history = std::mem::take(&mut *self.history.lock().expect("history"));
+        history
+            .ops
+            .sort_by(|a, b| a.invoked_ms.total_cmp(&b.invoked_ms));
+        history
+    }
+}

@@ -1,0 +1,22 @@
+//! The fault suite for `inventory-server`, in the manner of Jepsen: real processes, real
+//! faults on a seeded schedule, and a checker over the recorded history.
+//!
+//! - [`procs`]: PostgreSQL, Redis (single, Sentinel, Cluster) and the server replicas, as
+//!   processes that can be paused, killed and restarted.
+//! - [`proxy`]: a TCP proxy with latency and cut-off switches, in front of PostgreSQL and a
+//!   single Redis.
+//! - [`schedule`]: the seeded fault schedule.
+//! - [`workload`]: shoppers, a stocker and a live event watcher, every call recorded.
+//! - [`history`]: what was recorded.
+//! - [`checker`]: the guarantees, checked against the history, the stream and the rows.
+//! - [`report`]: the summary, JSON and the SVG timeline.
+//! - [`run`]: one run of one topology.
+
+pub mod checker;
+pub mod history;
+pub mod procs;
+pub mod proxy;
+pub mod report;
+pub mod run;
+pub mod schedule;
+pub mod workload;

@@ -1,0 +1,111 @@
+//! `inventory-chaos`: runs the fault suite against real `inventory-server` processes, one
+//! Redis topology after another, and exits non-zero unless the checker passes every run.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use clap::Parser;
+use inventory_chaos::{
+    procs::{Postgres, Topology},
+    run::{self, RunConfig},
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "inventory-chaos",
+    version,
+    about = "Fault suite for inventory-server"
+)]
+struct Cli {
+    /// Redis topologies to run, one after another.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Topology::ALL)]
+    topologies: Vec<Topology>,
+    /// How long the load and the faults run, per topology.
+    #[arg(long, env = "CHAOS_DURATION", default_value = "3m", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Seeds the fault schedule and the clients' choices; a random one when not given.
+    #[arg(long, env = "CHAOS_SEED")]
+    seed: Option<u64>,
+    /// The `inventory-server` binary (default: next to this one).
+    #[arg(long, env = "INVENTORY_SERVER_BIN")]
+    server: Option<PathBuf>,
+    /// Where logs, histories and reports go.
+    #[arg(long, default_value = "target/chaos")]
+    out: PathBuf,
+    /// Concurrent shoppers.
+    #[arg(long, default_value_t = 12)]
+    clients: usize,
+    #[arg(long, default_value_t = 6)]
+    skus: usize,
+    /// Units each SKU starts with; a SKU running low is restocked by half of it.
+    #[arg(long, default_value_t = 40)]
+    stock: i64,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run_all(cli).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run_all(cli: Cli) -> anyhow::Result<bool> {
+    let seed = cli.seed.unwrap_or_else(rand::random);
+    let server = match cli.server {
+        Some(server) => server,
+        None => std::env::current_exe()?.with_file_name("inventory-server"),
+    };
+    anyhow::ensure!(
+        server.exists(),
+        "no inventory-server at {} (build it, or pass --server)",
+        server.display()
+    );
+    std::fs::create_dir_all(&cli.out)?;
+    let out = std::fs::canonicalize(&cli.out)?;
+    eprintln!(
+        "chaos: seed {seed}, {:?} per topology, output in {}",
+        cli.duration,
+        out.display()
+    );
+    let postgres = Postgres::start(&out.join("postgres"))
+        .await
+        .context("start PostgreSQL")?;
+    let mut all_passed = true;
+    let mut outcome = Ok(());
+    for topology in cli.topologies {
+        let config = RunConfig {
+            topology,
+            seed,
+            duration: cli.duration,
+            server: server.clone(),
+            out: out.join(topology.name()),
+            clients: cli.clients,
+            skus: cli.skus,
+            stock: cli.stock,
+        };
+        eprintln!("chaos {}: starting", topology.name());
+        match run::run(&config, &postgres).await {
+            Ok(report) => {
+                print!("{}", report.summary());
+                println!("report: {}", config.out.join("report.txt").display());
+                all_passed &= report.passed;
+            }
+            Err(error) => {
+                outcome = Err(error.context(format!(
+                    "the {} run could not complete; replay: {}",
+                    topology.name(),
+                    config.replay()
+                )));
+                break;
+            }
+        }
+    }
+    postgres.stop().await;
+    outcome.map(|()| all_passed)
+}

@@ -1,0 +1,666 @@
+//! The real processes a run starts, pauses, kills and restarts: one PostgreSQL, Redis in one
+//! of three topologies, and the `inventory-server` replicas. All on loopback, each on its own
+//! ports, with its data and logs under the run's folder.
+
+use std::{
+    fs::File,
+    net::{SocketAddr, TcpListener},
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use tokio::process::{Child, Command};
+
+use crate::proxy::Proxy;
+
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Runs a command to completion and returns its standard output.
+async fn output(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .with_context(|| format!("cannot run {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} failed: {} {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Sends a signal by name (`STOP`, `CONT`, `KILL`, `TERM`) to a child.
+async fn signal(child: &Child, name: &str) -> anyhow::Result<()> {
+    let pid = child.id().context("the process has already exited")?;
+    output("kill", &[&format!("-{name}"), &pid.to_string()]).await?;
+    Ok(())
+}
+
+async fn poll<F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        if check().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("{what} within {timeout:?}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL
+
+/// A throwaway PostgreSQL cluster of the run's own, so it can be restarted without disturbing
+/// anything else on the machine.
+#[derive(Debug)]
+pub struct Postgres {
+    bin: PathBuf,
+    data: PathBuf,
+    port: u16,
+    /// PostgreSQL refuses to run as root: as root, it runs as the `postgres` user.
+    as_postgres: bool,
+}
+
+fn pg_bin() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("PG_BIN") {
+        return Ok(dir.into());
+    }
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .context("PostgreSQL is not installed (no /usr/lib/postgresql); set PG_BIN")?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|d| d.join("initdb").exists())
+        .collect();
+    dirs.sort_by_key(|d| {
+        d.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    dirs.pop()
+        .context("no initdb under /usr/lib/postgresql/*/bin")
+}
+
+impl Postgres {
+    /// Creates a fresh cluster in `data` and starts it on a free port.
+    pub async fn start(data: &Path) -> anyhow::Result<Self> {
+        let as_postgres = output("id", &["-u"]).await?.trim() == "0";
+        if data.exists() {
+            std::fs::remove_dir_all(data)?;
+        }
+        std::fs::create_dir_all(data)?;
+        let postgres = Self {
+            bin: pg_bin()?,
+            data: std::fs::canonicalize(data)?,
+            port: free_port()?,
+            as_postgres,
+        };
+        if as_postgres {
+            output("chown", &["postgres:", &postgres.data_str()]).await?;
+            output("chmod", &["700", &postgres.data_str()]).await?;
+        }
+        postgres
+            .ctl("initdb", &["-D", &postgres.data_str(), "-U", "postgres"])
+            .arg_list(&["--auth=trust", "-E", "UTF8", "--no-sync"])
+            .run()
+            .await
+            .context("initdb")?;
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} \
+             -c max_connections=200 -c fsync=off -c synchronous_commit=off",
+            postgres.port,
+            postgres.data_str()
+        );
+        let log = format!("{}/server.log", postgres.data_str());
+        postgres
+            .ctl(
+                "pg_ctl",
+                &["-D", &postgres.data_str(), "-l", &log, "-w", "-t", "60"],
+            )
+            .arg_list(&["-o", &options, "start"])
+            .run()
+            .await
+            .context("pg_ctl start")?;
+        Ok(postgres)
+    }
+
+    fn data_str(&self) -> String {
+        self.data.display().to_string()
+    }
+
+    fn ctl(&self, tool: &str, args: &[&str]) -> PgCommand {
+        let program = self.bin.join(tool).display().to_string();
+        let mut argv = Vec::new();
+        if self.as_postgres {
+            argv.extend(["runuser", "-u", "postgres", "--"].map(String::from));
+        }
+        argv.push(program);
+        argv.extend(args.iter().map(|a| a.to_string()));
+        PgCommand(argv)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        loopback(self.port)
+    }
+
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    pub fn url_via(&self, addr: SocketAddr, database: &str) -> String {
+        format!("postgres://postgres@{addr}/{database}")
+    }
+
+    /// Fast shutdown (open transactions are rolled back, connections cut), then start again.
+    pub async fn restart_fast(&self) -> anyhow::Result<()> {
+        // With its log file, or the new postmaster would hold this process's stdout open.
+        let log = format!("{}/server.log", self.data_str());
+        self.ctl(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data_str(),
+                "-l",
+                &log,
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                "60",
+            ],
+        )
+        .arg_list(&["restart"])
+        .run()
+        .await
+        .context("pg_ctl restart")
+    }
+
+    pub async fn stop(&self) {
+        let _ = self
+            .ctl("pg_ctl", &["-D", &self.data_str(), "-m", "immediate", "-w"])
+            .arg_list(&["stop"])
+            .run()
+            .await;
+    }
+}
+
+struct PgCommand(Vec<String>);
+
+impl PgCommand {
+    fn arg_list(mut self, args: &[&str]) -> Self {
+        self.0.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    async fn run(self) -> anyhow::Result<()> {
+        let args: Vec<&str> = self.0[1..].iter().map(String::as_str).collect();
+        output(&self.0[0], &args).await.map(drop)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis
+
+/// One `redis-server` process (a data node or a Sentinel) that can be killed, paused and
+/// started again on the same port. Data nodes keep nothing on disk: a restart comes back empty.
+#[derive(Debug)]
+pub struct RedisNode {
+    pub port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+    sentinel: bool,
+    child: Option<Child>,
+}
+
+impl RedisNode {
+    async fn start(dir: PathBuf, args: Vec<String>) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        let mut node = Self {
+            port: free_port()?,
+            dir,
+            sentinel: args.iter().any(|a| a == "--sentinel"),
+            args,
+            child: None,
+        };
+        node.spawn().await?;
+        Ok(node)
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("redis.log"))?;
+        let mut command = Command::new("redis-server");
+        command.args(&self.args);
+        command
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(["--protected-mode", "no"]);
+        if !self.sentinel {
+            command.args(["--save", "", "--appendonly", "no"]);
+        }
+        command
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true);
+        self.child = Some(command.spawn().context("start redis-server")?);
+        let port = self.port.to_string();
+        poll(
+            "redis-server did not answer PING",
+            Duration::from_secs(10),
+            || async {
+                output("redis-cli", &["-p", &port, "ping"])
+                    .await
+                    .is_ok_and(|o| o.trim() == "PONG")
+            },
+        )
+        .await
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        loopback(self.port)
+    }
+
+    pub async fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        let port = self.port.to_string();
+        let mut argv = vec!["-p", &port];
+        argv.extend_from_slice(args);
+        output("redis-cli", &argv).await
+    }
+
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await?;
+        }
+        Ok(())
+    }
+
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill().await?;
+        self.spawn().await
+    }
+
+    pub async fn pause(&self) -> anyhow::Result<()> {
+        signal(self.child.as_ref().context("not running")?, "STOP").await
+    }
+
+    pub async fn resume(&self) -> anyhow::Result<()> {
+        signal(self.child.as_ref().context("not running")?, "CONT").await
+    }
+}
+
+/// How Redis is laid out for a run.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Topology {
+    /// One instance, reached through the fault proxy.
+    Single,
+    /// A primary, one replica and three Sentinels; the service connects through the Sentinels.
+    Sentinel,
+    /// Three primaries sharing the 16384 slots, no replicas.
+    Cluster,
+}
+
+impl Topology {
+    pub const ALL: [Topology; 3] = [Topology::Single, Topology::Sentinel, Topology::Cluster];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Topology::Single => "single",
+            Topology::Sentinel => "sentinel",
+            Topology::Cluster => "cluster",
+        }
+    }
+}
+
+const SENTINEL_SERVICE: &str = "chaos";
+
+/// Redis in one topology.
+#[derive(Debug)]
+pub struct Redis {
+    pub topology: Topology,
+    /// Data nodes: the one instance; primary then replica; the three cluster primaries.
+    pub nodes: Vec<RedisNode>,
+    pub sentinels: Vec<RedisNode>,
+    /// `Single` only: the servers reach Redis through it.
+    pub proxy: Option<Proxy>,
+}
+
+impl Redis {
+    /// Starts the topology afresh in `dir` (whatever an earlier run left there is removed:
+    /// cluster nodes remember their cluster in `nodes.conf`).
+    pub async fn start(topology: Topology, dir: &Path) -> anyhow::Result<Self> {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir)?;
+        }
+        let mut redis = Self {
+            topology,
+            nodes: Vec::new(),
+            sentinels: Vec::new(),
+            proxy: None,
+        };
+        match topology {
+            Topology::Single => {
+                let node = RedisNode::start(dir.join("redis-0"), Vec::new()).await?;
+                redis.proxy = Some(Proxy::start(node.addr()).await?);
+                redis.nodes.push(node);
+            }
+            Topology::Sentinel => redis.start_sentinel(dir).await?,
+            Topology::Cluster => redis.start_cluster(dir).await?,
+        }
+        Ok(redis)
+    }
+
+    async fn start_sentinel(&mut self, dir: &Path) -> anyhow::Result<()> {
+        let primary = RedisNode::start(dir.join("redis-0"), Vec::new()).await?;
+        let primary_port = primary.port.to_string();
+        let replica = RedisNode::start(
+            dir.join("redis-1"),
+            vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                primary_port.clone(),
+            ],
+        )
+        .await?;
+        poll(
+            "the replica did not sync",
+            Duration::from_secs(20),
+            || async {
+                replica
+                    .cli(&["info", "replication"])
+                    .await
+                    .is_ok_and(|o| o.contains("master_link_status:up"))
+            },
+        )
+        .await?;
+        self.nodes = vec![primary, replica];
+        for i in 0..3 {
+            let sentinel_dir = dir.join(format!("sentinel-{i}"));
+            std::fs::create_dir_all(&sentinel_dir)?;
+            // Sentinel rewrites its configuration file, so each has its own writable one.
+            let conf = sentinel_dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {primary_port} 2\n\
+                     sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n\
+                     sentinel failover-timeout {SENTINEL_SERVICE} 5000\n\
+                     sentinel parallel-syncs {SENTINEL_SERVICE} 1\n"
+                ),
+            )?;
+            let args = vec![conf.display().to_string(), "--sentinel".into()];
+            self.sentinels
+                .push(RedisNode::start(sentinel_dir, args).await?);
+        }
+        let first = &self.sentinels[0];
+        poll(
+            "the Sentinels did not find each other",
+            Duration::from_secs(30),
+            || async {
+                first
+                    .cli(&["sentinel", "ckquorum", SENTINEL_SERVICE])
+                    .await
+                    .is_ok_and(|o| o.contains("3 usable"))
+            },
+        )
+        .await
+    }
+
+    async fn start_cluster(&mut self, dir: &Path) -> anyhow::Result<()> {
+        for i in 0..3 {
+            let args = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]
+            .map(String::from)
+            .to_vec();
+            self.nodes
+                .push(RedisNode::start(dir.join(format!("redis-{i}")), args).await?);
+        }
+        let addrs: Vec<String> = self.nodes.iter().map(|n| n.addr().to_string()).collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        output("redis-cli", &args).await.context("cluster create")?;
+        self.wait_healthy().await
+    }
+
+    /// The URL the servers are given.
+    pub fn url(&self) -> String {
+        match self.topology {
+            Topology::Single => format!(
+                "redis://{}",
+                self.proxy.as_ref().expect("single has a proxy").addr()
+            ),
+            Topology::Sentinel => {
+                let mut url = format!(
+                    "redis-sentinel://{}/0?sentinelServiceName={SENTINEL_SERVICE}",
+                    self.sentinels[0].addr()
+                );
+                for s in &self.sentinels[1..] {
+                    url.push_str(&format!("&node={}", s.addr()));
+                }
+                url
+            }
+            Topology::Cluster => {
+                let mut url = format!("redis-cluster://{}", self.nodes[0].addr());
+                for (i, n) in self.nodes[1..].iter().enumerate() {
+                    url.push_str(if i == 0 { "?" } else { "&" });
+                    url.push_str(&format!("node={}", n.addr()));
+                }
+                url
+            }
+        }
+    }
+
+    /// The data node Sentinel currently names primary.
+    pub async fn sentinel_primary(&self) -> anyhow::Result<usize> {
+        for sentinel in &self.sentinels {
+            if let Ok(out) = sentinel
+                .cli(&["sentinel", "get-master-addr-by-name", SENTINEL_SERVICE])
+                .await
+            {
+                let port: Option<u16> = out.lines().nth(1).and_then(|p| p.trim().parse().ok());
+                if let Some(i) = self.nodes.iter().position(|n| Some(n.port) == port) {
+                    return Ok(i);
+                }
+            }
+        }
+        bail!("no Sentinel names a primary")
+    }
+
+    /// Waits until the topology serves writes again: every cluster node reports `ok`, or
+    /// Sentinel names a primary that answers as one.
+    pub async fn wait_healthy(&self) -> anyhow::Result<()> {
+        match self.topology {
+            Topology::Single => Ok(()),
+            Topology::Cluster => {
+                poll("the cluster is not ok", Duration::from_secs(30), || async {
+                    for node in &self.nodes {
+                        if !node
+                            .cli(&["cluster", "info"])
+                            .await
+                            .is_ok_and(|o| o.contains("cluster_state:ok"))
+                        {
+                            return false;
+                        }
+                    }
+                    true
+                })
+                .await
+            }
+            Topology::Sentinel => {
+                poll(
+                    "Sentinel names no live primary",
+                    Duration::from_secs(30),
+                    || async {
+                        match self.sentinel_primary().await {
+                            Ok(i) => self.nodes[i]
+                                .cli(&["info", "replication"])
+                                .await
+                                .is_ok_and(|o| o.contains("role:master")),
+                            Err(_) => false,
+                        }
+                    },
+                )
+                .await
+            }
+        }
+    }
+
+    /// Which cluster node serves a hash slot (as `redis-cli --cluster create` splits them).
+    pub fn cluster_node_of_slot(&self, slot: u16) -> usize {
+        match slot {
+            0..=5460 => 0,
+            5461..=10922 => 1,
+            _ => 2,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// inventory-server replicas
+
+/// One `inventory-server` process; its port stays the same across restarts, so clients
+/// reconnect to it.
+#[derive(Debug)]
+pub struct Replica {
+    pub index: usize,
+    pub port: u16,
+    server: PathBuf,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Replica {
+    pub async fn start(
+        index: usize,
+        server: &Path,
+        env: Vec<(String, String)>,
+        dir: &Path,
+    ) -> anyhow::Result<Self> {
+        let mut replica = Self {
+            index,
+            port: free_port()?,
+            server: server.to_owned(),
+            env,
+            log: dir.join(format!("replica-{index}.log")),
+            child: None,
+        };
+        replica.spawn().await?;
+        Ok(replica)
+    }
+
+    pub fn addr(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = File::options().create(true).append(true).open(&self.log)?;
+        let mut command = Command::new(&self.server);
+        command
+            .arg("serve")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("LISTEN_ADDR", format!("127.0.0.1:{}", self.port))
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true);
+        let mut child = command.spawn().context("start inventory-server")?;
+        let addr = self.addr();
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "inventory-server exited during start-up ({status}); see {}",
+                    self.log.display()
+                );
+            }
+            if ready(&addr).await {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("inventory-server did not become ready within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await?;
+        }
+        Ok(())
+    }
+
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill().await?;
+        self.spawn().await
+    }
+
+    pub async fn pause(&self) -> anyhow::Result<()> {
+        signal(self.child.as_ref().context("not running")?, "STOP").await
+    }
+
+    pub async fn resume(&self) -> anyhow::Result<()> {
+        signal(self.child.as_ref().context("not running")?, "CONT").await
+    }
+
+    /// SIGTERM, as an orchestrator stops a pod, then wait.
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = signal(&child, "CONT").await;
+            let _ = signal(&child, "TERM").await;
+            if tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+/// Serving: a read of a SKU nobody has answers `NOT_FOUND`.
+async fn ready(addr: &str) -> bool {
+    use inventory_server::proto::{
+        GetStockRequest, inventory_service_client::InventoryServiceClient,
+    };
+    let Ok(mut client) = InventoryServiceClient::connect(addr.to_owned()).await else {
+        return false;
+    };
+    client
+        .get_stock(GetStockRequest {
+            skus: vec!["READY-CHECK".into()],
+        })
+        .await
+        .is_err_and(|s| s.code() == tonic::Code::NotFound)
+}

@@ -1,0 +1,533 @@
+//! One run: a fresh database, Redis in one topology, three server replicas, the load, the
+//! seeded faults, then the resolve phase, the checker and the report.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use tokio::process::Command;
+
+use crate::{
+    checker::{self, Facts, Outage, OutboxRow, ReservationRow, StockRow},
+    history::{History, Op, OpKind, Outcome, Phase, Recorder},
+    procs::{Postgres, Redis, Replica, Topology},
+    proxy::Proxy,
+    report::{self, Applied, RunReport},
+    schedule::{self, Fault},
+    workload::{self, Caller, Endpoints, WorkloadConfig},
+};
+
+/// The server replicas of every run.
+pub const REPLICAS: usize = 3;
+/// The replicas' lease TTL: short, so a pause outlasts it quickly.
+pub const LEASE_TTL: Duration = Duration::from_secs(1);
+/// A client's deadline for one call.
+const CALL_TIMEOUT: Duration = Duration::from_millis(1500);
+
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub topology: Topology,
+    pub seed: u64,
+    /// How long the load (and the faults) run.
+    pub duration: Duration,
+    /// The `inventory-server` binary.
+    pub server: PathBuf,
+    /// This run's folder: logs, Redis data, history, report.
+    pub out: PathBuf,
+    pub clients: usize,
+    pub skus: usize,
+    pub stock: i64,
+}
+
+impl RunConfig {
+    pub fn replay(&self) -> String {
+        format!(
+            "make chaos TOPOLOGIES={} SEED={} DURATION={}s",
+            self.topology.name(),
+            self.seed,
+            self.duration.as_secs()
+        )
+    }
+}
+
+/// What the faults act on.
+struct Targets<'a> {
+    postgres: &'a Postgres,
+    pg_proxy: &'a Proxy,
+    redis: &'a mut Redis,
+    replicas: &'a mut [Replica],
+    skus: &'a [String],
+    key_prefix: &'a str,
+}
+
+pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunReport> {
+    std::fs::create_dir_all(&config.out)?;
+    let run_id = format!("{}{}", &config.topology.name()[..2], config.seed);
+    let database = format!("chaos_{}_{}", config.topology.name(), config.seed);
+    create_database(config, postgres, &database).await?;
+
+    let pg_proxy = Proxy::start(postgres.addr()).await?;
+    let mut redis = Redis::start(config.topology, &config.out.join("redis")).await?;
+    let key_prefix = format!("chaos:{run_id}");
+    let env: Vec<(String, String)> = [
+        ("DATABASE_URL", postgres.url_via(pg_proxy.addr(), &database)),
+        ("DATABASE_POOL_SIZE", "8".into()),
+        ("DATABASE_TIMEOUT", "1s".into()),
+        ("DATABASE_STATEMENT_TIMEOUT", "2s".into()),
+        ("REDIS_URL", redis.url()),
+        ("REDIS_KEY_PREFIX", key_prefix.clone()),
+        (
+            "LEASE_TTL",
+            humantime::format_duration(LEASE_TTL).to_string(),
+        ),
+        ("LEASE_WAIT", "500ms".into()),
+        ("SWEEP_INTERVAL", "250ms".into()),
+        ("SHUTDOWN_GRACE", "2s".into()),
+        ("AUTH_DISABLED", "true".into()),
+        ("RUST_LOG", "warn".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let mut replicas = Vec::new();
+    for i in 0..REPLICAS {
+        replicas.push(Replica::start(i, &config.server, env.clone(), &config.out).await?);
+    }
+    let endpoints = Endpoints::new(&replicas.iter().map(Replica::addr).collect::<Vec<_>>())?;
+    let skus: Vec<String> = (0..config.skus)
+        .map(|i| format!("CH-{run_id}-{i}"))
+        .collect();
+
+    let started = Instant::now();
+    let recorder = Recorder::new(started);
+    let seeder = Caller {
+        endpoints: &endpoints,
+        recorder: &recorder,
+        phase: Phase::Load,
+        timeout: CALL_TIMEOUT,
+        attempts: 20,
+    };
+    for sku in &skus {
+        let key = format!("{run_id}-seed-{sku}");
+        if seeder.adjust(&key, sku, config.stock).await != Outcome::Ok {
+            bail!("could not stock {sku} before the run");
+        }
+    }
+
+    let workload = workload::start(
+        WorkloadConfig {
+            run_id: run_id.clone(),
+            clients: config.clients,
+            skus: skus.clone(),
+            stock: config.stock,
+            seed: config.seed,
+            call_timeout: CALL_TIMEOUT,
+            attempts: 3,
+        },
+        endpoints.clone(),
+        recorder.clone(),
+    );
+    let planned = schedule::plan(config.seed, config.topology, config.duration, LEASE_TTL);
+    let mut targets = Targets {
+        postgres,
+        pg_proxy: &pg_proxy,
+        redis: &mut redis,
+        replicas: &mut replicas,
+        skus: &skus,
+        key_prefix: &key_prefix,
+    };
+    let mut applied = Vec::new();
+    let mut outages = Vec::new();
+    let mut fault_error = None;
+    for p in &planned {
+        let due = started + Duration::from_millis(p.at_ms);
+        tokio::time::sleep_until(due.into()).await;
+        let started_ms = recorder.now_ms();
+        match apply(&p.fault, &mut targets, &recorder).await {
+            Ok(outage) => {
+                let healed_ms = recorder.now_ms();
+                if let Some(skus) = outage {
+                    outages.push(Outage {
+                        fault: p.fault.name().into(),
+                        start_ms: started_ms,
+                        end_ms: healed_ms,
+                        skus,
+                    });
+                }
+                applied.push(Applied {
+                    fault: p.fault.clone(),
+                    started_ms,
+                    healed_ms,
+                    reserve_codes: Default::default(),
+                });
+            }
+            Err(error) => {
+                fault_error = Some(error.context(format!("applying {:?}", p.fault)));
+                break;
+            }
+        }
+    }
+    tokio::time::sleep_until((started + config.duration).into()).await;
+    workload.stop().await;
+    let load_end_ms = recorder.now_ms();
+    if let Some(error) = fault_error {
+        return Err(error);
+    }
+
+    // Everything serves again; calls still in flight on a resumed replica finish.
+    targets.redis.wait_healthy().await?;
+    tokio::time::sleep(LEASE_TTL + CALL_TIMEOUT + Duration::from_secs(1)).await;
+    let unknown_after_load = resolve(&endpoints, &recorder).await;
+
+    let client = connect(postgres, &database).await?;
+    wait_quiet(&client).await?;
+    let facts = read_facts(&client).await?;
+    let stream = workload::read_stream(&endpoints, facts.head).await?;
+    let history = recorder.take();
+    let heals: Vec<(String, f64)> = applied
+        .iter()
+        .map(|a| (a.fault.name().to_owned(), a.healed_ms))
+        .collect();
+    let checks = checker::check(&history, &stream, &facts, &outages, &heals, load_end_ms);
+    for a in &mut applied {
+        a.reserve_codes = report::reserve_codes(&history, a.started_ms, a.healed_ms);
+    }
+    let passed = checks.iter().all(|c| c.passed);
+    let report = RunReport {
+        topology: config.topology,
+        seed: config.seed,
+        duration_s: config.duration.as_secs_f64(),
+        clients: config.clients,
+        skus: config.skus,
+        schedule: planned,
+        applied,
+        counts: report::counts(&history),
+        unknown_after_load,
+        events: stream.len(),
+        checks,
+        passed,
+        replay: config.replay(),
+    };
+    write_files(config, &report, &history, &stream, &facts)?;
+    for replica in &mut replicas {
+        replica.stop().await;
+    }
+    drop(client);
+    if passed {
+        drop_database(postgres, &database).await?;
+    }
+    Ok(report)
+}
+
+/// Applies one fault and heals it; returns the SKUs Redis could not lease for meanwhile
+/// (`Some(None)`: all of them).
+async fn apply(
+    fault: &Fault,
+    t: &mut Targets<'_>,
+    recorder: &Recorder,
+) -> anyhow::Result<Option<Option<Vec<String>>>> {
+    let ms = Duration::from_millis;
+    announce(recorder, fault);
+    Ok(match *fault {
+        Fault::PauseReplica { replica, for_ms } => {
+            t.replicas[replica].pause().await?;
+            tokio::time::sleep(ms(for_ms)).await;
+            t.replicas[replica].resume().await?;
+            None
+        }
+        Fault::KillReplica { replica, down_ms } => {
+            t.replicas[replica].kill().await?;
+            tokio::time::sleep(ms(down_ms)).await;
+            t.replicas[replica].restart().await?;
+            None
+        }
+        Fault::RedisRestartEmpty { down_ms } => {
+            t.redis.nodes[0].kill().await?;
+            tokio::time::sleep(ms(down_ms)).await;
+            t.redis.nodes[0].restart().await?;
+            Some(None)
+        }
+        Fault::RedisCut { for_ms } => {
+            let proxy = t.redis.proxy.as_ref().context("no Redis proxy")?;
+            proxy.set_cut(true);
+            tokio::time::sleep(ms(for_ms)).await;
+            proxy.set_cut(false);
+            Some(None)
+        }
+        Fault::RedisSlow { latency_ms, for_ms } => {
+            let proxy = t.redis.proxy.as_ref().context("no Redis proxy")?;
+            proxy.set_latency(ms(latency_ms));
+            tokio::time::sleep(ms(for_ms)).await;
+            proxy.set_latency(Duration::ZERO);
+            None
+        }
+        Fault::SentinelFailover { down_ms } => {
+            let old = t.redis.sentinel_primary().await?;
+            t.redis.nodes[old].kill().await?;
+            let promoted = Instant::now();
+            while t.redis.sentinel_primary().await.ok() == Some(old) {
+                if promoted.elapsed() > Duration::from_secs(30) {
+                    bail!("Sentinel did not promote the replica within 30 s");
+                }
+                tokio::time::sleep(ms(100)).await;
+            }
+            tokio::time::sleep(ms(down_ms)).await;
+            // Back empty; Sentinel turns it into a replica of the new primary.
+            t.redis.nodes[old].restart().await?;
+            t.redis.wait_healthy().await?;
+            None
+        }
+        Fault::ClusterNodeKill { node, down_ms } => {
+            t.redis.nodes[node].kill().await?;
+            tokio::time::sleep(ms(down_ms)).await;
+            t.redis.nodes[node].restart().await?;
+            t.redis.wait_healthy().await?;
+            let skus = t
+                .skus
+                .iter()
+                .filter(|sku| {
+                    let key = format!("{}:{{{sku}}}:lease", t.key_prefix);
+                    t.redis
+                        .cluster_node_of_slot(fred::util::redis_keyslot(key.as_bytes()))
+                        == node
+                })
+                .cloned()
+                .collect();
+            Some(Some(skus))
+        }
+        Fault::PostgresRestart => {
+            t.postgres.restart_fast().await?;
+            None
+        }
+        Fault::PostgresCut { for_ms } => {
+            t.pg_proxy.set_cut(true);
+            tokio::time::sleep(ms(for_ms)).await;
+            t.pg_proxy.set_cut(false);
+            None
+        }
+        Fault::PostgresSlow { latency_ms, for_ms } => {
+            t.pg_proxy.set_latency(ms(latency_ms));
+            tokio::time::sleep(ms(for_ms)).await;
+            t.pg_proxy.set_latency(Duration::ZERO);
+            None
+        }
+    })
+}
+
+fn announce(recorder: &Recorder, fault: &Fault) {
+    eprintln!("  {:>7.1} s  {fault:?}", recorder.now_ms() / 1000.0);
+}
+
+/// Sends every `Reserve` and `AdjustStock` whose outcome is still unknown again, with its key,
+/// until it gets a definite answer: the answer says whether the first attempt took effect.
+/// Returns how many keys needed it.
+async fn resolve(endpoints: &Endpoints, recorder: &Recorder) -> usize {
+    let ops = recorder.ops();
+    let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in ops
+        .iter()
+        .filter(|o| matches!(o.kind, OpKind::Reserve | OpKind::Adjust))
+    {
+        by_key
+            .entry(op.key.as_deref().unwrap_or(""))
+            .or_default()
+            .push(op);
+    }
+    let pending: Vec<&Op> = by_key
+        .values()
+        .filter(|ops| {
+            !ops.iter().any(|o| o.outcome == Outcome::Ok)
+                && !ops.iter().all(|o| o.outcome == Outcome::Fail)
+        })
+        .map(|ops| ops[0])
+        .collect();
+    let caller = Caller {
+        endpoints,
+        recorder,
+        phase: Phase::Resolve,
+        timeout: Duration::from_secs(5),
+        attempts: 5,
+    };
+    for op in &pending {
+        let key = op.key.as_deref().unwrap_or("");
+        for _ in 0..10 {
+            let outcome = match op.kind {
+                OpKind::Reserve => {
+                    let ttl_ms = op.ttl_ms.unwrap_or(1_000);
+                    caller.reserve(0, key, &op.lines, ttl_ms).await.0
+                }
+                _ => {
+                    let line = &op.lines[0];
+                    caller.adjust(key, &line.sku, line.quantity).await
+                }
+            };
+            // ABORTED: another attempt with this key was still in progress, or the lease was
+            // busy; it says nothing about the outcome, so ask again.
+            let aborted = recorder.last_code_of(key).is_some_and(|c| c == "Aborted");
+            if outcome == Outcome::Ok || (outcome == Outcome::Fail && !aborted) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    pending.len()
+}
+
+async fn create_database(
+    config: &RunConfig,
+    postgres: &Postgres,
+    database: &str,
+) -> anyhow::Result<()> {
+    let admin = connect(postgres, "postgres").await?;
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+        .await?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .await?;
+    let status = Command::new(&config.server)
+        .arg("migrate")
+        .env("DATABASE_URL", postgres.url(database))
+        .env("RUST_LOG", "warn")
+        .status()
+        .await?;
+    if !status.success() {
+        bail!("inventory-server migrate failed");
+    }
+    Ok(())
+}
+
+async fn drop_database(postgres: &Postgres, database: &str) -> anyhow::Result<()> {
+    let admin = connect(postgres, "postgres").await?;
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+        .await?;
+    Ok(())
+}
+
+async fn connect(postgres: &Postgres, database: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, connection) =
+        tokio_postgres::connect(&postgres.url(database), tokio_postgres::NoTls)
+            .await
+            .with_context(|| format!("connect to {database}"))?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// Waits for the quiet end of a run: every hold (all last a few seconds) swept, and every
+/// event positioned. Nothing changes after that, so rows and stream can be read in turn.
+async fn wait_quiet(client: &tokio_postgres::Client) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let row = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM reservations WHERE state = 'HELD')
+                      + (SELECT count(*) FROM outbox WHERE position IS NULL)",
+                &[],
+            )
+            .await?;
+        if row.get::<_, i64>(0) == 0 {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("holds still unswept or events unpositioned after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn read_facts(client: &tokio_postgres::Client) -> anyhow::Result<Facts> {
+    let mut facts = Facts::default();
+    let rows = client
+        .query(
+            "SELECT r.reservation_id::text, r.idempotency_key, r.state, l.sku, l.quantity, l.fence_token
+             FROM reservations r JOIN reservation_lines l USING (reservation_id)
+             ORDER BY r.reservation_id, l.sku COLLATE \"C\"",
+            &[],
+        )
+        .await?;
+    for row in rows {
+        let id: String = row.get(0);
+        let line = (row.get(3), row.get(4), row.get(5));
+        match facts.reservations.last_mut() {
+            Some(last) if last.id == id => last.lines.push(line),
+            _ => facts.reservations.push(ReservationRow {
+                id,
+                key: row.get(1),
+                state: row.get(2),
+                lines: vec![line],
+            }),
+        }
+    }
+    for row in client
+        .query(
+            "SELECT sku, on_hand, reserved, version FROM stock ORDER BY sku",
+            &[],
+        )
+        .await?
+    {
+        facts.stock.push(StockRow {
+            sku: row.get(0),
+            on_hand: row.get(1),
+            reserved: row.get(2),
+            version: row.get(3),
+        });
+    }
+    for row in client
+        .query(
+            "SELECT position, event_id::text, event_type, tx_id::text FROM outbox ORDER BY position",
+            &[],
+        )
+        .await?
+    {
+        facts.outbox.push(OutboxRow {
+            position: row.get(0),
+            event_id: row.get(1),
+            event_type: row.get(2),
+            tx_id: row.get(3),
+        });
+    }
+    facts.head = client
+        .query_one("SELECT head FROM event_stream", &[])
+        .await?
+        .get(0);
+    Ok(facts)
+}
+
+fn write_files(
+    config: &RunConfig,
+    report: &RunReport,
+    history: &History,
+    stream: &[crate::history::SeenEvent],
+    facts: &Facts,
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut ops = std::io::BufWriter::new(std::fs::File::create(config.out.join("history.jsonl"))?);
+    for op in &history.ops {
+        serde_json::to_writer(&mut ops, op)?;
+        ops.write_all(b"\n")?;
+    }
+    ops.flush()?;
+    std::fs::write(
+        config.out.join("events.json"),
+        serde_json::to_vec(&serde_json::json!({
+            "stream": stream,
+            "live": history.live_events,
+            "snapshots": history.snapshots,
+        }))?,
+    )?;
+    std::fs::write(config.out.join("facts.json"), serde_json::to_vec(facts)?)?;
+    std::fs::write(
+        config.out.join("report.json"),
+        serde_json::to_vec_pretty(report)?,
+    )?;
+    std::fs::write(config.out.join("report.txt"), report.summary())?;
+    std::fs::write(
+        config.out.join("timeline.svg"),
+        report::svg(report, history),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! The seeded fault schedule: which fault, when, and for how long. The same seed, topology and
+//! duration always give the same schedule; [`plan`] is a pure function.
+//!
+//! Faults come one at a time. Every fault kind the topology supports comes once per round, in
+//! an order shuffled by the seed, so even a short run covers each kind it has time for.
+
+use std::time::Duration;
+
+use rand::{Rng as _, SeedableRng as _, rngs::StdRng, seq::SliceRandom as _};
+use serde::{Deserialize, Serialize};
+
+use crate::procs::Topology;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fault {
+    /// SIGSTOP a server replica for longer than the lease TTL, then SIGCONT: the stale holder.
+    PauseReplica { replica: usize, for_ms: u64 },
+    /// SIGKILL a server replica; start it again after `down_ms`.
+    KillReplica { replica: usize, down_ms: u64 },
+    /// SIGKILL Redis and start it again, empty: every lease and fence counter is gone.
+    RedisRestartEmpty { down_ms: u64 },
+    /// Sever every connection to Redis and refuse new ones.
+    RedisCut { for_ms: u64 },
+    /// Delay every packet to and from Redis.
+    RedisSlow { latency_ms: u64, for_ms: u64 },
+    /// SIGKILL the Redis primary; Sentinel promotes the replica (which may lack the last
+    /// counter increments). The old primary comes back empty after `down_ms`.
+    SentinelFailover { down_ms: u64 },
+    /// SIGKILL one Redis Cluster primary and start it again, empty, after `down_ms`.
+    ClusterNodeKill { node: usize, down_ms: u64 },
+    /// `pg_ctl restart -m fast`: connections cut, open transactions rolled back.
+    PostgresRestart,
+    /// Sever every connection to PostgreSQL and refuse new ones.
+    PostgresCut { for_ms: u64 },
+    /// Delay every packet to and from PostgreSQL.
+    PostgresSlow { latency_ms: u64, for_ms: u64 },
+}
+
+impl Fault {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Fault::PauseReplica { .. } => "pause_replica",
+            Fault::KillReplica { .. } => "kill_replica",
+            Fault::RedisRestartEmpty { .. } => "redis_restart_empty",
+            Fault::RedisCut { .. } => "redis_cut",
+            Fault::RedisSlow { .. } => "redis_slow",
+            Fault::SentinelFailover { .. } => "sentinel_failover",
+            Fault::ClusterNodeKill { .. } => "cluster_node_kill",
+            Fault::PostgresRestart => "postgres_restart",
+            Fault::PostgresCut { .. } => "postgres_cut",
+            Fault::PostgresSlow { .. } => "postgres_slow",
+        }
+    }
+}
+
+/// A fault and when it is due, from the start of the load.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Planned {
+    pub at_ms: u64,
+    pub fault: Fault,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Pause,
+    Kill,
+    RedisRestart,
+    RedisCut,
+    RedisSlow,
+    Failover,
+    NodeKill,
+    PgRestart,
+    PgCut,
+    PgSlow,
+}
+
+fn kinds(topology: Topology) -> Vec<Kind> {
+    let mut kinds = vec![
+        Kind::Pause,
+        Kind::Kill,
+        Kind::PgRestart,
+        Kind::PgCut,
+        Kind::PgSlow,
+    ];
+    match topology {
+        // Only a single instance sits behind the proxy: Sentinel and Cluster hand out the
+        // nodes' own addresses.
+        Topology::Single => kinds.extend([Kind::RedisRestart, Kind::RedisCut, Kind::RedisSlow]),
+        Topology::Sentinel => kinds.push(Kind::Failover),
+        Topology::Cluster => kinds.push(Kind::NodeKill),
+    }
+    kinds
+}
+
+/// The schedule for a run of `duration`: faults start after a short warm-up and stop early
+/// enough that the last one heals while load still runs.
+pub fn plan(
+    seed: u64,
+    topology: Topology,
+    duration: Duration,
+    lease_ttl: Duration,
+) -> Vec<Planned> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let ttl = lease_ttl.as_millis() as u64;
+    let end = (duration.as_millis() as u64).saturating_sub(4_000);
+    let mut at = 2_000;
+    let mut round = Vec::new();
+    let mut planned = Vec::new();
+    loop {
+        if round.is_empty() {
+            round = kinds(topology);
+            round.shuffle(&mut rng);
+        }
+        let kind = round.pop().expect("a round is never empty");
+        let fault = match kind {
+            // Past the lease TTL, so another replica's holder takes over meanwhile.
+            Kind::Pause => Fault::PauseReplica {
+                replica: rng.random_range(0..3),
+                for_ms: rng.random_range(ttl + ttl / 2..=ttl * 3),
+            },
+            Kind::Kill => Fault::KillReplica {
+                replica: rng.random_range(0..3),
+                down_ms: rng.random_range(200..=1_500),
+            },
+            Kind::RedisRestart => Fault::RedisRestartEmpty {
+                down_ms: rng.random_range(500..=2_000),
+            },
+            Kind::RedisCut => Fault::RedisCut {
+                for_ms: rng.random_range(500..=2_000),
+            },
+            Kind::RedisSlow => Fault::RedisSlow {
+                latency_ms: rng.random_range(20..=200),
+                for_ms: rng.random_range(1_000..=2_500),
+            },
+            Kind::Failover => Fault::SentinelFailover {
+                down_ms: rng.random_range(1_000..=3_000),
+            },
+            Kind::NodeKill => Fault::ClusterNodeKill {
+                node: rng.random_range(0..3),
+                down_ms: rng.random_range(500..=2_000),
+            },
+            Kind::PgRestart => Fault::PostgresRestart,
+            Kind::PgCut => Fault::PostgresCut {
+                for_ms: rng.random_range(500..=2_000),
+            },
+            Kind::PgSlow => Fault::PostgresSlow {
+                latency_ms: rng.random_range(20..=200),
+                for_ms: rng.random_range(1_000..=2_500),
+            },
+        };
+        let length = nominal_length(&fault);
+        if at + length > end {
+            break;
+        }
+        planned.push(Planned { at_ms: at, fault });
+        at += length + rng.random_range(1_000..=2_500);
+    }
+    planned
+}
+
+/// How long a fault lasts by its own parameters, before recovery time.
+fn nominal_length(fault: &Fault) -> u64 {
+    match *fault {
+        Fault::PauseReplica { for_ms, .. }
+        | Fault::RedisCut { for_ms }
+        | Fault::RedisSlow { for_ms, .. }
+        | Fault::PostgresCut { for_ms }
+        | Fault::PostgresSlow { for_ms, .. } => for_ms,
+        Fault::KillReplica { down_ms, .. }
+        | Fault::RedisRestartEmpty { down_ms }
+        | Fault::ClusterNodeKill { down_ms, .. } => down_ms,
+        // Promotion takes about a second after down-after-milliseconds (1 s).
+        Fault::SentinelFailover { down_ms } => down_ms + 3_000,
+        Fault::PostgresRestart => 1_000,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_seed_always_gives_the_same_schedule() {
+        let a = plan(7, Topology::Single, Duration::from_secs(120), TTL);
+        let b = plan(7, Topology::Single, Duration::from_secs(120), TTL);
+        let c = plan(8, Topology::Single, Duration::from_secs(120), TTL);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn faults_fit_the_run_and_never_overlap() {
+        let duration = Duration::from_secs(90);
+        for topology in Topology::ALL {
+            let planned = plan(3, topology, duration, TTL);
+            assert!(!planned.is_empty());
+            for pair in planned.windows(2) {
+                assert!(pair[0].at_ms + nominal_length(&pair[0].fault) < pair[1].at_ms);
+            }
+            let last = planned.last().unwrap();
+            assert!(last.at_ms + nominal_length(&last.fault) <= 86_000);
+        }
+    }
+
+    #[test]
+    fn a_round_covers_every_kind_the_topology_has() {
+        for topology in Topology::ALL {
+            let planned = plan(11, topology, Duration::from_secs(600), TTL);
+            let round = kinds(topology).len();
+            let mut names: Vec<_> = planned[..round].iter().map(|p| p.fault.name()).collect();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), round, "{topology:?}: {names:?}");
+            assert!(planned.iter().all(
+                |p| !matches!(p.fault, Fault::RedisCut { .. }) || topology == Topology::Single
+            ));
+        }
+    }
+
+    #[test]
+    fn a_pause_outlasts_the_lease() {
+        let planned = plan(5, Topology::Cluster, Duration::from_secs(600), TTL);
+        let pauses: Vec<u64> = planned
+            .iter()
+            .filter_map(|p| match p.fault {
+                Fault::PauseReplica { for_ms, .. } => Some(for_ms),
+                _ => None,
+            })
+            .collect();
+        assert!(!pauses.is_empty());
+        assert!(pauses.iter().all(|&ms| ms > 1_000));
+    }
+}

@@ -1,0 +1,88 @@
+//! The short profile of the fault suite, part of `make test`: each Redis topology for 30 s of
+//! load under a seeded fault schedule, then the checker. `make chaos` runs the long profile.
+//!
+//! Each run starts its own PostgreSQL, Redis processes and three `inventory-server` replicas
+//! (the binary built next to this test), so nothing is shared with other tests. Set
+//! `CHAOS_SEED` to run another schedule; a failure prints the command that replays it.
+
+use std::{path::PathBuf, time::Duration};
+
+use inventory_chaos::{
+    procs::{Postgres, Topology},
+    run::{self, RunConfig},
+};
+
+/// Fixed, so `make test` runs the same schedules everywhere.
+const SEED: u64 = 20_261_202;
+
+fn server() -> PathBuf {
+    if let Some(path) = std::env::var_os("INVENTORY_SERVER_BIN") {
+        return path.into();
+    }
+    // target/<profile>/deps/short-<hash> → target/<profile>/inventory-server
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>");
+    profile.join("inventory-server")
+}
+
+async fn short_run(topology: Topology) {
+    let server = server();
+    assert!(
+        server.exists(),
+        "no inventory-server at {}: build it (cargo build -p inventory-server) or set INVENTORY_SERVER_BIN",
+        server.display()
+    );
+    let seed = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SEED);
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{}", topology.name()));
+    std::fs::create_dir_all(&out).unwrap();
+    let postgres = Postgres::start(&out.join("postgres")).await.unwrap();
+    let config = RunConfig {
+        topology,
+        seed,
+        duration: Duration::from_secs(30),
+        server,
+        out: out.clone(),
+        clients: 8,
+        skus: 4,
+        stock: 30,
+    };
+    let report = run::run(&config, &postgres).await;
+    postgres.stop().await;
+    let report = report.unwrap_or_else(|e| {
+        panic!(
+            "the run did not complete: {e:#}\nreplay: {}",
+            config.replay()
+        )
+    });
+    println!("{}", report.summary());
+    assert!(
+        report.passed,
+        "the checker failed; files in {}\n{}",
+        out.display(),
+        report.summary()
+    );
+    // The schedule really injected faults, and the load really ran through them.
+    assert!(report.applied.len() >= 4, "{} faults", report.applied.len());
+    assert!(report.counts["reserve"]["Ok"] > 100, "{:?}", report.counts);
+}
+
+#[tokio::test]
+async fn single_redis_under_faults() {
+    short_run(Topology::Single).await;
+}
+
+#[tokio::test]
+async fn sentinel_failover_under_faults() {
+    short_run(Topology::Sentinel).await;
+}
+
+#[tokio::test]
+async fn redis_cluster_under_faults() {
+    short_run(Topology::Cluster).await;
+}

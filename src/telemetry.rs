@@ -125,8 +125,13 @@ pub fn init(format: LogFormat, settings: &TelemetrySettings) -> anyhow::Result<T
     });
     let registry_layers = tracing_subscriber::registry().with(filter).with(otel);
     let installed = match format {
+        // Colour only on a terminal: a log file or a collector gets plain text.
         LogFormat::Text => registry_layers
-            .with(fmt::layer().with_target(false))
+            .with(
+                fmt::layer()
+                    .with_target(false)
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())),
+            )
             .try_init(),
         LogFormat::Json => registry_layers
             .with(

@@ -65,7 +65,7 @@ pub struct Check {
 /// (the grant was on its way back when Redis went away).
 const OUTAGE_GRACE_MS: f64 = 100.0;
 /// How soon after a fault heals a `Reserve` must succeed again.
-pub const RESUME_WITHIN_MS: f64 = 15_000.0;
+pub const RESUME_WITHIN_MS: f64 = 10_000.0;
 
 struct Verdict {
     name: &'static str,
@@ -544,6 +544,11 @@ fn events_in_commit_order(stream: &[SeenEvent]) -> Check {
             last.insert(sku, (*version, e.sequence));
         }
     }
+    v.note = format!(
+        "{} levels along the stream, {} SKUs",
+        v.examined,
+        last.len()
+    );
     v.done()
 }
 
@@ -592,20 +597,21 @@ fn unavailable_while_redis_down(history: &History, outages: &[Outage]) -> Check 
                 continue;
             }
             v.examined += 1;
-            if op.outcome == Outcome::Ok {
+            // Fail closed, and say so: UNAVAILABLE, never success, never a vaguer error.
+            if op.code == "Unavailable" {
+                unavailable += 1;
+            } else {
                 v.fail(format!(
-                    "{}: {} succeeded at {:.0}–{:.0} ms during {} ({:.0}–{:.0} ms)",
+                    "{}: {} answered {} at {:.0}–{:.0} ms during {} ({:.0}–{:.0} ms)",
                     op.key.as_deref().unwrap_or(""),
                     op.lines.first().map_or("", |l| l.sku.as_str()),
+                    op.code,
                     op.invoked_ms,
                     op.completed_ms,
                     outage.fault,
                     outage.start_ms,
                     outage.end_ms
                 ));
-            }
-            if op.code == "Unavailable" {
-                unavailable += 1;
             }
         }
     }

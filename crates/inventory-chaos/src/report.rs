@@ -273,6 +273,7 @@ pub fn svg(report: &RunReport, history: &History) -> String {
 fn fault_colour(fault: &Fault) -> &'static str {
     match fault {
         Fault::PauseReplica { .. } | Fault::KillReplica { .. } => "#1f77b4",
+        Fault::RedisPause { .. } | Fault::RedisSlow { .. } => "#ff7f0e",
         Fault::PostgresRestart | Fault::PostgresCut { .. } | Fault::PostgresSlow { .. } => {
             "#9467bd"
         }

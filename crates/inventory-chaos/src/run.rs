@@ -147,14 +147,14 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
         tokio::time::sleep_until(due.into()).await;
         let started_ms = recorder.now_ms();
         match apply(&p.fault, &mut targets, &recorder).await {
-            Ok(outage) => {
+            Ok(down) => {
                 let healed_ms = recorder.now_ms();
-                if let Some(skus) = outage {
+                if let Some(down) = down {
                     outages.push(Outage {
                         fault: p.fault.name().into(),
                         start_ms: started_ms,
-                        end_ms: healed_ms,
-                        skus,
+                        end_ms: down.until_ms,
+                        skus: down.skus,
                     });
                 }
                 applied.push(Applied {
@@ -222,13 +222,19 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
     Ok(report)
 }
 
-/// Applies one fault and heals it; returns the SKUs Redis could not lease for meanwhile
-/// (`Some(None)`: all of them).
+/// While a fault lasted, Redis could not grant a lease for these SKUs (all, when `None`).
+struct Down {
+    skus: Option<Vec<String>>,
+    /// The moment the harness began to heal it (a restarted process may answer at once).
+    until_ms: f64,
+}
+
+/// Applies one fault and heals it; says when Redis could grant no lease meanwhile.
 async fn apply(
     fault: &Fault,
     t: &mut Targets<'_>,
     recorder: &Recorder,
-) -> anyhow::Result<Option<Option<Vec<String>>>> {
+) -> anyhow::Result<Option<Down>> {
     let ms = Duration::from_millis;
     announce(recorder, fault);
     Ok(match *fault {
@@ -244,18 +250,39 @@ async fn apply(
             t.replicas[replica].restart().await?;
             None
         }
+        Fault::RedisPause { node, for_ms } => {
+            let node = match t.redis.topology {
+                Topology::Single => 0,
+                Topology::Sentinel => t.redis.sentinel_primary().await?,
+                Topology::Cluster => node,
+            };
+            t.redis.nodes[node].pause().await?;
+            tokio::time::sleep(ms(for_ms)).await;
+            t.redis.nodes[node].resume().await?;
+            // A pause past Sentinel's down-after time ends in a failover; wait it out.
+            t.redis.wait_healthy().await?;
+            None
+        }
         Fault::RedisRestartEmpty { down_ms } => {
             t.redis.nodes[0].kill().await?;
             tokio::time::sleep(ms(down_ms)).await;
+            let until_ms = recorder.now_ms();
             t.redis.nodes[0].restart().await?;
-            Some(None)
+            Some(Down {
+                skus: None,
+                until_ms,
+            })
         }
         Fault::RedisCut { for_ms } => {
             let proxy = t.redis.proxy.as_ref().context("no Redis proxy")?;
             proxy.set_cut(true);
             tokio::time::sleep(ms(for_ms)).await;
+            let until_ms = recorder.now_ms();
             proxy.set_cut(false);
-            Some(None)
+            Some(Down {
+                skus: None,
+                until_ms,
+            })
         }
         Fault::RedisSlow { latency_ms, for_ms } => {
             let proxy = t.redis.proxy.as_ref().context("no Redis proxy")?;
@@ -283,6 +310,7 @@ async fn apply(
         Fault::ClusterNodeKill { node, down_ms } => {
             t.redis.nodes[node].kill().await?;
             tokio::time::sleep(ms(down_ms)).await;
+            let until_ms = recorder.now_ms();
             t.redis.nodes[node].restart().await?;
             t.redis.wait_healthy().await?;
             let skus = t
@@ -296,7 +324,10 @@ async fn apply(
                 })
                 .cloned()
                 .collect();
-            Some(Some(skus))
+            Some(Down {
+                skus: Some(skus),
+                until_ms,
+            })
         }
         Fault::PostgresRestart => {
             t.postgres.restart_fast().await?;

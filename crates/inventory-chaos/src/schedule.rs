@@ -18,6 +18,9 @@ pub enum Fault {
     PauseReplica { replica: usize, for_ms: u64 },
     /// SIGKILL a server replica; start it again after `down_ms`.
     KillReplica { replica: usize, down_ms: u64 },
+    /// SIGSTOP a Redis data node (the single one, Sentinel's primary, or cluster node `node`),
+    /// then SIGCONT: commands time out, then run late. Long enough, it sets off a failover.
+    RedisPause { node: usize, for_ms: u64 },
     /// SIGKILL Redis and start it again, empty: every lease and fence counter is gone.
     RedisRestartEmpty { down_ms: u64 },
     /// Sever every connection to Redis and refuse new ones.
@@ -42,6 +45,7 @@ impl Fault {
         match self {
             Fault::PauseReplica { .. } => "pause_replica",
             Fault::KillReplica { .. } => "kill_replica",
+            Fault::RedisPause { .. } => "redis_pause",
             Fault::RedisRestartEmpty { .. } => "redis_restart_empty",
             Fault::RedisCut { .. } => "redis_cut",
             Fault::RedisSlow { .. } => "redis_slow",
@@ -65,6 +69,7 @@ pub struct Planned {
 enum Kind {
     Pause,
     Kill,
+    RedisPause,
     RedisRestart,
     RedisCut,
     RedisSlow,
@@ -79,6 +84,7 @@ fn kinds(topology: Topology) -> Vec<Kind> {
     let mut kinds = vec![
         Kind::Pause,
         Kind::Kill,
+        Kind::RedisPause,
         Kind::PgRestart,
         Kind::PgCut,
         Kind::PgSlow,
@@ -123,6 +129,10 @@ pub fn plan(
                 replica: rng.random_range(0..3),
                 down_ms: rng.random_range(200..=1_500),
             },
+            Kind::RedisPause => Fault::RedisPause {
+                node: rng.random_range(0..3),
+                for_ms: rng.random_range(500..=2_500),
+            },
             Kind::RedisRestart => Fault::RedisRestartEmpty {
                 down_ms: rng.random_range(500..=2_000),
             },
@@ -163,6 +173,7 @@ pub fn plan(
 fn nominal_length(fault: &Fault) -> u64 {
     match *fault {
         Fault::PauseReplica { for_ms, .. }
+        | Fault::RedisPause { for_ms, .. }
         | Fault::RedisCut { for_ms }
         | Fault::RedisSlow { for_ms, .. }
         | Fault::PostgresCut { for_ms }

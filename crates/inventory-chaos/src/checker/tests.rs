@@ -4,7 +4,8 @@ use super::*;
 use crate::history::Snapshot;
 
 /// SKU "S": stocked with 10; k1 holds 2 and is confirmed; k2 is refused; k3's first answer is
-/// unknown, its retry holds 1, which then expires.
+/// unknown, its retry holds 1, which then expires; k4 comes while Redis is down, and its
+/// retry afterwards is refused.
 struct World {
     history: History,
     stream: Vec<SeenEvent>,
@@ -65,7 +66,7 @@ fn world() -> World {
         OpKind::Reserve,
         "k2",
         None,
-        300.0,
+        500.0,
         Outcome::Fail,
         "FailedPrecondition",
     );
@@ -79,6 +80,23 @@ fn world() -> World {
     );
     let mut k3_retry = op(OpKind::Reserve, "k3", Some("R3"), 900.0, Outcome::Ok, "Ok");
     k3_retry.phase = Phase::Resolve;
+    let k4 = op(
+        OpKind::Reserve,
+        "k4",
+        None,
+        300.0,
+        Outcome::Unknown,
+        "Unavailable",
+    );
+    let mut k4_retry = op(
+        OpKind::Reserve,
+        "k4",
+        None,
+        960.0,
+        Outcome::Fail,
+        "FailedPrecondition",
+    );
+    k4_retry.phase = Phase::Resolve;
     let stream = vec![
         event(1, "STOCK_ADJUSTED", None, 10, (10, 0, 1)),
         event(2, "RESERVATION_HELD", Some("R1"), 2, (10, 2, 2)),
@@ -120,7 +138,7 @@ fn world() -> World {
     };
     World {
         history: History {
-            ops: vec![k1, confirm, k2, k3, k3_retry],
+            ops: vec![k1, confirm, k2, k3, k3_retry, k4, k4_retry],
             snapshots: vec![Snapshot {
                 at_ms: 150.0,
                 sku: "S".into(),
@@ -132,7 +150,7 @@ fn world() -> World {
         },
         stream,
         facts,
-        // Redis was down from 150 to 400 ms: k2's refusal fell inside.
+        // Redis was down from 150 to 400 ms: k4 came and went inside.
         outages: vec![Outage {
             fault: "redis_cut".into(),
             start_ms: 150.0,
@@ -308,6 +326,13 @@ fn a_success_while_redis_was_down_fails() {
     // Not for a SKU the outage did not cover.
     w.outages[0].skus = Some(vec!["OTHER".into()]);
     assert!(verdict(&w, "unavailable_while_redis_down").passed);
+}
+
+#[test]
+fn another_answer_than_unavailable_while_redis_was_down_fails() {
+    let mut w = world();
+    w.history.ops[5].code = "DeadlineExceeded".into();
+    fails(&w, "unavailable_while_redis_down");
 }
 
 #[test]

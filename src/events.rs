@@ -32,7 +32,7 @@ const BROADCAST_RING: usize = 1024;
 const PAGE: usize = 500;
 /// Events positioned by one sequencer transaction.
 const POSITION_BATCH: usize = 1000;
-/// Fallback wake-ups: events of other replicas, transactions that held the sequencer back.
+/// Fallback wake-ups: events committed by other replicas.
 const SEQUENCER_TICK: Duration = Duration::from_millis(250);
 const TAILER_TICK: Duration = Duration::from_secs(1);
 

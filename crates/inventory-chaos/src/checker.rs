@@ -44,6 +44,15 @@ pub struct Facts {
     pub head: i64,
 }
 
+/// A fault healed at this moment; the `Reserve` calls that must succeed again soon after are
+/// those for these SKUs (any, when `None`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Heal {
+    pub fault: String,
+    pub healed_ms: f64,
+    pub skus: Option<Vec<String>>,
+}
+
 /// A span during which Redis could not grant a lease for these SKUs (all, when `None`).
 #[derive(Clone, Debug, Serialize)]
 pub struct Outage {
@@ -121,7 +130,7 @@ pub fn check(
     stream: &[SeenEvent],
     facts: &Facts,
     outages: &[Outage],
-    heals_ms: &[(String, f64)],
+    heals: &[Heal],
     load_end_ms: f64,
 ) -> Vec<Check> {
     let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
@@ -153,7 +162,7 @@ pub fn check(
         events_in_commit_order(stream),
         live_stream_consistent(history, stream),
         unavailable_while_redis_down(history, outages),
-        resumed_after_faults(history, heals_ms, load_end_ms),
+        resumed_after_faults(history, heals, load_end_ms),
     ]
 }
 
@@ -281,7 +290,7 @@ fn indeterminate_resolved(
                     v.fail(format!("{key}: the retry succeeded, {stored} rows stored"));
                 }
             }
-            Some(last) if last.outcome == Outcome::Fail && last.code != "Aborted" => {
+            Some(last) if last.outcome == Outcome::Fail && Outcome::settles(&last.code) => {
                 to_zero += 1;
                 if stored != 0 {
                     v.fail(format!(
@@ -396,6 +405,14 @@ fn stock_returned_once(stream: &[SeenEvent], facts: &Facts) -> Check {
             )),
         }
     }
+    for s in &facts.stock {
+        if !stream.iter().any(|e| e.levels.iter().any(|l| l.0 == s.sku)) {
+            v.fail(format!(
+                "{}: stored, but no event ever carried its level",
+                s.sku
+            ));
+        }
+    }
     // And from the rows alone: reserved is exactly what is still held.
     for s in &facts.stock {
         let held: i64 = facts
@@ -441,7 +458,10 @@ fn fences_increase(
             continue;
         };
         for (sku, _, fence) in &row.lines {
-            let version = version_of(e, sku).unwrap_or(-1);
+            let Some(version) = version_of(e, sku) else {
+                v.fail(format!("event {}: no level for {sku}", e.sequence));
+                continue;
+            };
             let tx = tx_of.get(e.event_id.as_str()).copied().unwrap_or("");
             per_sku.entry(sku).or_default().push((version, *fence, tx));
         }
@@ -557,7 +577,8 @@ fn live_stream_consistent(history: &History, stream: &[SeenEvent]) -> Check {
     let mut previous = 0;
     for e in &history.live_events {
         v.examined += 1;
-        if e.sequence <= previous {
+        // The watcher resumes after the last event it saw, so delivery is contiguous.
+        if e.sequence != previous + 1 {
             v.fail(format!(
                 "sequence {} delivered after {previous}",
                 e.sequence
@@ -575,8 +596,11 @@ fn live_stream_consistent(history: &History, stream: &[SeenEvent]) -> Check {
             )),
         }
     }
+    if history.live_events.is_empty() && !stream.is_empty() {
+        v.fail("the live watcher received nothing".into());
+    }
     v.note = format!(
-        "{} events received live across reconnections, in order, none changed",
+        "{} events received live across reconnections, in order, none missed or changed",
         v.examined
     );
     v.done()
@@ -586,6 +610,7 @@ fn unavailable_while_redis_down(history: &History, outages: &[Outage]) -> Check 
     let mut v = Verdict::new("unavailable_while_redis_down");
     let mut unavailable = 0;
     for outage in outages {
+        let before = v.examined;
         for op in history.ops.iter().filter(|o| o.kind == OpKind::Reserve) {
             let inside = op.invoked_ms >= outage.start_ms + OUTAGE_GRACE_MS
                 && op.completed_ms <= outage.end_ms;
@@ -614,6 +639,14 @@ fn unavailable_while_redis_down(history: &History, outages: &[Outage]) -> Check 
                 ));
             }
         }
+        // An outage of any length with no call inside it proved nothing.
+        let covered = outage.skus.as_ref().is_none_or(|skus| !skus.is_empty());
+        if covered && v.examined == before && outage.end_ms - outage.start_ms >= 1_000.0 {
+            v.fail(format!(
+                "{} ({:.0}–{:.0} ms): no Reserve call came and went inside it",
+                outage.fault, outage.start_ms, outage.end_ms
+            ));
+        }
     }
     v.note = format!(
         "{} outages, {} Reserve calls inside them, {unavailable} answered UNAVAILABLE",
@@ -623,19 +656,26 @@ fn unavailable_while_redis_down(history: &History, outages: &[Outage]) -> Check 
     v.done()
 }
 
-fn resumed_after_faults(history: &History, heals: &[(String, f64)], load_end_ms: f64) -> Check {
+fn resumed_after_faults(history: &History, heals: &[Heal], load_end_ms: f64) -> Check {
     let mut v = Verdict::new("resumed_after_faults");
-    for (fault, healed) in heals {
-        if healed + RESUME_WITHIN_MS > load_end_ms {
-            // Judged by the resolve phase instead, which must answer every key.
+    for heal in heals {
+        let (fault, healed) = (&heal.fault, heal.healed_ms);
+        // Late in the run, the resolve phase judges instead: it must answer every key.
+        // A Cluster node that served none of the run's SKUs has nothing to resume.
+        if healed + RESUME_WITHIN_MS > load_end_ms || heal.skus.as_ref().is_some_and(Vec::is_empty)
+        {
             continue;
         }
         v.examined += 1;
         let resumed = history.ops.iter().any(|o| {
             o.kind == OpKind::Reserve
                 && o.outcome == Outcome::Ok
-                && o.invoked_ms >= *healed
+                && o.invoked_ms >= healed
                 && o.completed_ms <= healed + RESUME_WITHIN_MS
+                && heal
+                    .skus
+                    .as_ref()
+                    .is_none_or(|skus| o.lines.iter().any(|l| skus.contains(&l.sku)))
         });
         if !resumed {
             v.fail(format!(

@@ -43,6 +43,18 @@ impl Outcome {
     }
 }
 
+impl Outcome {
+    /// Whether a refusal with this code settles an idempotency key: it is a stored outcome
+    /// (out of stock), or the request itself is wrong. `ABORTED` and `RESOURCE_EXHAUSTED`
+    /// refuse only the attempt: an earlier attempt with the key may still have gone through.
+    pub fn settles(code: &str) -> bool {
+        matches!(
+            code,
+            "FailedPrecondition" | "NotFound" | "InvalidArgument" | "AlreadyExists"
+        )
+    }
+}
+
 /// When the operation was made: under load and faults, or afterwards to resolve unknowns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -15,8 +15,21 @@ use tokio::process::{Child, Command};
 
 use crate::proxy::Proxy;
 
+/// A free loopback port below the kernel's ephemeral range, so that while a process is down
+/// for a restart no outgoing connection can take its port.
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768);
+    let low = ephemeral_low.saturating_sub(12_000).max(1_024);
+    for _ in 0..200 {
+        let port = rand::random_range(low..ephemeral_low);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port in {low}..{ephemeral_low}")
 }
 
 fn loopback(port: u16) -> SocketAddr {
@@ -102,9 +115,6 @@ impl Postgres {
     /// Creates a fresh cluster in `data` and starts it on a free port.
     pub async fn start(data: &Path) -> anyhow::Result<Self> {
         let as_postgres = output("id", &["-u"]).await?.trim() == "0";
-        if data.exists() {
-            std::fs::remove_dir_all(data)?;
-        }
         std::fs::create_dir_all(data)?;
         let postgres = Self {
             bin: pg_bin()?,
@@ -112,6 +122,12 @@ impl Postgres {
             port: free_port()?,
             as_postgres,
         };
+        // A run that was killed may have left its server running here.
+        if postgres.data.join("postmaster.pid").exists() {
+            postgres.stop().await;
+        }
+        std::fs::remove_dir_all(&postgres.data)?;
+        std::fs::create_dir_all(&postgres.data)?;
         if as_postgres {
             output("chown", &["postgres:", &postgres.data_str()]).await?;
             output("chmod", &["700", &postgres.data_str()]).await?;
@@ -198,6 +214,21 @@ impl Postgres {
             .arg_list(&["stop"])
             .run()
             .await;
+    }
+}
+
+impl Drop for Postgres {
+    /// Best effort, for a run that ends early: the server is a daemon, not a child.
+    fn drop(&mut self) {
+        if self.data.join("postmaster.pid").exists() {
+            let command = self.ctl("pg_ctl", &["-D", &self.data_str(), "-m", "immediate"]);
+            let _ = std::process::Command::new(&command.0[0])
+                .args(&command.0[1..])
+                .arg("stop")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
     }
 }
 

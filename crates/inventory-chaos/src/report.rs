@@ -17,6 +17,8 @@ use crate::{
 pub struct Applied {
     pub fault: Fault,
     pub started_ms: f64,
+    /// How much later than scheduled it started (an earlier fault took long to heal).
+    pub late_ms: f64,
     /// When everything it broke served again (a restarted process answering, a cluster `ok`).
     pub healed_ms: f64,
     /// `Reserve` answers to calls made while it lasted, by status code.
@@ -95,10 +97,15 @@ impl RunReport {
         for a in &self.applied {
             let _ = writeln!(
                 out,
-                "  {:>6.1} s  {:<20} healed after {:>5.1} s   reserve: {}",
+                "  {:>6.1} s  {:<20} healed after {:>5.1} s{}   reserve: {}",
                 a.started_ms / 1000.0,
                 a.fault.name(),
                 (a.healed_ms - a.started_ms) / 1000.0,
+                if a.late_ms > 500.0 {
+                    format!(" ({:.1} s late)", a.late_ms / 1000.0)
+                } else {
+                    String::new()
+                },
                 codes_line(&a.reserve_codes)
             );
         }

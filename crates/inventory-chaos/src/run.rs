@@ -11,7 +11,7 @@ use anyhow::{Context as _, bail};
 use tokio::process::Command;
 
 use crate::{
-    checker::{self, Facts, Outage, OutboxRow, ReservationRow, StockRow},
+    checker::{self, Facts, Heal, Outage, OutboxRow, ReservationRow, StockRow},
     history::{History, Op, OpKind, Outcome, Phase, Recorder},
     procs::{Postgres, Redis, Replica, Topology},
     proxy::Proxy,
@@ -43,12 +43,17 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// The command that runs this schedule, and these shoppers' choices, again.
     pub fn replay(&self) -> String {
         format!(
-            "make chaos TOPOLOGIES={} SEED={} DURATION={}s",
+            "target/release/inventory-chaos --topologies {} --seed {} --duration {}s \
+             --clients {} --skus {} --stock {}",
             self.topology.name(),
             self.seed,
-            self.duration.as_secs()
+            self.duration.as_secs(),
+            self.clients,
+            self.skus,
+            self.stock
         )
     }
 }
@@ -142,10 +147,17 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
     let mut applied = Vec::new();
     let mut outages = Vec::new();
     let mut fault_error = None;
+    // A fault that could not start on time (an earlier one took long to heal) still runs,
+    // late; one that would start too near the end is left out, so every fault heals while
+    // the load runs.
+    let last_start_ms = config.duration.as_millis() as f64 - 4_000.0;
     for p in &planned {
         let due = started + Duration::from_millis(p.at_ms);
         tokio::time::sleep_until(due.into()).await;
         let started_ms = recorder.now_ms();
+        if started_ms > last_start_ms {
+            break;
+        }
         match apply(&p.fault, &mut targets, &recorder).await {
             Ok(down) => {
                 let healed_ms = recorder.now_ms();
@@ -160,6 +172,7 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
                 applied.push(Applied {
                     fault: p.fault.clone(),
                     started_ms,
+                    late_ms: started_ms - p.at_ms as f64,
                     healed_ms,
                     reserve_codes: Default::default(),
                 });
@@ -187,9 +200,17 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
     let facts = read_facts(&client).await?;
     let stream = workload::read_stream(&endpoints, facts.head).await?;
     let history = recorder.take();
-    let heals: Vec<(String, f64)> = applied
+    let heals: Vec<Heal> = applied
         .iter()
-        .map(|a| (a.fault.name().to_owned(), a.healed_ms))
+        .map(|a| Heal {
+            fault: a.fault.name().to_owned(),
+            healed_ms: a.healed_ms,
+            // After a Cluster node comes back, it is its own SKUs that must sell again.
+            skus: outages
+                .iter()
+                .find(|o| o.start_ms == a.started_ms)
+                .and_then(|o| o.skus.clone()),
+        })
         .collect();
     let checks = checker::check(&history, &stream, &facts, &outages, &heals, load_end_ms);
     for a in &mut applied {
@@ -356,6 +377,7 @@ fn announce(recorder: &Recorder, fault: &Fault) {
 /// until it gets a definite answer: the answer says whether the first attempt took effect.
 /// Returns how many keys needed it.
 async fn resolve(endpoints: &Endpoints, recorder: &Recorder) -> usize {
+    use futures::StreamExt as _;
     let ops = recorder.ops();
     let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for op in ops
@@ -382,29 +404,40 @@ async fn resolve(endpoints: &Endpoints, recorder: &Recorder) -> usize {
         timeout: Duration::from_secs(5),
         attempts: 5,
     };
-    for op in &pending {
-        let key = op.key.as_deref().unwrap_or("");
-        for _ in 0..10 {
-            let outcome = match op.kind {
-                OpKind::Reserve => {
-                    let ttl_ms = op.ttl_ms.unwrap_or(1_000);
-                    caller.reserve(0, key, &op.lines, ttl_ms).await.0
-                }
-                _ => {
-                    let line = &op.lines[0];
-                    caller.adjust(key, &line.sku, line.quantity).await
-                }
-            };
-            // ABORTED: another attempt with this key was still in progress, or the lease was
-            // busy; it says nothing about the outcome, so ask again.
-            let aborted = recorder.last_code_of(key).is_some_and(|c| c == "Aborted");
-            if outcome == Outcome::Ok || (outcome == Outcome::Fail && !aborted) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    }
+    // Eight keys at a time, within one minute in all: a key still unknown after that fails
+    // the checker rather than hanging the run.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    futures::stream::iter(&pending)
+        .for_each_concurrent(8, |op| resolve_key(&caller, op, deadline))
+        .await;
     pending.len()
+}
+
+/// Sends one key again until its answer settles it, or the deadline passes.
+async fn resolve_key(caller: &Caller<'_>, op: &Op, deadline: Instant) {
+    let key = op.key.as_deref().unwrap_or("");
+    while Instant::now() < deadline {
+        let outcome = match op.kind {
+            OpKind::Reserve => {
+                let ttl_ms = op.ttl_ms.unwrap_or(1_000);
+                caller.reserve(0, key, &op.lines, ttl_ms).await.0
+            }
+            _ => {
+                let line = &op.lines[0];
+                caller.adjust(key, &line.sku, line.quantity).await
+            }
+        };
+        // ABORTED or RESOURCE_EXHAUSTED refuse only this attempt (another with the key was in
+        // progress, the lease was busy): they say nothing of the outcome, so ask again.
+        let settled = caller
+            .recorder
+            .last_code_of(key)
+            .is_some_and(|code| Outcome::settles(&code));
+        if outcome == Outcome::Ok || (outcome == Outcome::Fail && settled) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 async fn create_database(
@@ -470,7 +503,17 @@ async fn wait_quiet(client: &tokio_postgres::Client) -> anyhow::Result<()> {
     }
 }
 
+/// The rows, all from one snapshot.
 async fn read_facts(client: &tokio_postgres::Client) -> anyhow::Result<Facts> {
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await?;
+    let facts = read_rows(client).await;
+    client.batch_execute("COMMIT").await?;
+    facts
+}
+
+async fn read_rows(client: &tokio_postgres::Client) -> anyhow::Result<Facts> {
     let mut facts = Facts::default();
     let rows = client
         .query(

@@ -106,8 +106,8 @@ impl PgStore {
         self.outbox_written.notified().await;
     }
 
-    /// One sequencer run: positions up to `batch` events whose transactions have all finished,
-    /// moves the head and notifies listeners, in one transaction.
+    /// One sequencer run: positions up to `batch` committed events in `sequence` order, moves
+    /// the head and notifies listeners, in one transaction.
     #[tracing::instrument(skip_all)]
     pub async fn position_events(&self, batch: usize) -> Result<Positioned, Error> {
         let mut client = self.pool().get().await.map_err(from_pool)?;

@@ -11,7 +11,7 @@ struct World {
     stream: Vec<SeenEvent>,
     facts: Facts,
     outages: Vec<Outage>,
-    heals: Vec<(String, f64)>,
+    heals: Vec<Heal>,
 }
 
 fn line(quantity: i64) -> Vec<Line> {
@@ -54,6 +54,14 @@ fn event(sequence: i64, kind: &str, id: Option<&str>, q: i64, level: (i64, i64, 
         delta: id.is_none().then_some(q),
         lines: if id.is_some() { line(q) } else { Vec::new() },
         levels: vec![("S".into(), level.0, level.1, level.2)],
+    }
+}
+
+fn heal(healed_ms: f64, skus: Option<Vec<String>>) -> Heal {
+    Heal {
+        fault: "redis_cut".into(),
+        healed_ms,
+        skus,
     }
 }
 
@@ -157,7 +165,7 @@ fn world() -> World {
             end_ms: 400.0,
             skus: None,
         }],
-        heals: vec![("redis_cut".into(), 50.0)],
+        heals: vec![heal(50.0, None)],
     }
 }
 
@@ -338,6 +346,54 @@ fn another_answer_than_unavailable_while_redis_was_down_fails() {
 #[test]
 fn no_success_after_a_fault_healed_fails() {
     let mut w = world();
-    w.heals = vec![("redis_cut".into(), 1_000.0)];
+    w.heals = vec![heal(1_000.0, None)];
     fails(&w, "resumed_after_faults");
+}
+
+#[test]
+fn a_success_on_another_nodes_sku_does_not_count_as_resuming() {
+    let mut w = world();
+    // k1 succeeded 50 ms after the heal, but on S; the healed node served only T.
+    w.heals = vec![heal(50.0, Some(vec!["T".into()]))];
+    fails(&w, "resumed_after_faults");
+    w.heals = vec![heal(50.0, Some(vec!["S".into()]))];
+    assert!(verdict(&w, "resumed_after_faults").passed);
+}
+
+#[test]
+fn a_gap_in_the_live_stream_fails() {
+    let mut w = world();
+    w.history.live_events.remove(1);
+    fails(&w, "live_stream_consistent");
+    let mut w = world();
+    w.history.live_events.clear();
+    fails(&w, "live_stream_consistent");
+}
+
+#[test]
+fn a_retry_refused_for_lack_of_room_does_not_settle_a_key() {
+    let mut w = world();
+    // k4's retry was turned away at the door: that says nothing about its first attempt.
+    w.history.ops[6].code = "ResourceExhausted".into();
+    fails(&w, "indeterminate_resolved");
+}
+
+#[test]
+fn a_long_outage_with_no_call_inside_proves_nothing() {
+    let mut w = world();
+    w.outages[0].start_ms = 2_000.0;
+    w.outages[0].end_ms = 3_500.0;
+    fails(&w, "unavailable_while_redis_down");
+}
+
+#[test]
+fn a_stock_row_no_event_ever_described_fails() {
+    let mut w = world();
+    w.facts.stock.push(StockRow {
+        sku: "U".into(),
+        on_hand: 0,
+        reserved: 0,
+        version: 1,
+    });
+    fails(&w, "stock_moves_exactly_once");
 }

@@ -62,6 +62,32 @@ async fn signal(child: &Child, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A child process the faults act on: killed (SIGKILL), paused (SIGSTOP), resumed (SIGCONT).
+/// Dropping it kills the process (`kill_on_drop`), stopped or not.
+#[derive(Debug, Default)]
+struct Process(Option<Child>);
+
+impl Process {
+    fn running(&self) -> anyhow::Result<&Child> {
+        self.0.as_ref().context("not running")
+    }
+
+    async fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.0.take() {
+            child.kill().await?;
+        }
+        Ok(())
+    }
+
+    async fn pause(&self) -> anyhow::Result<()> {
+        signal(self.running()?, "STOP").await
+    }
+
+    async fn resume(&self) -> anyhow::Result<()> {
+        signal(self.running()?, "CONT").await
+    }
+}
+
 async fn poll<F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<()>
 where
     F: FnMut() -> Fut,
@@ -257,7 +283,7 @@ pub struct RedisNode {
     dir: PathBuf,
     args: Vec<String>,
     sentinel: bool,
-    child: Option<Child>,
+    process: Process,
 }
 
 impl RedisNode {
@@ -268,7 +294,7 @@ impl RedisNode {
             dir,
             sentinel: args.iter().any(|a| a == "--sentinel"),
             args,
-            child: None,
+            process: Process::default(),
         };
         node.spawn().await?;
         Ok(node)
@@ -293,7 +319,7 @@ impl RedisNode {
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true);
-        self.child = Some(command.spawn().context("start redis-server")?);
+        self.process = Process(Some(command.spawn().context("start redis-server")?));
         let port = self.port.to_string();
         poll(
             "redis-server did not answer PING",
@@ -319,10 +345,7 @@ impl RedisNode {
     }
 
     pub async fn kill(&mut self) -> anyhow::Result<()> {
-        if let Some(mut child) = self.child.take() {
-            child.kill().await?;
-        }
-        Ok(())
+        self.process.kill().await
     }
 
     pub async fn restart(&mut self) -> anyhow::Result<()> {
@@ -331,11 +354,11 @@ impl RedisNode {
     }
 
     pub async fn pause(&self) -> anyhow::Result<()> {
-        signal(self.child.as_ref().context("not running")?, "STOP").await
+        self.process.pause().await
     }
 
     pub async fn resume(&self) -> anyhow::Result<()> {
-        signal(self.child.as_ref().context("not running")?, "CONT").await
+        self.process.resume().await
     }
 }
 
@@ -587,7 +610,7 @@ pub struct Replica {
     server: PathBuf,
     env: Vec<(String, String)>,
     log: PathBuf,
-    child: Option<Child>,
+    process: Process,
 }
 
 impl Replica {
@@ -603,7 +626,7 @@ impl Replica {
             server: server.to_owned(),
             env,
             log: dir.join(format!("replica-{index}.log")),
-            child: None,
+            process: Process::default(),
         };
         replica.spawn().await?;
         Ok(replica)
@@ -641,15 +664,12 @@ impl Replica {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        self.child = Some(child);
+        self.process = Process(Some(child));
         Ok(())
     }
 
     pub async fn kill(&mut self) -> anyhow::Result<()> {
-        if let Some(mut child) = self.child.take() {
-            child.kill().await?;
-        }
-        Ok(())
+        self.process.kill().await
     }
 
     pub async fn restart(&mut self) -> anyhow::Result<()> {
@@ -658,16 +678,16 @@ impl Replica {
     }
 
     pub async fn pause(&self) -> anyhow::Result<()> {
-        signal(self.child.as_ref().context("not running")?, "STOP").await
+        self.process.pause().await
     }
 
     pub async fn resume(&self) -> anyhow::Result<()> {
-        signal(self.child.as_ref().context("not running")?, "CONT").await
+        self.process.resume().await
     }
 
     /// SIGTERM, as an orchestrator stops a pod, then wait.
     pub async fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        if let Some(mut child) = self.process.0.take() {
             let _ = signal(&child, "CONT").await;
             let _ = signal(&child, "TERM").await;
             if tokio::time::timeout(Duration::from_secs(10), child.wait())

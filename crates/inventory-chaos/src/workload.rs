@@ -166,24 +166,23 @@ pub fn start(config: WorkloadConfig, endpoints: Endpoints, recorder: Recorder) -
     let (stop, stopped) = watch::channel(false);
     let config = Arc::new(config);
     let mut tasks = Vec::new();
-    for client in 0..config.clients {
-        let (config, endpoints, recorder, stopped) = (
+    // Each task gets its own handles to the shared pieces.
+    let handles = || {
+        (
             config.clone(),
             endpoints.clone(),
             recorder.clone(),
             stopped.clone(),
-        );
+        )
+    };
+    for client in 0..config.clients {
+        let (config, endpoints, recorder, stopped) = handles();
         tasks.push(tokio::spawn(async move {
             shopper(client, &config, &endpoints, &recorder, stopped).await;
         }));
     }
     {
-        let (config, endpoints, recorder, stopped) = (
-            config.clone(),
-            endpoints.clone(),
-            recorder.clone(),
-            stopped.clone(),
-        );
+        let (config, endpoints, recorder, stopped) = handles();
         tasks.push(tokio::spawn(async move {
             stocker(&config, &endpoints, &recorder, stopped).await;
         }));

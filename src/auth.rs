@@ -2,25 +2,33 @@
 //! mutual TLS, their client certificate. Credentials are configured only as SHA-256 digests
 //! and never logged. Each caller has one role:
 //!
-//! | role | may call |
-//! |---|---|
-//! | `reader` | `GetStock`, `GetReservation`, `WatchEvents` |
-//! | `reserver` | the above, `Reserve`, `ConfirmReservation`, `ReleaseReservation` |
-//! | `admin` | the above, `AdjustStock` |
+//! | role | may call | reservations it sees |
+//! |---|---|---|
+//! | `reader` | `GetStock`, `GetReservation` | its own |
+//! | `reserver` | the above, `Reserve`, `ConfirmReservation`, `ReleaseReservation` | its own |
+//! | `watcher` | `GetStock`, `GetReservation`, `WatchEvents` | every caller's (read only) |
+//! | `admin` | every call | every caller's |
 //!
-//! The caller's name scopes idempotency keys, so one client can never replay or collide with
-//! another's key. Health and reflection need no credentials.
+//! A reservation outside what a caller sees answers `NOT_FOUND`, exactly like one that does
+//! not exist. The caller's name also scopes idempotency keys, so one client can never replay
+//! or collide with another's key. Health and reflection need no credentials.
+//!
+//! The credentials file is re-read while the server runs ([`Gate::replace`]), so tokens rotate
+//! without a restart.
 
-use std::{collections::HashMap, fmt, path::Path};
+use std::{collections::HashMap, fmt, path::Path, sync::Arc};
 
-use inventory_core::domain::Caller;
+use arc_swap::ArcSwap;
+
+use inventory_core::domain::{Caller, Scope};
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Reader,
     Reserver,
+    Watcher,
     Admin,
 }
 
@@ -29,34 +37,63 @@ impl Role {
         Some(match raw {
             "reader" => Self::Reader,
             "reserver" => Self::Reserver,
+            "watcher" => Self::Watcher,
             "admin" => Self::Admin,
             _ => return None,
         })
     }
-}
 
-/// What a call needs: the least role allowed to make it.
-#[derive(Clone, Copy, Debug)]
-pub enum Action {
-    Read,
-    Reserve,
-    Adjust,
-}
-
-impl Action {
-    fn needs(self) -> Role {
-        match self {
-            Self::Read => Role::Reader,
-            Self::Reserve => Role::Reserver,
-            Self::Adjust => Role::Admin,
+    /// The role table: whether this role may make calls of this kind.
+    fn may(self, action: Action) -> bool {
+        match action {
+            Action::Read => true,
+            Action::Reserve => matches!(self, Self::Reserver | Self::Admin),
+            Action::Watch => matches!(self, Self::Watcher | Self::Admin),
+            Action::Adjust => self == Self::Admin,
         }
     }
 }
 
+/// What a call needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Stock levels and reservations (`GetStock`, `GetReservation`).
+    Read,
+    /// Making and settling reservations.
+    Reserve,
+    /// The event stream: every caller's orders, so a role of its own.
+    Watch,
+    /// Changing stock.
+    Adjust,
+}
+
+/// An authenticated caller and its role.
 #[derive(Clone, Debug)]
-struct Principal {
+pub struct Principal {
     caller: Caller,
     role: Role,
+}
+
+impl Principal {
+    pub fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
+    /// The reservations this caller may read: `watcher` and `admin` read every caller's.
+    pub fn read_scope(&self) -> Scope {
+        match self.role {
+            Role::Watcher | Role::Admin => Scope::All,
+            Role::Reader | Role::Reserver => Scope::Own(self.caller.clone()),
+        }
+    }
+
+    /// The reservations this caller may change: only `admin` changes another's.
+    pub fn write_scope(&self) -> Scope {
+        match self.role {
+            Role::Admin => Scope::All,
+            _ => Scope::Own(self.caller.clone()),
+        }
+    }
 }
 
 /// The configured credentials, or the explicit choice to run without.
@@ -123,7 +160,7 @@ impl Authenticator {
             };
             let Some(role) = Role::parse(role) else {
                 problems.push(format!(
-                    "AUTH_TOKENS_FILE line {number}: role must be reader, reserver or admin"
+                    "AUTH_TOKENS_FILE line {number}: role must be reader, reserver, watcher or admin"
                 ));
                 continue;
             };
@@ -169,19 +206,23 @@ impl Authenticator {
         }
     }
 
-    /// The caller, if its credentials allow `action`.
-    pub fn authorize<T>(&self, request: &Request<T>, action: Action) -> Result<Caller, Status> {
+    /// The caller, if its credentials allow `action`. Without authentication every call is
+    /// the anonymous caller's, with every right.
+    pub fn authorize<T>(&self, request: &Request<T>, action: Action) -> Result<Principal, Status> {
         if self.disabled {
-            return Ok(Caller::anonymous());
+            return Ok(Principal {
+                caller: Caller::anonymous(),
+                role: Role::Admin,
+            });
         }
         let principal = self.identify(request)?;
-        if principal.role < action.needs() {
+        if !principal.role.may(action) {
             return Err(Status::permission_denied(format!(
                 "caller {} may not make this call",
                 principal.caller.as_str()
             )));
         }
-        Ok(principal.caller.clone())
+        Ok(principal.clone())
     }
 
     fn identify<T>(&self, request: &Request<T>) -> Result<&Principal, Status> {
@@ -211,6 +252,25 @@ impl Authenticator {
         Err(Status::unauthenticated(
             "credentials required: send 'authorization: Bearer <token>'",
         ))
+    }
+}
+
+/// The credentials in force, swapped whole when the credentials file changes: a call in
+/// flight keeps the set it was authorized with, the next call sees the new one.
+#[derive(Clone, Debug)]
+pub struct Gate(Arc<ArcSwap<Authenticator>>);
+
+impl Gate {
+    pub fn new(authenticator: Authenticator) -> Self {
+        Self(Arc::new(ArcSwap::from_pointee(authenticator)))
+    }
+
+    pub fn authorize<T>(&self, request: &Request<T>, action: Action) -> Result<Principal, Status> {
+        self.0.load().authorize(request, action)
+    }
+
+    pub fn replace(&self, authenticator: Authenticator) {
+        self.0.store(Arc::new(authenticator));
     }
 }
 
@@ -259,8 +319,36 @@ mod tests {
     }
 
     #[test]
-    fn roles_are_ordered_by_what_they_may_do() {
-        assert!(Role::Reader < Role::Reserver && Role::Reserver < Role::Admin);
-        assert_eq!(Action::Adjust.needs(), Role::Admin);
+    fn the_role_table_gives_each_role_exactly_its_calls() {
+        use Action::*;
+        let table = [
+            (Role::Reader, [true, false, false, false]),
+            (Role::Reserver, [true, true, false, false]),
+            (Role::Watcher, [true, false, true, false]),
+            (Role::Admin, [true, true, true, true]),
+        ];
+        for (role, allowed) in table {
+            for (action, allowed) in [Read, Reserve, Watch, Adjust].into_iter().zip(allowed) {
+                assert_eq!(role.may(action), allowed, "{role:?} {action:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn only_admin_changes_and_only_watcher_and_admin_read_every_callers_reservations() {
+        let name = Caller::parse("svc").unwrap();
+        let principal = |role| Principal {
+            caller: name.clone(),
+            role,
+        };
+        let own = Scope::Own(name.clone());
+        for role in [Role::Reader, Role::Reserver] {
+            assert_eq!(principal(role).read_scope(), own);
+            assert_eq!(principal(role).write_scope(), own);
+        }
+        assert_eq!(principal(Role::Watcher).read_scope(), Scope::All);
+        assert_eq!(principal(Role::Watcher).write_scope(), own);
+        assert_eq!(principal(Role::Admin).read_scope(), Scope::All);
+        assert_eq!(principal(Role::Admin).write_scope(), Scope::All);
     }
 }

@@ -2,14 +2,18 @@
 //! same meaning; `--help` lists them. Values are checked before anything binds or connects, so
 //! bad configuration ends the process at once with a clear message.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use inventory_core::{coalesce::CoalesceConfig, domain::Ttl};
 
 use crate::auth::Authenticator;
 use inventory_postgres::{PgConfig, PoolSettings};
-use inventory_redis::{KeyPrefix, LeaseSettings, RedisConfig, RedisSettings};
+use inventory_redis::{KeyPrefix, LeaseSettings, RedisConfig, RedisSettings, RedisTlsFiles};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -54,7 +58,9 @@ pub enum LogFormat {
 
 #[derive(Debug, Args)]
 pub struct DatabaseArgs {
-    /// PostgreSQL connection URL, e.g. postgres://user:pass@host:5432/inventory.
+    /// PostgreSQL connection URL, e.g. postgres://user:pass@host:5432/inventory. TLS follows
+    /// libpq: sslmode=disable|prefer|require|verify-ca|verify-full, sslrootcert=<CA file or
+    /// system>, sslcert/sslkey for a client certificate.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
 }
@@ -80,6 +86,19 @@ pub struct ServeArgs {
     /// Redis URL: redis://, rediss://, redis-sentinel:// or redis-cluster://.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: String,
+
+    /// PEM CA bundle that signed the Redis server's certificate (rediss:// only). Unset: the
+    /// system's roots.
+    #[arg(long, env = "REDIS_TLS_CA_FILE")]
+    pub redis_tls_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for Redis servers that require one (rediss:// only).
+    #[arg(long, env = "REDIS_TLS_CERT_FILE")]
+    pub redis_tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of REDIS_TLS_CERT_FILE.
+    #[arg(long, env = "REDIS_TLS_KEY_FILE")]
+    pub redis_tls_key_file: Option<PathBuf>,
 
     /// Namespace of every Redis key: environment, and tenant where Redis is shared.
     #[arg(long, env = "REDIS_KEY_PREFIX", default_value = "inventory:local")]
@@ -181,6 +200,11 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTH_TOKENS_FILE")]
     pub auth_tokens_file: Option<PathBuf>,
 
+    /// Accept bearer tokens on a plaintext, non-loopback gRPC port: only behind a mesh whose
+    /// sidecar terminates TLS. Without it such a server refuses to start.
+    #[arg(long, env = "ALLOW_PLAINTEXT_TOKENS", default_value_t = false, value_parser = clap::builder::BoolishValueParser::new())]
+    pub allow_plaintext_tokens: bool,
+
     /// Serve every call without credentials. Only for local use; never the default.
     #[arg(long, env = "AUTH_DISABLED", default_value_t = false, value_parser = clap::builder::BoolishValueParser::new())]
     pub auth_disabled: bool,
@@ -223,7 +247,55 @@ pub struct Settings {
     pub health_listen_addr: Option<SocketAddr>,
     pub admin_listen_addr: Option<SocketAddr>,
     pub auth: Authenticator,
+    /// The files re-read on SIGHUP and whenever they change.
+    pub reload: ReloadSources,
     pub shutdown_grace: Duration,
+}
+
+/// Files the running server re-reads, so credentials rotate without a restart.
+#[derive(Clone, Debug, Default)]
+pub struct ReloadSources {
+    pub auth_tokens_file: Option<PathBuf>,
+    pub tls: Option<TlsFiles>,
+}
+
+/// Where the gRPC port's TLS material lives.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// Reads all three files; each problem names its setting.
+    pub fn read(&self) -> Result<TlsSettings, Vec<String>> {
+        let mut problems = Vec::new();
+        let mut read = |name: &str, path: &Path| {
+            std::fs::read(path)
+                .map_err(|error| problems.push(format!("{name} {}: {error}", path.display())))
+                .ok()
+        };
+        let cert_pem = read("TLS_CERT_FILE", &self.cert);
+        let key_pem = read("TLS_KEY_FILE", &self.key);
+        let client_ca_pem = self
+            .client_ca
+            .as_ref()
+            .map(|ca| read("TLS_CLIENT_CA_FILE", ca));
+        match (cert_pem, key_pem, client_ca_pem) {
+            (Some(cert_pem), Some(key_pem), None) => Ok(TlsSettings {
+                cert_pem,
+                key_pem,
+                client_ca_pem: None,
+            }),
+            (Some(cert_pem), Some(key_pem), Some(Some(ca))) => Ok(TlsSettings {
+                cert_pem,
+                key_pem,
+                client_ca_pem: Some(ca),
+            }),
+            _ => Err(problems),
+        }
+    }
 }
 
 /// The server's TLS material, read at start-up.
@@ -244,12 +316,7 @@ impl std::fmt::Debug for TlsSettings {
     }
 }
 
-fn read_tls(args: &ServeArgs, problems: &mut Vec<String>) -> Option<TlsSettings> {
-    let mut read = |name: &str, path: &PathBuf| {
-        std::fs::read(path)
-            .map_err(|error| problems.push(format!("{name} {}: {error}", path.display())))
-            .ok()
-    };
+fn tls_files(args: &ServeArgs, problems: &mut Vec<String>) -> Option<TlsFiles> {
     match (&args.tls_cert_file, &args.tls_key_file) {
         (None, None) => {
             if args.tls_client_ca_file.is_some() {
@@ -257,19 +324,11 @@ fn read_tls(args: &ServeArgs, problems: &mut Vec<String>) -> Option<TlsSettings>
             }
             None
         }
-        (Some(cert), Some(key)) => {
-            let cert_pem = read("TLS_CERT_FILE", cert);
-            let key_pem = read("TLS_KEY_FILE", key);
-            let client_ca_pem = match &args.tls_client_ca_file {
-                Some(ca) => Some(read("TLS_CLIENT_CA_FILE", ca)?),
-                None => None,
-            };
-            Some(TlsSettings {
-                cert_pem: cert_pem?,
-                key_pem: key_pem?,
-                client_ca_pem,
-            })
-        }
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: args.tls_client_ca_file.clone(),
+        }),
         _ => {
             problems.push("TLS_CERT_FILE and TLS_KEY_FILE must be set together".into());
             None
@@ -284,13 +343,21 @@ impl Settings {
         let database = parse_database_url(&args.database.database_url)
             .map_err(|problem| problems.push(problem))
             .ok();
-        let redis = inventory_redis::parse_url(&args.redis_url)
-            .map_err(|error| problems.push(format!("REDIS_URL is not a valid Redis URL: {error}")))
+        let redis_tls = RedisTlsFiles {
+            ca: args.redis_tls_ca_file.clone(),
+            cert: args.redis_tls_cert_file.clone(),
+            key: args.redis_tls_key_file.clone(),
+        };
+        let redis = inventory_redis::parse_url_with_tls(&args.redis_url, &redis_tls)
+            .map_err(|error| problems.push(format!("REDIS_URL: {}", error.details())))
             .ok();
         let key_prefix = KeyPrefix::parse(&args.redis_key_prefix)
             .map_err(|problem| problems.push(format!("REDIS_KEY_PREFIX {problem}")))
             .ok();
-        let tls = read_tls(args, &mut problems);
+        let tls_files = tls_files(args, &mut problems);
+        let tls = tls_files
+            .as_ref()
+            .and_then(|files| files.read().map_err(|found| problems.extend(found)).ok());
         let auth = match (&args.auth_tokens_file, args.auth_disabled) {
             (Some(_), true) => {
                 problems.push("AUTH_TOKENS_FILE and AUTH_DISABLED exclude each other".into());
@@ -308,6 +375,18 @@ impl Settings {
                 None
             }
         };
+        if args.auth_tokens_file.is_some()
+            && tls_files.is_none()
+            && !args.listen_addr.ip().is_loopback()
+            && !args.allow_plaintext_tokens
+        {
+            problems.push(format!(
+                "AUTH_TOKENS_FILE without TLS would take bearer tokens in the clear on {}: set \
+                 TLS_CERT_FILE and TLS_KEY_FILE, listen on loopback, or set \
+                 ALLOW_PLAINTEXT_TOKENS=true if a sidecar terminates TLS in front of this port",
+                args.listen_addr
+            ));
+        }
         let default_ttl = Ttl::parse(args.reservation_default_ttl)
             .map_err(|problem| problems.push(format!("RESERVATION_DEFAULT_TTL {problem}")))
             .ok();
@@ -378,6 +457,10 @@ impl Settings {
                     health_listen_addr: args.health_listen_addr,
                     admin_listen_addr: args.admin_listen_addr,
                     auth,
+                    reload: ReloadSources {
+                        auth_tokens_file: args.auth_tokens_file.clone(),
+                        tls: tls_files,
+                    },
                     shutdown_grace: args.shutdown_grace,
                 })
             }
@@ -386,10 +469,10 @@ impl Settings {
     }
 }
 
-/// Parses `DATABASE_URL` without echoing it: it may hold a password.
+/// Parses `DATABASE_URL` (and reads the TLS files it names) without echoing it: it may hold a
+/// password.
 pub fn parse_database_url(url: &str) -> Result<PgConfig, String> {
-    inventory_postgres::parse_url(url)
-        .map_err(|error| format!("DATABASE_URL is not a valid PostgreSQL URL: {error}"))
+    inventory_postgres::parse_url(url).map_err(|error| format!("DATABASE_URL: {error}"))
 }
 
 /// Every problem found in the configuration.

@@ -10,7 +10,7 @@ use std::{
 
 use inventory_core::{
     Error,
-    command::{AdjustStock, GetStock, ReservationRef, Reserve, WatchEvents},
+    command::{AdjustStock, GetStock, Reserve, WatchEvents},
     domain::{Line, Reservation, ReservationState, StockLevel},
     events::{Change, Event},
 };
@@ -20,8 +20,9 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 use tracing::Instrument as _;
 
 use crate::{
-    auth::{Action, Authenticator},
+    auth::{Action, Gate},
     events::EventHub,
+    parse::reservation_ref,
     proto,
     startup::Service,
     status::to_status,
@@ -30,7 +31,7 @@ use crate::{
 #[derive(Debug)]
 pub struct InventoryApi {
     inventory: Arc<Service>,
-    auth: Authenticator,
+    auth: Gate,
     events: EventHub,
     /// Longest a `Reserve` waits for busy leases, whatever the client's deadline.
     lease_wait: Duration,
@@ -41,7 +42,7 @@ pub struct InventoryApi {
 impl InventoryApi {
     pub fn new(
         inventory: Arc<Service>,
-        auth: Authenticator,
+        auth: Gate,
         events: EventHub,
         lease_wait: Duration,
         max_in_flight: usize,
@@ -210,11 +211,11 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::AdjustStockRequest>,
     ) -> Result<Response<proto::StockLevel>, Status> {
-        let caller = self.auth.authorize(&request, Action::Adjust)?;
+        let principal = self.auth.authorize(&request, Action::Adjust)?;
         let _admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
         let mut command = AdjustStock::try_from(request.into_inner()).map_err(to_status)?;
-        command.caller = caller;
+        command.caller = principal.caller().clone();
         let level = within(answer_by, self.inventory.adjust_stock(&command))
             .await
             .map_err(to_status)?;
@@ -243,7 +244,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::ReserveRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
-        let caller = self.auth.authorize(&request, Action::Reserve)?;
+        let principal = self.auth.authorize(&request, Action::Reserve)?;
         let _admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
         let server_bound = Instant::now() + self.lease_wait;
@@ -252,7 +253,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         let lease_deadline = answer_by.map_or(server_bound, |by| by.min(server_bound));
         let deadline_binds = answer_by.is_some_and(|by| by < server_bound);
         let mut command = Reserve::try_from(request.into_inner()).map_err(to_status)?;
-        command.caller = caller;
+        command.caller = principal.caller().clone();
         // Runs on its own task: a client that gives up (deadline, disconnect) drops this
         // handler, and would otherwise cancel the work between lease and release, leaving the
         // SKU blocked for a whole lease TTL. The reservation finishes and releases either way;
@@ -280,10 +281,11 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::ConfirmReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
-        self.auth.authorize(&request, Action::Reserve)?;
+        let principal = self.auth.authorize(&request, Action::Reserve)?;
         let _admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
-        let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
+        let target = reservation_ref(&request.get_ref().reservation_id, principal.write_scope())
+            .map_err(to_status)?;
         let reservation = within(answer_by, self.inventory.confirm(target))
             .await
             .map_err(to_status)?;
@@ -295,10 +297,11 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::ReleaseReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
-        self.auth.authorize(&request, Action::Reserve)?;
+        let principal = self.auth.authorize(&request, Action::Reserve)?;
         let _admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
-        let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
+        let target = reservation_ref(&request.get_ref().reservation_id, principal.write_scope())
+            .map_err(to_status)?;
         let reservation = within(answer_by, self.inventory.release(target))
             .await
             .map_err(to_status)?;
@@ -310,10 +313,11 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::GetReservationRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
-        self.auth.authorize(&request, Action::Read)?;
+        let principal = self.auth.authorize(&request, Action::Read)?;
         let _admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
-        let target = ReservationRef::try_from(request.into_inner()).map_err(to_status)?;
+        let target = reservation_ref(&request.get_ref().reservation_id, principal.read_scope())
+            .map_err(to_status)?;
         let reservation = within(answer_by, self.inventory.get_reservation(target))
             .await
             .map_err(to_status)?;
@@ -327,7 +331,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
-        self.auth.authorize(&request, Action::Read)?;
+        self.auth.authorize(&request, Action::Watch)?;
         let command = WatchEvents::try_from(request.into_inner()).map_err(to_status)?;
         let events = self.events.watch(command).await.map_err(to_status)?;
         Ok(Response::new(Box::pin(ReceiverStream::new(events))))

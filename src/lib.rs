@@ -11,6 +11,8 @@
 //! - [`grpc`] — the service implementation, thin on purpose.
 //! - [`status`] — the one map from core errors to gRPC statuses.
 //! - [`startup`] — building, serving and the shutdown sequence.
+//! - [`tls`] — TLS on the gRPC port, its material swappable while serving.
+//! - [`reload`] — credentials and TLS material re-read on SIGHUP and on change.
 //! - [`telemetry`] — logs, traces (W3C context in, OTLP out) and the meter provider.
 //! - [`metrics`] — the server's instruments; the adapters record their own.
 //! - [`admin`] — the plaintext admin HTTP port: `/metrics`.
@@ -23,6 +25,8 @@ pub mod grpc;
 pub mod metrics;
 pub mod parse;
 pub mod proto;
+pub mod reload;
 pub mod startup;
 pub mod status;
 pub mod telemetry;
+pub mod tls;

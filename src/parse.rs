@@ -10,7 +10,7 @@ use inventory_core::{
     command::{AdjustStock, GetStock, ReservationRef, Reserve, WatchEvents},
     domain::{
         Caller, IdempotencyKey, Line, MAX_LINES, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
-        ReservationId, Sku, StockDelta, Ttl,
+        ReservationId, Scope, Sku, StockDelta, Ttl,
     },
 };
 
@@ -155,34 +155,12 @@ fn parse_duration(raw: prost_types::Duration) -> Result<Duration, String> {
     }
 }
 
-fn reservation_ref(raw: &str) -> Result<ReservationRef, Error> {
+/// The reservation a Get, Confirm or Release names, within what its caller may see: the
+/// scope comes with the parse, so no reference exists without one.
+pub fn reservation_ref(raw: &str, scope: Scope) -> Result<ReservationRef, Error> {
     let mut violations = Violations::default();
     let id = violations.check("reservation_id", ReservationId::parse(raw));
-    violations.finish(|| id.map(|id| ReservationRef { id }))
-}
-
-impl TryFrom<proto::ConfirmReservationRequest> for ReservationRef {
-    type Error = Error;
-
-    fn try_from(request: proto::ConfirmReservationRequest) -> Result<Self, Error> {
-        reservation_ref(&request.reservation_id)
-    }
-}
-
-impl TryFrom<proto::ReleaseReservationRequest> for ReservationRef {
-    type Error = Error;
-
-    fn try_from(request: proto::ReleaseReservationRequest) -> Result<Self, Error> {
-        reservation_ref(&request.reservation_id)
-    }
-}
-
-impl TryFrom<proto::GetReservationRequest> for ReservationRef {
-    type Error = Error;
-
-    fn try_from(request: proto::GetReservationRequest) -> Result<Self, Error> {
-        reservation_ref(&request.reservation_id)
-    }
+    violations.finish(|| id.map(|id| ReservationRef::new(id, scope)))
 }
 
 impl TryFrom<proto::WatchEventsRequest> for WatchEvents {

@@ -20,10 +20,13 @@ use tonic::transport::Server;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
-    config::{Settings, TlsSettings},
+    auth::Gate,
+    config::{ReloadSources, Settings},
     events::{self, EventHub},
     grpc::InventoryApi,
     proto::{self, inventory_service_server::InventoryServiceServer},
+    reload::Reloader,
+    tls::ServerTls,
 };
 
 /// How long start-up waits for the first Redis connection before serving anyway.
@@ -39,7 +42,7 @@ pub struct Application {
     health_listener: Option<TcpListener>,
     admin_listener: Option<TcpListener>,
     registry: prometheus::Registry,
-    tls: Option<TlsSettings>,
+    tls: Option<ServerTls>,
     pool: Pool,
     redis: Redis,
     database: PgConfig,
@@ -47,7 +50,8 @@ pub struct Application {
     inventory: Arc<Service>,
     events: EventHub,
     stopping: tokio::sync::watch::Sender<bool>,
-    auth: crate::auth::Authenticator,
+    auth: Gate,
+    reload: ReloadSources,
     lease_wait: Duration,
     max_in_flight: usize,
     max_message_bytes: usize,
@@ -78,11 +82,41 @@ impl Application {
         registry: prometheus::Registry,
     ) -> anyhow::Result<Self> {
         let database = settings.database.clone();
+        // A configuration the database will never accept (TLS, pg_hba.conf, password) ends
+        // start-up here with the reason; a database that is merely down does not.
+        match inventory_postgres::probe(&database, settings.pool.acquire_timeout).await {
+            Ok(()) => {}
+            Err(inventory_postgres::ProbeError::Refused(reason)) => anyhow::bail!(
+                "PostgreSQL refused the connection: {reason} (check DATABASE_URL's sslmode, \
+                 sslrootcert and credentials, and the server's pg_hba.conf)"
+            ),
+            Err(inventory_postgres::ProbeError::Unreachable(reason)) => tracing::warn!(
+                %reason,
+                "PostgreSQL is not reachable yet; calls answer UNAVAILABLE until it is"
+            ),
+        }
         let pool = inventory_postgres::connect(settings.database, &settings.pool)
             .context("cannot build the PostgreSQL pool")?;
+        let redis_reachable = match inventory_redis::probe(
+            &settings.redis,
+            &settings.redis_settings,
+            REDIS_STARTUP_WAIT,
+        )
+        .await
+        {
+            Ok(()) => true,
+            Err(inventory_redis::RedisProbeError::Refused(reason)) => anyhow::bail!(
+                "Redis refused the connection: {reason} (check REDIS_URL's user and password, \
+                 REDIS_TLS_CA_FILE and the server's certificate)"
+            ),
+            Err(inventory_redis::RedisProbeError::Unreachable(reason)) => {
+                tracing::warn!(%reason, "Redis is not reachable yet; Reserve fails closed until it is");
+                false
+            }
+        };
         let redis = Redis::connect(settings.redis, &settings.redis_settings)
             .context("cannot build the Redis client")?;
-        if !redis.wait_connected(REDIS_STARTUP_WAIT).await {
+        if redis_reachable && !redis.wait_connected(REDIS_STARTUP_WAIT).await {
             tracing::warn!("Redis is not reachable yet; Reserve fails closed until it is");
         }
         let listener = TcpListener::bind(settings.listen_addr)
@@ -105,14 +139,14 @@ impl Application {
             ),
             None => None,
         };
-        if let Some(tls) = &settings.tls {
-            // Fails here, at start-up, on a certificate or key that does not parse.
-            Server::builder()
-                .tls_config(server_tls(tls))
-                .context("invalid TLS certificate or key")?;
-        } else {
-            tracing::warn!("TLS is off: the gRPC port speaks plaintext");
-        }
+        // Fails here, at start-up, on a certificate or key that does not parse.
+        let tls = match &settings.tls {
+            Some(material) => Some(ServerTls::new(material).context("invalid TLS material")?),
+            None => {
+                tracing::warn!("TLS is off: the gRPC port speaks plaintext");
+                None
+            }
+        };
         if settings.auth.is_disabled() {
             tracing::warn!("authentication is DISABLED: every caller may make every call");
         }
@@ -133,7 +167,7 @@ impl Application {
             health_listener,
             admin_listener,
             registry,
-            tls: settings.tls,
+            tls,
             pool,
             redis,
             database,
@@ -141,7 +175,8 @@ impl Application {
             inventory,
             events,
             stopping,
-            auth: settings.auth,
+            auth: Gate::new(settings.auth),
+            reload: settings.reload,
             lease_wait: settings.lease_wait,
             max_in_flight: settings.max_in_flight,
             max_message_bytes: settings.max_message_bytes,
@@ -218,6 +253,10 @@ impl Application {
                 self.database.clone(),
                 self.stopping.subscribe(),
             )),
+            tokio::spawn(
+                Reloader::new(self.reload.clone(), self.auth.clone(), self.tls.clone())
+                    .run(self.stopping.subscribe()),
+            ),
         ];
 
         let (health, health_service) = tonic_health::server::health_reporter();
@@ -251,23 +290,36 @@ impl Application {
                 },
             ))
         });
-        let mut builder = Server::builder()
+        let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        let router = Server::builder()
             .layer(crate::telemetry::RpcLayer)
             .max_connection_age(self.max_connection_age)
-            .max_connection_age_grace(self.shutdown_grace);
-        if let Some(tls) = &self.tls {
-            builder = builder.tls_config(server_tls(tls))?;
-            tracing::info!(mutual = tls.client_ca_pem.is_some(), "TLS on");
-        }
-        let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = builder
+            .max_connection_age_grace(self.shutdown_grace)
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(api)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), async {
-                let _ = stopped.await;
-            });
+            .add_service(api);
+        let server: std::pin::Pin<
+            Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
+        > = match &self.tls {
+            Some(tls) => {
+                tracing::info!(
+                    mutual = self
+                        .reload
+                        .tls
+                        .as_ref()
+                        .is_some_and(|files| files.client_ca.is_some()),
+                    "TLS on"
+                );
+                Box::pin(router.serve_with_incoming_shutdown(tls.incoming(self.listener), stopped))
+            }
+            None => Box::pin(
+                router.serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), stopped),
+            ),
+        };
         tokio::pin!(server);
         tracing::info!(addr = %self.local_addr, "serving");
 
@@ -354,16 +406,6 @@ async fn sweep(
             Ok((events, keys)) => tracing::info!(events, keys, "pruned past retention"),
             Err(error) => tracing::warn!(%error, "pruning failed; retrying next interval"),
         }
-    }
-}
-
-fn server_tls(tls: &TlsSettings) -> tonic::transport::ServerTlsConfig {
-    let config = tonic::transport::ServerTlsConfig::new().identity(
-        tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem),
-    );
-    match &tls.client_ca_pem {
-        Some(ca) => config.client_ca_root(tonic::transport::Certificate::from_pem(ca)),
-        None => config,
     }
 }
 

@@ -145,13 +145,15 @@ fn reserve_parses_a_valid_request() {
 
 #[test]
 fn reservation_ids_must_be_uuids() {
-    let request = proto::GetReservationRequest {
-        reservation_id: "nope".into(),
-    };
     assert_eq!(
-        fields(ReservationRef::try_from(request).unwrap_err()),
+        fields(reservation_ref("nope", Scope::All).unwrap_err()),
         ["reservation_id"]
     );
+    let id = "0190a4d2-58c4-7c1e-9f2a-3b4c5d6e7f80";
+    let caller = Caller::parse("svc").unwrap();
+    let target = reservation_ref(id, Scope::Own(caller.clone())).unwrap();
+    assert_eq!(target.id.to_string(), id);
+    assert_eq!(target.scope, Scope::Own(caller));
 }
 
 mod hostile {
@@ -232,7 +234,7 @@ mod hostile {
 
         #[test]
         fn reservation_refs_and_cursors(id in text(), after in number()) {
-            invalid_only(ReservationRef::try_from(proto::GetReservationRequest { reservation_id: id }));
+            invalid_only(reservation_ref(&id, Scope::All));
             invalid_only(WatchEvents::try_from(proto::WatchEventsRequest { after_sequence: after }));
         }
 

@@ -18,6 +18,7 @@ use crate::{
 const READER: &str = "reader-token";
 const RESERVER: &str = "reserver-token";
 const OTHER_RESERVER: &str = "other-reserver-token";
+const WATCHER: &str = "watcher-token";
 const ADMIN: &str = "admin-token";
 
 async fn spawn_secured_app() -> TestApp {
@@ -26,10 +27,12 @@ async fn spawn_secured_app() -> TestApp {
         "dashboard reader token-sha256:{}\n\
          order-service reserver token-sha256:{}\n\
          other-shop reserver token-sha256:{}\n\
+         fulfilment watcher token-sha256:{}\n\
          ops admin token-sha256:{}\n",
         digest_hex(READER.as_bytes()),
         digest_hex(RESERVER.as_bytes()),
         digest_hex(OTHER_RESERVER.as_bytes()),
+        digest_hex(WATCHER.as_bytes()),
         digest_hex(ADMIN.as_bytes()),
     );
     settings.auth = Authenticator::parse(&credentials).unwrap();
@@ -164,8 +167,13 @@ async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
         codes(&mut client, Some("wrong-token"), &id).await,
         [NoAuth; 7]
     );
+    // The event stream shows every caller's orders: only watcher and admin may follow it.
     assert_eq!(
         codes(&mut client, Some(READER), &id).await,
+        [Denied, Allowed, Denied, Allowed, Denied, Denied, Denied]
+    );
+    assert_eq!(
+        codes(&mut client, Some(WATCHER), &id).await,
         [Denied, Allowed, Denied, Allowed, Denied, Denied, Allowed]
     );
     assert_eq!(
@@ -176,9 +184,175 @@ async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
 
     assert_eq!(
         codes(&mut client, Some(RESERVER), &id).await,
-        [Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed]
+        [Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Denied]
     );
     assert_eq!(codes(&mut client, Some(ADMIN), &id).await, [Allowed; 7]);
+}
+
+/// The status a caller gets for `id`, with the id itself masked, so a stranger's
+/// reservation and a missing one can be compared word for word.
+fn masked(result: Result<tonic::Response<impl Sized>, Status>, id: &str) -> (Code, String) {
+    let status = result.map(|_| ()).unwrap_err();
+    (status.code(), status.message().replace(id, "<id>"))
+}
+
+#[tokio::test]
+async fn another_callers_reservation_is_not_found_and_untouched_until_admin_releases_it() {
+    let app = spawn_secured_app().await;
+    let mut client = app.client.clone();
+    client
+        .adjust_stock(with_token(
+            AdjustStockRequest {
+                sku: "LAST-ONE".into(),
+                delta: 1,
+                idempotency_key: "seed".into(),
+                reason: String::new(),
+            },
+            Some(ADMIN),
+        ))
+        .await
+        .unwrap();
+    let hold = client
+        .reserve(with_token(
+            reserve("a-1", &[("LAST-ONE", 1)]),
+            Some(RESERVER),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let id = hold.reservation_id.clone();
+    let missing = uuid::Uuid::new_v4().to_string();
+    let before = app.row_counts().await;
+
+    // B, another reserver, tries everything on A's hold: each answer is the one a missing id
+    // gets, word for word, so B cannot even learn that it exists.
+    for token in [OTHER_RESERVER, READER] {
+        for target in [&id, &missing] {
+            let get = GetReservationRequest {
+                reservation_id: target.clone(),
+            };
+            let answer = masked(
+                client.get_reservation(with_token(get, Some(token))).await,
+                target,
+            );
+            assert_eq!(answer.0, Code::NotFound, "{token} get: {answer:?}");
+            if target == &missing {
+                continue;
+            }
+            let expected = masked(
+                client
+                    .get_reservation(with_token(
+                        GetReservationRequest {
+                            reservation_id: missing.clone(),
+                        },
+                        Some(token),
+                    ))
+                    .await,
+                &missing,
+            );
+            assert_eq!(answer, expected);
+        }
+    }
+    for target in [&id, &missing] {
+        let release = client
+            .release_reservation(with_token(
+                ReleaseReservationRequest {
+                    reservation_id: target.clone(),
+                },
+                Some(OTHER_RESERVER),
+            ))
+            .await;
+        let confirm = client
+            .confirm_reservation(with_token(
+                ConfirmReservationRequest {
+                    reservation_id: target.clone(),
+                },
+                Some(OTHER_RESERVER),
+            ))
+            .await;
+        assert_eq!(masked(release, target).0, Code::NotFound);
+        assert_eq!(masked(confirm, target).0, Code::NotFound);
+    }
+    assert_eq!(
+        masked(
+            client
+                .release_reservation(with_token(
+                    ReleaseReservationRequest {
+                        reservation_id: id.clone()
+                    },
+                    Some(OTHER_RESERVER),
+                ))
+                .await,
+            &id
+        ),
+        masked(
+            client
+                .release_reservation(with_token(
+                    ReleaseReservationRequest {
+                        reservation_id: missing.clone()
+                    },
+                    Some(OTHER_RESERVER),
+                ))
+                .await,
+            &missing
+        ),
+    );
+    assert_eq!(
+        app.row_counts().await,
+        before,
+        "nothing B did changed a row"
+    );
+    // The unit is still A's: B cannot take it.
+    let taken = client
+        .reserve(with_token(
+            reserve("b-1", &[("LAST-ONE", 1)]),
+            Some(OTHER_RESERVER),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(taken.code(), Code::FailedPrecondition);
+    assert_eq!(app.level("LAST-ONE").await, (1, 1));
+
+    // A watcher follows every order, so it may read A's hold, but not change it.
+    let seen = client
+        .get_reservation(with_token(
+            GetReservationRequest {
+                reservation_id: id.clone(),
+            },
+            Some(WATCHER),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(seen.order_id, hold.order_id);
+
+    // An operator may act on any reservation.
+    let released = client
+        .release_reservation(with_token(
+            ReleaseReservationRequest {
+                reservation_id: id.clone(),
+            },
+            Some(ADMIN),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        released.state,
+        inventory_server::proto::ReservationState::Released as i32
+    );
+    assert_eq!(app.level("LAST-ONE").await, (1, 0));
+    let own = client
+        .get_reservation(with_token(
+            GetReservationRequest {
+                reservation_id: id.clone(),
+            },
+            Some(RESERVER),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(own.state, released.state, "A sees what the operator did");
 }
 
 #[tokio::test]

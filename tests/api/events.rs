@@ -157,7 +157,7 @@ async fn a_skus_events_come_in_commit_order_whatever_the_transaction_ids() {
     );
 }
 
-async fn app_config(app: &TestApp) -> tokio_postgres::Config {
+async fn app_config(app: &TestApp) -> inventory_postgres::PgConfig {
     let name: String = app
         .db
         .query_one("SELECT current_database()", &[])

@@ -246,6 +246,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
         health_listen_addr: None,
         admin_listen_addr: None,
         auth: inventory_server::auth::Authenticator::disabled(),
+        reload: Default::default(),
         shutdown_grace: Duration::from_secs(5),
     }
 }

@@ -193,7 +193,7 @@ fn tls_files_are_checked_at_start_up() {
                 "--tls-key-file",
                 garbage.to_str().unwrap(),
             ],
-            "invalid TLS certificate or key",
+            "invalid TLS material",
         ),
     ];
     for (args, expected) in cases {

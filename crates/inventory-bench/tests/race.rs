@@ -24,7 +24,7 @@ async fn fresh_database() -> String {
     db.batch_execute(&format!("CREATE DATABASE {name}"))
         .await
         .unwrap();
-    let mut config: tokio_postgres::Config = admin.parse().unwrap();
+    let mut config: inventory_postgres::PgConfig = admin.parse().unwrap();
     config.dbname(&name);
     inventory_postgres::migrate::run(&config).await.unwrap();
     let (base, _) = admin.rsplit_once('/').expect("a URL with a database");

@@ -4,7 +4,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::domain::{
-    Caller, IdempotencyKey, Line, OrderId, Reason, ReservationId, Sku, StockDelta, Ttl,
+    Caller, IdempotencyKey, Line, OrderId, Reason, ReservationId, Scope, Sku, StockDelta, Ttl,
 };
 
 /// SHA-256 over a canonical encoding of a command (operation name and every field that
@@ -147,10 +147,19 @@ impl Reserve {
     }
 }
 
-/// Names one reservation (confirm, release, read).
-#[derive(Clone, Copy, Debug)]
+/// Names one reservation (confirm, release, read), as seen by one caller.
+#[derive(Clone, Debug)]
 pub struct ReservationRef {
     pub id: ReservationId,
+    /// Whose reservations the call may touch. A reservation outside the scope is treated
+    /// exactly like one that does not exist.
+    pub scope: Scope,
+}
+
+impl ReservationRef {
+    pub fn new(id: ReservationId, scope: Scope) -> Self {
+        Self { id, scope }
+    }
 }
 
 /// Follow the event stream from a cursor.

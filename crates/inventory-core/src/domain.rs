@@ -132,6 +132,24 @@ impl Caller {
     }
 }
 
+/// Whose reservations a call may read or change. A caller sees only the reservations it made;
+/// an operator (the `admin` role, or a server running without authentication) sees all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Own(Caller),
+    All,
+}
+
+impl Scope {
+    /// The caller the scope is limited to, or `None` for every caller.
+    pub fn owner(&self) -> Option<&Caller> {
+        match self {
+            Self::Own(caller) => Some(caller),
+            Self::All => None,
+        }
+    }
+}
+
 /// Free text explaining a stock adjustment: at most [`MAX_REASON_CHARS`], no control characters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reason(String);

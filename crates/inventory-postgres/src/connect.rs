@@ -1,9 +1,74 @@
 //! Connection configuration and the pool.
 
-use std::time::Duration;
+use std::{
+    ops::{Deref, DerefMut},
+    str::FromStr,
+    time::Duration,
+};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+
+use crate::tls::{PgTls, split_ssl_params};
+
+/// Where PostgreSQL is and how to reach it: the driver's settings and the TLS policy of
+/// `sslmode` / `sslrootcert` / `sslcert` / `sslkey`. Every connection this process opens (the
+/// pool, `LISTEN`, `migrate`) is made from it. It dereferences to the driver's `Config` for
+/// its setters; its `Debug` output hides the password.
+#[derive(Clone, Debug)]
+pub struct PgConfig {
+    driver: tokio_postgres::Config,
+    tls: PgTls,
+}
+
+impl PgConfig {
+    pub fn tls(&self) -> &PgTls {
+        &self.tls
+    }
+
+    /// Opens one connection under this configuration's TLS policy; the caller drives the
+    /// returned connection.
+    pub async fn open(
+        &self,
+    ) -> Result<(tokio_postgres::Client, Connection), tokio_postgres::Error> {
+        self.driver.connect(self.tls.connector()).await
+    }
+}
+
+impl Deref for PgConfig {
+    type Target = tokio_postgres::Config;
+
+    fn deref(&self) -> &Self::Target {
+        &self.driver
+    }
+}
+
+impl DerefMut for PgConfig {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.driver
+    }
+}
+
+/// One connection, to be driven by whoever opened it.
+pub type Connection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <crate::tls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
+        tokio_postgres::Socket,
+    >>::Stream,
+>;
+
+/// A connection string that cannot be used, with what is wrong (never the string itself: it
+/// may hold a password).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UrlError(String);
+
+impl FromStr for PgConfig {
+    type Err = UrlError;
+
+    fn from_str(url: &str) -> Result<Self, UrlError> {
+        parse_url(url)
+    }
+}
 
 /// How the pool behaves when PostgreSQL is slow or gone.
 #[derive(Clone, Debug)]
@@ -27,19 +92,100 @@ impl Default for PoolSettings {
     }
 }
 
-/// Parses a `postgres://` URL (or key=value string) without connecting, so bad configuration
-/// is reported at start-up.
-pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, tokio_postgres::Error> {
-    url.parse()
+/// Parses a `postgres://` URL (or key=value string) without connecting, and reads the TLS
+/// files it names, so bad configuration is reported at start-up.
+pub fn parse_url(url: &str) -> Result<PgConfig, UrlError> {
+    let (rest, params) = split_ssl_params(url).map_err(UrlError)?;
+    let mut driver: tokio_postgres::Config =
+        rest.parse().map_err(|error| UrlError(format!("{error}")))?;
+    let tls = PgTls::from_params(&params).map_err(UrlError)?;
+    driver.ssl_mode(tls.mode().driver());
+    Ok(PgConfig { driver, tls })
+}
+
+/// Why a first connection failed, sorted by what start-up should do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// PostgreSQL answered, and said no (pg_hba.conf, password, missing database), or the TLS
+    /// handshake failed (certificate, host name, no TLS on the server): retrying cannot help,
+    /// the configuration must change.
+    #[error("{0}")]
+    Refused(String),
+    /// Nothing answered in time (down, starting, network): worth waiting for.
+    #[error("{0}")]
+    Unreachable(String),
+}
+
+/// Opens and closes one connection, within `timeout`, to tell a configuration PostgreSQL will
+/// never accept from a database that is merely not up yet.
+pub async fn probe(config: &PgConfig, timeout: Duration) -> Result<(), ProbeError> {
+    let attempt = tokio::time::timeout(timeout, config.open()).await;
+    let error = match attempt {
+        Err(_) => {
+            return Err(ProbeError::Unreachable(format!(
+                "no answer within {timeout:?}"
+            )));
+        }
+        Ok(Ok((client, connection))) => {
+            drop(client);
+            let _ = connection.await;
+            return Ok(());
+        }
+        Ok(Err(error)) => error,
+    };
+    let message = describe(&error);
+    if error.as_db_error().is_some() || is_tls_failure(&error) {
+        Err(ProbeError::Refused(message))
+    } else {
+        Err(ProbeError::Unreachable(message))
+    }
+}
+
+/// The error with its causes, one after another.
+fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+/// A handshake failure: rustls refused the certificate, or the server offers no TLS.
+fn is_tls_failure(error: &tokio_postgres::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(cause) = source {
+        if cause.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    // tokio-postgres reports a server without TLS under `sslmode=require` in words only.
+    error.to_string().contains("TLS")
 }
 
 /// Builds the pool. Connections are opened lazily, so this succeeds while PostgreSQL is down;
 /// requests then fail with `UNAVAILABLE` until it is back.
 pub fn connect(
-    config: tokio_postgres::Config,
+    config: PgConfig,
     settings: &PoolSettings,
 ) -> Result<Pool, deadpool_postgres::BuildError> {
-    let mut config = config;
+    let PgConfig {
+        driver: mut config,
+        tls,
+    } = config;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(settings.acquire_timeout);
     }
@@ -62,7 +208,7 @@ pub fn connect(
     config.keepalives_idle(Duration::from_secs(30));
     let manager = Manager::from_config(
         config,
-        NoTls,
+        tls.connector(),
         ManagerConfig {
             // Checking each connection with a query on every checkout costs a round trip per
             // request; a broken connection is noticed by the query that uses it instead.

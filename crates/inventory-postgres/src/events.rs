@@ -23,7 +23,7 @@ use inventory_core::{
 };
 use serde::Deserialize;
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Row};
 
 use crate::{
     PgStore,
@@ -298,8 +298,8 @@ pub struct PositionListener {
 }
 
 impl PositionListener {
-    pub async fn start(config: &tokio_postgres::Config, wake: Arc<Notify>) -> Result<Self, Error> {
-        let (client, mut connection) = config.connect(NoTls).await.map_err(from_db)?;
+    pub async fn start(config: &crate::PgConfig, wake: Arc<Notify>) -> Result<Self, Error> {
+        let (client, mut connection) = config.open().await.map_err(from_db)?;
         let task = tokio::spawn(async move {
             while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                 match message {

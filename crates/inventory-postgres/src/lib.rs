@@ -7,7 +7,8 @@
 //! implements the `inventory-core` ports and depends on no other adapter.
 //!
 //! # Layout
-//! - [`connect`] — configuration parsing and the connection pool.
+//! - [`connect`] — configuration parsing, the connection pool, the start-up probe.
+//! - [`tls`] — libpq's `sslmode` and `sslrootcert` over rustls.
 //! - [`migrate`] — the embedded, versioned schema and a lock so concurrent runs are safe.
 //! - `store` — [`PgStore`], the `StockStore` implementation, one transaction per use case.
 //! - [`events`] — positions for committed events, reading them back, retention, `LISTEN`.
@@ -28,9 +29,9 @@ mod reservations;
 mod reserve;
 mod stock;
 mod store;
+pub mod tls;
 
-pub use connect::{PoolSettings, connect, parse_url};
+pub use connect::{PgConfig, PoolSettings, ProbeError, UrlError, connect, parse_url, probe};
 pub use deadpool_postgres::Pool;
 pub use store::PgStore;
-/// Parsed connection settings (`DATABASE_URL`); its `Debug` output hides the password.
-pub use tokio_postgres::Config as PgConfig;
+pub use tls::{PgTls, SslMode};

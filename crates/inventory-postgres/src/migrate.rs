@@ -4,7 +4,7 @@
 //! apply the same migration. Every run holds a session-level advisory lock on its own
 //! connection for its whole duration; the second runner waits, then finds nothing to do.
 
-use tokio_postgres::NoTls;
+use crate::PgConfig;
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -24,8 +24,8 @@ pub enum MigrateError {
 }
 
 /// Names of the migrations this run applied (empty when the schema was already current).
-pub async fn run(config: &tokio_postgres::Config) -> Result<Vec<String>, MigrateError> {
-    let (mut client, connection) = config.connect(NoTls).await.map_err(MigrateError::Connect)?;
+pub async fn run(config: &PgConfig) -> Result<Vec<String>, MigrateError> {
+    let (mut client, connection) = config.open().await.map_err(MigrateError::Connect)?;
     let connection = tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::warn!(%error, "migration connection closed");

@@ -10,8 +10,10 @@ use std::time::SystemTime;
 use deadpool_postgres::{GenericClient, Transaction};
 use inventory_core::{
     Error,
+    command::ReservationRef,
     domain::{
-        FenceToken, Line, OrderId, Quantity, Reservation, ReservationId, ReservationState, Sku, Ttl,
+        Caller, FenceToken, Line, OrderId, Quantity, Reservation, ReservationId, ReservationState,
+        Sku, Ttl,
     },
 };
 use tokio_postgres::Row;
@@ -124,23 +126,27 @@ pub(crate) async fn insert_lines(
     Ok(())
 }
 
-/// The reservation's row, locked for update when `for_update`.
+/// The reservation's row, locked for update when `for_update`, if it exists and lies inside
+/// `scope`. Another caller's reservation reads exactly like a missing one: the row is not
+/// even locked, so a stranger's call cannot delay the owner's.
 pub(crate) async fn header(
     client: &impl GenericClient,
-    id: ReservationId,
+    target: &ReservationRef,
     for_update: bool,
 ) -> Result<Option<Header>, Error> {
     let sql = format!(
         "SELECT order_id, state, {EFFECTIVE_STATE}, created_at, expires_at
-         FROM reservations WHERE reservation_id = $1{}",
+         FROM reservations WHERE reservation_id = $1 AND ($2::text IS NULL OR caller = $2){}",
         if for_update { " FOR UPDATE" } else { "" }
     );
     let statement = client
         .prepare_cached(&sql)
         .await
         .map_err(crate::error::from_db)?;
+    let id = target.id;
+    let owner = target.scope.owner().map(Caller::as_str);
     let row = client
-        .query_opt(&statement, &[&id.as_uuid()])
+        .query_opt(&statement, &[&id.as_uuid(), &owner])
         .await
         .map_err(crate::error::from_db)?;
     row.map(|row| {

@@ -307,7 +307,7 @@ impl ReservationStore for PgStore {
 
     async fn get_reservation(&self, target: ReservationRef) -> Result<Reservation, Error> {
         let client = self.pool().get().await.map_err(from_pool)?;
-        let header = reservations::header(&client, target.id, false)
+        let header = reservations::header(&client, &target, false)
             .await?
             .ok_or(Error::UnknownReservation(target.id))?;
         let lines = reservations::lines(&client, target.id).await?;
@@ -395,7 +395,7 @@ impl PgStore {
     ) -> Result<Reservation, Error> {
         let mut client = self.pool().get().await.map_err(from_pool)?;
         let tx = client.transaction().await.map_err(from_db)?;
-        let header = reservations::header(&tx, target.id, true)
+        let header = reservations::header(&tx, &target, true)
             .await?
             .ok_or(Error::UnknownReservation(target.id))?;
         let lines = reservations::lines(&tx, target.id).await?;

@@ -16,8 +16,9 @@ pub mod keys;
 pub mod leases;
 mod metrics;
 
-pub use client::parse_url;
-pub use client::{Redis, RedisSettings};
+pub use client::{
+    Redis, RedisProbeError, RedisSettings, RedisTlsFiles, parse_url, parse_url_with_tls, probe,
+};
 /// Parsed connection settings (`REDIS_URL`).
 pub use fred::prelude::Config as RedisConfig;
 pub use keys::KeyPrefix;

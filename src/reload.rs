@@ -1,0 +1,221 @@
+//! Rotation without a restart: the credentials file and the gRPC port's certificate, key and
+//! client CA are re-read on SIGHUP and whenever they change on disk.
+//!
+//! The folders holding the files are watched, not the files: a Kubernetes Secret update swaps
+//! a symlink (`..data`) in the mounted folder and never writes the old file, and editors and
+//! `mv` replace files rather than write them. A new version is applied only if it parses
+//! completely; a broken one is logged and the old one stays in force. Calls in flight keep
+//! the credentials and TLS session they started with.
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use notify::{RecursiveMode, Watcher as _};
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, watch};
+
+use crate::{
+    auth::{Authenticator, Gate},
+    config::ReloadSources,
+    tls::ServerTls,
+};
+
+/// Changes arrive as bursts (a write, a rename, a symlink swap): one reload after the burst.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// What is reloaded, and where it is applied.
+#[derive(Debug)]
+pub struct Reloader {
+    sources: ReloadSources,
+    gate: Gate,
+    tls: Option<ServerTls>,
+    /// Digests of what is in force, so an unrelated change in a watched folder does nothing.
+    auth_digest: Option<[u8; 32]>,
+    tls_digest: Option<[u8; 32]>,
+}
+
+impl Reloader {
+    pub fn new(sources: ReloadSources, gate: Gate, tls: Option<ServerTls>) -> Self {
+        let mut reloader = Self {
+            sources,
+            gate,
+            tls,
+            auth_digest: None,
+            tls_digest: None,
+        };
+        // What start-up loaded is what is in force now.
+        reloader.auth_digest = reloader.read_auth().map(|(digest, _)| digest);
+        reloader.tls_digest = reloader.read_tls().map(|(digest, _)| digest);
+        reloader
+    }
+
+    /// Every file whose change matters.
+    fn files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = self.sources.auth_tokens_file.iter().cloned().collect();
+        if let Some(tls) = &self.sources.tls {
+            files.push(tls.cert.clone());
+            files.push(tls.key.clone());
+            files.extend(tls.client_ca.iter().cloned());
+        }
+        files
+    }
+
+    fn read_auth(&self) -> Option<([u8; 32], Vec<u8>)> {
+        let path = self.sources.auth_tokens_file.as_ref()?;
+        let bytes = std::fs::read(path).ok()?;
+        Some((Sha256::digest(&bytes).into(), bytes))
+    }
+
+    fn read_tls(&self) -> Option<([u8; 32], crate::config::TlsSettings)> {
+        let material = self.sources.tls.as_ref()?.read().ok()?;
+        let mut hash = Sha256::new();
+        for part in [
+            &material.cert_pem,
+            &material.key_pem,
+            material.client_ca_pem.as_ref().unwrap_or(&Vec::new()),
+        ] {
+            hash.update((part.len() as u64).to_be_bytes());
+            hash.update(part);
+        }
+        Some((hash.finalize().into(), material))
+    }
+
+    /// Re-reads every source and applies what changed and parses.
+    pub fn reload(&mut self) {
+        if let Some(path) = self.sources.auth_tokens_file.clone() {
+            match self.read_auth() {
+                None => tracing::warn!(
+                    path = %path.display(),
+                    "cannot read AUTH_TOKENS_FILE; the credentials in force stay"
+                ),
+                Some((digest, _)) if Some(digest) == self.auth_digest => {}
+                Some((digest, bytes)) => {
+                    match Authenticator::parse(&String::from_utf8_lossy(&bytes)) {
+                        Ok(authenticator) => {
+                            self.gate.replace(authenticator);
+                            self.auth_digest = Some(digest);
+                            tracing::info!(path = %path.display(), "credentials reloaded");
+                        }
+                        Err(problems) => tracing::warn!(
+                            path = %path.display(),
+                            ?problems,
+                            "the new AUTH_TOKENS_FILE is invalid; the credentials in force stay"
+                        ),
+                    }
+                }
+            }
+        }
+        if let (Some(files), Some(server_tls)) = (&self.sources.tls, &self.tls) {
+            match self.read_tls() {
+                None => tracing::warn!(
+                    cert = %files.cert.display(),
+                    "cannot read the TLS files; the certificate in force stays"
+                ),
+                Some((digest, _)) if Some(digest) == self.tls_digest => {}
+                Some((digest, material)) => match server_tls.replace(&material) {
+                    Ok(()) => {
+                        self.tls_digest = Some(digest);
+                        tracing::info!(cert = %files.cert.display(), "TLS certificate reloaded");
+                    }
+                    Err(error) => tracing::warn!(
+                        error = format!("{error:#}"),
+                        "the new TLS material is invalid; the certificate in force stays"
+                    ),
+                },
+            }
+        }
+    }
+
+    /// Reloads on SIGHUP and on changes in the watched folders until `stopping` turns true.
+    pub async fn run(mut self, mut stopping: watch::Receiver<bool>) {
+        let files = self.files();
+        if files.is_empty() {
+            return;
+        }
+        let (changed, mut changes) = mpsc::unbounded_channel::<()>();
+        // Kept alive for as long as this task runs; dropping it stops the watching.
+        let _watcher = watch_folders(&files, changed);
+        let mut hangup = hangup();
+        loop {
+            tokio::select! {
+                Some(()) = changes.recv() => {
+                    // Let the burst finish, then take everything it queued.
+                    tokio::time::sleep(SETTLE).await;
+                    while changes.try_recv().is_ok() {}
+                }
+                Some(()) = next_hangup(&mut hangup) => {
+                    tracing::info!("SIGHUP: reloading credentials and TLS material");
+                }
+                _ = stopping.changed() => return,
+            }
+            self.reload();
+        }
+    }
+}
+
+fn watch_folders(
+    files: &[PathBuf],
+    changed: mpsc::UnboundedSender<()>,
+) -> Option<notify::RecommendedWatcher> {
+    let folders: BTreeSet<PathBuf> = files
+        .iter()
+        .map(|file| {
+            file.parent()
+                .filter(|parent| !parent.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf()
+        })
+        .collect();
+    let mut watcher = match notify::recommended_watcher(move |event: notify::Result<_>| {
+        let _: notify::Event = match event {
+            Ok(event) => event,
+            Err(_) => return,
+        };
+        let _ = changed.send(());
+    }) {
+        Ok(watcher) => watcher,
+        Err(error) => {
+            tracing::warn!(%error, "cannot watch credential files; reload with SIGHUP");
+            return None;
+        }
+    };
+    for folder in &folders {
+        if let Err(error) = watcher.watch(folder, RecursiveMode::NonRecursive) {
+            tracing::warn!(%error, folder = %folder.display(), "cannot watch; reload with SIGHUP");
+        }
+    }
+    Some(watcher)
+}
+
+#[cfg(unix)]
+type Hangup = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangup = Option<()>;
+
+#[cfg(unix)]
+fn hangup() -> Hangup {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(signal) => Some(signal),
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGHUP");
+            None
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn hangup() -> Hangup {
+    None
+}
+
+async fn next_hangup(hangup: &mut Hangup) -> Option<()> {
+    #[cfg(unix)]
+    if let Some(signal) = hangup {
+        return signal.recv().await;
+    }
+    let _ = hangup;
+    std::future::pending().await
+}

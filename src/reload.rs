@@ -219,3 +219,6 @@ async fn next_hangup(hangup: &mut Hangup) -> Option<()> {
     let _ = hangup;
     std::future::pending().await
 }
+
+#[cfg(test)]
+mod tests;

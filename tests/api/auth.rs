@@ -463,3 +463,45 @@ fn hash_token_prints_the_credential_for_the_file() {
         format!("token-sha256:{}", digest_hex(b"s3cret"))
     );
 }
+
+#[test]
+fn bearer_tokens_never_travel_in_the_clear_unless_told_to() {
+    use clap::Parser as _;
+    use inventory_server::config::{Cli, Command, Settings};
+    let dir = std::env::temp_dir().join(format!("inventory-plain-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = dir.join("tokens");
+    std::fs::write(
+        &tokens,
+        format!("ops admin token-sha256:{}\n", digest_hex(b"t")),
+    )
+    .unwrap();
+    let settings = |extra: &[&str]| {
+        let mut args = vec![
+            "inventory-server",
+            "serve",
+            "--database-url",
+            "postgres://127.0.0.1:1/none",
+            "--redis-url",
+            "redis://127.0.0.1:1",
+            "--auth-tokens-file",
+            tokens.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let Command::Serve(serve) = Cli::try_parse_from(args).unwrap().command else {
+            panic!("serve")
+        };
+        Settings::from_args(&serve)
+    };
+    let refused = settings(&["--listen-addr", "0.0.0.0:50051"]).unwrap_err();
+    let message = refused.to_string();
+    assert!(
+        message.contains("in the clear") && message.contains("ALLOW_PLAINTEXT_TOKENS"),
+        "{message}"
+    );
+    // Loopback never leaves the machine; a mesh sidecar terminating TLS is an explicit choice.
+    assert!(settings(&["--listen-addr", "127.0.0.1:50051"]).is_ok());
+    assert!(settings(&["--listen-addr", "[::1]:50051"]).is_ok());
+    assert!(settings(&["--listen-addr", "0.0.0.0:50051", "--allow-plaintext-tokens"]).is_ok());
+    let _ = std::fs::remove_dir_all(dir);
+}

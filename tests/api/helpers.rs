@@ -19,7 +19,6 @@ use inventory_server::{
 };
 use sha2::{Digest, Sha256};
 use tokio::{sync::oneshot, task::JoinHandle};
-use tokio_postgres::NoTls;
 use tonic::transport::Channel;
 
 /// Advisory lock serialising template creation across test processes.
@@ -43,7 +42,7 @@ pub fn admin_config() -> PgConfig {
 
 /// Connects to a database and drives the connection in the background.
 pub async fn connect(config: &PgConfig) -> tokio_postgres::Client {
-    let (client, connection) = config.connect(NoTls).await.expect("connect to PostgreSQL");
+    let (client, connection) = config.open().await.expect("connect to PostgreSQL");
     tokio::spawn(async move {
         let _ = connection.await;
     });

@@ -1,0 +1,536 @@
+//! TLS to the datastores, against real servers that accept nothing else: a PostgreSQL whose
+//! `pg_hba.conf` has only `hostssl` lines, a `redis-server` with `--port 0 --tls-port`, and a
+//! least-privilege Redis ACL user. Certificates are made here, per test.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use fred::prelude::{ClientLike as _, KeysInterface as _};
+use inventory_postgres::PgConfig;
+use inventory_server::{
+    proto::{AdjustStockRequest, WatchEventsRequest},
+    startup::Application,
+};
+use tokio_stream::StreamExt as _;
+
+use crate::{
+    helpers::{TestApp, redis_url, spawn_app_with, test_settings, test_settings_with_redis},
+    reservations::reserve,
+    tls::{ca, leaf},
+};
+
+/// A scratch folder the `postgres` user may use, removed on drop.
+#[derive(Debug)]
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(kind: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "inventory-{kind}-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+
+    fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|output| output.stdout.starts_with(b"0\n"))
+        .unwrap_or(false)
+}
+
+/// PostgreSQL refuses to run as root: as root, its commands run as `postgres`.
+fn as_postgres(program: &Path) -> Command {
+    if is_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(program);
+        command
+    } else {
+        Command::new(program)
+    }
+}
+
+fn pg_bin() -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL from Debian's packages (make test installs it)")
+        .map(|entry| entry.unwrap().path().join("bin"))
+        .filter(|bin| bin.join("initdb").exists())
+        .collect();
+    versions.sort();
+    versions.pop().expect("an initdb under /usr/lib/postgresql")
+}
+
+/// A PostgreSQL of the test's own with `ssl=on`, listening on 127.0.0.1 and 127.0.0.2 (the
+/// second is not in its certificate), accepting TCP clients only over TLS.
+#[derive(Debug)]
+struct TlsPostgres {
+    scratch: Scratch,
+    port: u16,
+    ca: PathBuf,
+}
+
+impl TlsPostgres {
+    fn start() -> Self {
+        let scratch = Scratch::new("pg-tls");
+        let authority = ca("inventory test database CA");
+        let (cert, key) = leaf(&["localhost", "127.0.0.1"], &authority);
+        let ca = scratch.write("ca.pem", &authority.pem());
+        let cert_path = scratch.write("server.crt", &cert);
+        let key_path = scratch.write("server.key", &key);
+        if is_root() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:"])
+                .arg(&scratch.0)
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let data = scratch.0.join("data");
+        let bin = pg_bin();
+        let initdb = as_postgres(&bin.join("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(initdb.success(), "initdb");
+        // Only TLS over TCP; the Unix socket stays for pg_ctl.
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.0/8 trust\n",
+        )
+        .unwrap();
+        let port = free_port();
+        let options = format!(
+            "-p {port} -c listen_addresses=127.0.0.1,127.0.0.2 -c unix_socket_directories={} \
+             -c ssl=on -c ssl_cert_file={} -c ssl_key_file={} -c fsync=off",
+            scratch.0.display(),
+            cert_path.display(),
+            key_path.display()
+        );
+        let started = as_postgres(&bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(scratch.0.join("server.log"))
+            .args(["-w", "-t", "60", "-o", &options, "start"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(
+            started.success(),
+            "PostgreSQL with ssl=on did not start: {}",
+            std::fs::read_to_string(scratch.0.join("server.log")).unwrap_or_default()
+        );
+        Self { scratch, port, ca }
+    }
+
+    fn url(&self, host: &str, params: &str) -> String {
+        format!("postgres://postgres@{host}:{}/postgres?{params}", self.port)
+    }
+}
+
+impl Drop for TlsPostgres {
+    fn drop(&mut self) {
+        let _ = as_postgres(&pg_bin().join("pg_ctl"))
+            .arg("-D")
+            .arg(self.scratch.0.join("data"))
+            .args(["-m", "immediate", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+async fn build_error(database: PgConfig) -> String {
+    let error = Application::build(test_settings(database))
+        .await
+        .expect_err("the server must not start");
+    format!("{error:#}")
+}
+
+#[tokio::test]
+async fn verify_full_postgres_migrates_reserves_and_streams_while_weaker_settings_fail_at_start_up()
+{
+    let pg = tokio::task::spawn_blocking(TlsPostgres::start)
+        .await
+        .unwrap();
+    let root = pg.ca.display().to_string();
+
+    // sslmode=disable: the database refuses, and start-up says so.
+    let refused = build_error(pg.url("127.0.0.1", "sslmode=disable").parse().unwrap()).await;
+    assert!(
+        refused.contains("PostgreSQL refused the connection"),
+        "{refused}"
+    );
+    assert!(refused.contains("pg_hba.conf"), "{refused}");
+
+    // verify-full to an address the certificate does not name: refused at start-up.
+    let wrong_host: PgConfig = pg
+        .url(
+            "127.0.0.2",
+            &format!("sslmode=verify-full&sslrootcert={root}"),
+        )
+        .parse()
+        .unwrap();
+    let refused = build_error(wrong_host).await;
+    assert!(
+        refused.contains("PostgreSQL refused the connection"),
+        "{refused}"
+    );
+    assert!(refused.contains("not valid for name"), "{refused}");
+
+    // A CA that did not sign the server's certificate: refused, even with verify-ca.
+    let stranger = Scratch::new("pg-stranger-ca");
+    let other_ca = stranger.write("ca.pem", &ca("someone else").pem());
+    let refused = build_error(
+        pg.url(
+            "127.0.0.1",
+            &format!("sslmode=verify-ca&sslrootcert={}", other_ca.display()),
+        )
+        .parse()
+        .unwrap(),
+    )
+    .await;
+    assert!(refused.contains("UnknownIssuer"), "{refused}");
+
+    // verify-ca checks the chain and not the name, as libpq does.
+    let chain_only: PgConfig = pg
+        .url(
+            "127.0.0.2",
+            &format!("sslmode=verify-ca&sslrootcert={root}"),
+        )
+        .parse()
+        .unwrap();
+    inventory_postgres::probe(&chain_only, Duration::from_secs(5))
+        .await
+        .expect("verify-ca accepts a certificate for another name");
+
+    // verify-full, the production setting: migrate, then serve and stream.
+    let database: PgConfig = pg
+        .url(
+            "localhost",
+            &format!("sslmode=verify-full&sslrootcert={root}"),
+        )
+        .parse()
+        .unwrap();
+    inventory_postgres::migrate::run(&database)
+        .await
+        .expect("migrate over verify-full");
+    let app = spawn_app_with(test_settings(database.clone())).await;
+    let mut client = app.client.clone();
+    client
+        .adjust_stock(AdjustStockRequest {
+            sku: "TLS-1".into(),
+            delta: 3,
+            idempotency_key: "seed".into(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    let hold = app.hold("k-1", &[("TLS-1", 2)]).await;
+    assert_eq!(hold.lines[0].quantity, 2);
+    let mut events = client
+        .watch_events(WatchEventsRequest { after_sequence: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut types = Vec::new();
+    while types.len() < 2 {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .expect("events arrive through the TLS LISTEN connection")
+            .unwrap()
+            .unwrap();
+        types.push(event.r#type);
+    }
+    assert_eq!(
+        types,
+        [
+            inventory_server::proto::EventType::StockAdjusted as i32,
+            inventory_server::proto::EventType::ReservationHeld as i32
+        ]
+    );
+    // Every session of the server's is encrypted (the harness's own `db` is not used here).
+    let (check, connection) = database.open().await.unwrap();
+    tokio::spawn(connection);
+    let unencrypted: i64 = check
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+             WHERE a.application_name = 'inventory-server' AND NOT s.ssl",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let encrypted: i64 = check
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+             WHERE a.application_name = 'inventory-server' AND s.ssl",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(unencrypted, 0);
+    assert!(
+        encrypted >= 2,
+        "the pool and the LISTEN connection: {encrypted}"
+    );
+    app.stop().await.unwrap();
+}
+
+/// A `redis-server` that speaks only TLS, with a least-privilege ACL user for the test's key
+/// prefix.
+#[derive(Debug)]
+struct TlsRedis {
+    /// The certificates, kept until the server is gone.
+    _scratch: Scratch,
+    port: u16,
+    ca: PathBuf,
+    child: std::process::Child,
+}
+
+/// Exactly what the service runs: its three Lua scripts (loaded on first use), the commands
+/// inside them, `GET` of a lease and `PING`. Keys only under the prefix.
+fn acl_rules(prefix: &str) -> Vec<String> {
+    [
+        "on",
+        ">acl-user-password",
+        &format!("~{prefix}:*"),
+        "resetchannels",
+        "-@all",
+        "+evalsha",
+        "+script|load",
+        "+get",
+        "+set",
+        "+incr",
+        "+pexpire",
+        "+del",
+        "+ping",
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .collect()
+}
+
+impl TlsRedis {
+    fn start() -> Self {
+        let scratch = Scratch::new("redis-tls");
+        let authority = ca("inventory test Redis CA");
+        let (cert, key) = leaf(&["localhost", "127.0.0.1"], &authority);
+        let ca = scratch.write("ca.pem", &authority.pem());
+        let cert_path = scratch.write("redis.crt", &cert);
+        let key_path = scratch.write("redis.key", &key);
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .arg("--tls-cert-file")
+            .arg(&cert_path)
+            .arg("--tls-key-file")
+            .arg(&key_path)
+            .arg("--tls-ca-cert-file")
+            .arg(&ca)
+            .args([
+                "--tls-auth-clients",
+                "no",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&scratch.0)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server (make test installs it)");
+        Self {
+            _scratch: scratch,
+            port,
+            ca,
+            child,
+        }
+    }
+
+    fn url(&self, credentials: &str) -> String {
+        format!("rediss://{credentials}localhost:{}", self.port)
+    }
+
+    /// The default user, over TLS: to set up the ACL user and to check what it may do.
+    async fn admin(&self) -> fred::clients::Client {
+        let files = inventory_redis::RedisTlsFiles {
+            ca: Some(self.ca.clone()),
+            ..Default::default()
+        };
+        let config = inventory_redis::parse_url_with_tls(&self.url(""), &files).unwrap();
+        let client = fred::types::Builder::from_config(config).build().unwrap();
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        client.init().await.expect("connect to the TLS Redis");
+        client
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn rediss_with_an_acl_user_serves_reserve_and_a_wrong_ca_fails_at_start_up() {
+    let redis = TlsRedis::start();
+    let admin = redis.admin().await;
+    let prefix = format!("test:{}", uuid::Uuid::new_v4().simple());
+    let mut setuser = vec!["SETUSER".to_string(), "inventory".to_string()];
+    setuser.extend(acl_rules(&prefix));
+    let _: () = admin
+        .custom(fred::cmd!("ACL"), setuser)
+        .await
+        .expect("ACL SETUSER");
+
+    let files = inventory_redis::RedisTlsFiles {
+        ca: Some(redis.ca.clone()),
+        ..Default::default()
+    };
+    let url = redis.url("inventory:acl-user-password@");
+    let database = crate::helpers::fresh_database().await;
+
+    // A CA that did not sign the server's certificate: start-up fails with the reason.
+    let stranger = Scratch::new("redis-stranger-ca");
+    let wrong = inventory_redis::RedisTlsFiles {
+        ca: Some(stranger.write("ca.pem", &ca("someone else").pem())),
+        ..Default::default()
+    };
+    let mut settings = test_settings(database.clone());
+    settings.redis = inventory_redis::parse_url_with_tls(&url, &wrong).unwrap();
+    let error = format!("{:#}", Application::build(settings).await.unwrap_err());
+    assert!(error.contains("Redis refused the connection"), "{error}");
+
+    // A wrong password: also a configuration error, also at start-up.
+    let mut settings = test_settings(database.clone());
+    settings.redis =
+        inventory_redis::parse_url_with_tls(&redis.url("inventory:wrong@"), &files).unwrap();
+    let error = format!("{:#}", Application::build(settings).await.unwrap_err());
+    assert!(error.contains("Redis refused the connection"), "{error}");
+
+    // The right CA and the ACL user: Reserve works, its lease and fence under the prefix.
+    let mut settings = test_settings_with_redis(database, &redis_url());
+    settings.redis = inventory_redis::parse_url_with_tls(&url, &files).unwrap();
+    settings.redis_settings.key_prefix = inventory_redis::KeyPrefix::parse(&prefix).unwrap();
+    let app: TestApp = spawn_app_with(settings).await;
+    app.client
+        .clone()
+        .adjust_stock(AdjustStockRequest {
+            sku: "ACL-1".into(),
+            delta: 2,
+            idempotency_key: "seed".into(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    let hold = app
+        .client
+        .clone()
+        .reserve(reserve("k-1", &[("ACL-1", 1)]))
+        .await
+        .expect("Reserve over rediss:// as the ACL user");
+    assert_eq!(hold.into_inner().lines[0].quantity, 1);
+    let fence: Option<i64> = admin.get(app.fence_key("ACL-1")).await.unwrap();
+    assert_eq!(fence, Some(1), "the fence counter lives under the prefix");
+
+    // What the ACL user may not do: anything else, or any key outside the prefix.
+    let user_config = inventory_redis::parse_url_with_tls(&url, &files).unwrap();
+    let user = fred::types::Builder::from_config(user_config)
+        .build()
+        .unwrap();
+    user.init().await.unwrap();
+    let flush: Result<(), _> = user
+        .custom(fred::cmd!("FLUSHALL"), Vec::<String>::new())
+        .await;
+    let error = flush.expect_err("FLUSHALL is not the service's to run");
+    assert!(error.details().contains("NOPERM"), "{error:?}");
+    let outside: Result<Option<String>, _> = user.get("someone-else:key").await;
+    assert!(
+        outside
+            .expect_err("keys outside the prefix")
+            .details()
+            .contains("NOPERM"),
+        "keys outside the prefix are refused"
+    );
+    let _ = user.quit().await;
+    app.stop().await.unwrap();
+}
+
+#[test]
+fn tls_settings_that_cannot_work_are_refused_before_anything_connects() {
+    let files = inventory_redis::RedisTlsFiles {
+        ca: Some("/nonexistent/ca.pem".into()),
+        ..Default::default()
+    };
+    let plain = inventory_redis::parse_url_with_tls("redis://127.0.0.1:6379", &files).unwrap_err();
+    assert!(
+        plain.details().contains("need a rediss:// URL"),
+        "{plain:?}"
+    );
+    let missing =
+        inventory_redis::parse_url_with_tls("rediss://127.0.0.1:6379", &files).unwrap_err();
+    assert!(
+        missing.details().contains("/nonexistent/ca.pem"),
+        "{missing:?}"
+    );
+
+    let no_root = "postgres://db/x?sslmode=verify-full"
+        .parse::<PgConfig>()
+        .unwrap_err();
+    assert!(
+        no_root.to_string().contains("needs sslrootcert"),
+        "{no_root}"
+    );
+    let bad_mode = "host=db sslmode=verify".parse::<PgConfig>().unwrap_err();
+    assert!(bad_mode.to_string().contains("sslmode"), "{bad_mode}");
+}

@@ -1,0 +1,261 @@
+//! Rotation without a restart: the credentials file and the gRPC port's certificate change on
+//! disk while the server runs, the way a Kubernetes Secret update changes them.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use inventory_server::{
+    auth::{Authenticator, digest_hex},
+    config::TlsFiles,
+    proto::{
+        AdjustStockRequest, GetStockRequest, WatchEventsRequest,
+        inventory_service_client::InventoryServiceClient,
+    },
+};
+use tokio_stream::StreamExt as _;
+use tonic::{
+    Code, Request,
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
+};
+
+use crate::{
+    helpers::{fresh_database, spawn_app_with, test_settings},
+    tls::{ca, leaf},
+};
+
+/// A folder removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "inventory-rotation-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Replaces `path` whole, as `mv` and most tools do: readers see the old file or the new one.
+fn replace(path: &Path, contents: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, contents).unwrap();
+    std::fs::rename(next, path).unwrap();
+}
+
+fn credentials(lines: &[(&str, &str, &str)]) -> String {
+    lines
+        .iter()
+        .map(|(name, role, token)| {
+            format!(
+                "{name} {role} token-sha256:{}\n",
+                digest_hex(token.as_bytes())
+            )
+        })
+        .collect()
+}
+
+fn with_token<T>(message: T, token: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+async fn read_code(client: &mut InventoryServiceClient<Channel>, token: &str) -> Code {
+    let request = with_token(
+        GetStockRequest {
+            skus: vec!["ROT-1".into()],
+        },
+        token,
+    );
+    match client.get_stock(request).await {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+#[tokio::test]
+async fn a_rotated_token_file_takes_effect_within_a_second_and_open_streams_go_on() {
+    let scratch = Scratch::new();
+    let file = scratch.0.join("tokens");
+    std::fs::write(
+        &file,
+        credentials(&[
+            ("ops", "admin", "old-admin"),
+            ("feed", "watcher", "old-feed"),
+        ]),
+    )
+    .unwrap();
+    let mut settings = test_settings(fresh_database().await);
+    settings.auth = Authenticator::from_file(&file).unwrap();
+    settings.reload.auth_tokens_file = Some(file.clone());
+    let app = spawn_app_with(settings).await;
+    let mut client = app.client.clone();
+    assert_eq!(read_code(&mut client, "old-admin").await, Code::NotFound);
+
+    // A stream opened under the old credentials.
+    let mut events = client
+        .watch_events(with_token(
+            WatchEventsRequest { after_sequence: 0 },
+            "old-feed",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+
+    // The new set: the admin token rotated, the feed's kept.
+    replace(
+        &file,
+        &credentials(&[
+            ("ops", "admin", "new-admin"),
+            ("feed", "watcher", "old-feed"),
+        ]),
+    );
+    let changed = Instant::now();
+    while read_code(&mut client, "new-admin").await != Code::NotFound {
+        assert!(
+            changed.elapsed() < Duration::from_secs(1),
+            "the new token works within a second of the file change"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        read_code(&mut client, "old-admin").await,
+        Code::Unauthenticated
+    );
+
+    // The stream opened before the change still delivers.
+    client
+        .adjust_stock(with_token(
+            AdjustStockRequest {
+                sku: "ROT-1".into(),
+                delta: 1,
+                idempotency_key: "after-rotation".into(),
+                reason: String::new(),
+            },
+            "new-admin",
+        ))
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .expect("the open stream is unaffected by the rotation")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        event.r#type,
+        inventory_server::proto::EventType::StockAdjusted as i32
+    );
+}
+
+/// A Secret volume as the kubelet lays it out: the files are symlinks through `..data`, and an
+/// update swaps `..data` to a new folder in one rename.
+struct SecretVolume {
+    root: Scratch,
+    version: u32,
+}
+
+impl SecretVolume {
+    fn new(cert: &str, key: &str) -> Self {
+        let mut volume = Self {
+            root: Scratch::new(),
+            version: 0,
+        };
+        volume.update(cert, key);
+        for name in ["tls.crt", "tls.key"] {
+            std::os::unix::fs::symlink(format!("..data/{name}"), volume.root.0.join(name)).unwrap();
+        }
+        volume
+    }
+
+    fn update(&mut self, cert: &str, key: &str) {
+        self.version += 1;
+        let folder = format!("..{}", self.version);
+        std::fs::create_dir(self.root.0.join(&folder)).unwrap();
+        std::fs::write(self.root.0.join(&folder).join("tls.crt"), cert).unwrap();
+        std::fs::write(self.root.0.join(&folder).join("tls.key"), key).unwrap();
+        let staged = self.root.0.join("..data_tmp");
+        std::os::unix::fs::symlink(&folder, &staged).unwrap();
+        std::fs::rename(staged, self.root.0.join("..data")).unwrap();
+    }
+
+    fn files(&self) -> TlsFiles {
+        TlsFiles {
+            cert: self.root.0.join("tls.crt"),
+            key: self.root.0.join("tls.key"),
+            client_ca: None,
+        }
+    }
+}
+
+async fn connect_tls(addr: std::net::SocketAddr, ca_pem: &str) -> Result<Channel, String> {
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca_pem))
+                .domain_name("localhost"),
+        )
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|error| format!("{error:?}"))
+}
+
+async fn reaches_service(channel: Channel) -> bool {
+    let answer = InventoryServiceClient::new(channel)
+        .get_stock(GetStockRequest {
+            skus: vec!["ROT-1".into()],
+        })
+        .await;
+    matches!(answer, Err(status) if status.code() == Code::NotFound)
+}
+
+#[tokio::test]
+async fn a_swapped_certificate_serves_new_connections_and_old_ones_go_on() {
+    let (old_ca, new_ca) = (ca("old CA"), ca("new CA"));
+    let (old_cert, old_key) = leaf(&["localhost"], &old_ca);
+    let (new_cert, new_key) = leaf(&["localhost"], &new_ca);
+    let mut volume = SecretVolume::new(&old_cert, &old_key);
+    let mut settings = test_settings(fresh_database().await);
+    settings.tls = Some(volume.files().read().unwrap());
+    settings.reload.tls = Some(volume.files());
+    let app = spawn_app_with(settings).await;
+
+    let before = connect_tls(app.addr, &old_ca.pem()).await.unwrap();
+    assert!(reaches_service(before.clone()).await);
+
+    volume.update(&new_cert, &new_key);
+    let changed = Instant::now();
+    let after = loop {
+        match connect_tls(app.addr, &new_ca.pem()).await {
+            Ok(channel) => break channel,
+            Err(error) => assert!(
+                changed.elapsed() < Duration::from_secs(2),
+                "the new certificate is served within two seconds: {error}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(reaches_service(after).await);
+    assert!(
+        connect_tls(app.addr, &old_ca.pem()).await.is_err(),
+        "new connections get the new certificate only"
+    );
+    assert!(
+        reaches_service(before).await,
+        "a connection made before the swap goes on serving"
+    );
+}

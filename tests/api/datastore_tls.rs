@@ -317,6 +317,8 @@ struct TlsRedis {
     _scratch: Scratch,
     port: u16,
     ca: PathBuf,
+    /// A client certificate the server's CA signed, as files.
+    client: (PathBuf, PathBuf),
     child: std::process::Child,
 }
 
@@ -344,13 +346,19 @@ fn acl_rules(prefix: &str) -> Vec<String> {
 }
 
 impl TlsRedis {
-    fn start() -> Self {
+    /// `client_certificates`: whether Redis demands one (`tls-auth-clients yes`).
+    fn start(client_certificates: bool) -> Self {
         let scratch = Scratch::new("redis-tls");
         let authority = ca("inventory test Redis CA");
         let (cert, key) = leaf(&["localhost", "127.0.0.1"], &authority);
         let ca = scratch.write("ca.pem", &authority.pem());
         let cert_path = scratch.write("redis.crt", &cert);
         let key_path = scratch.write("redis.key", &key);
+        let (client_cert, client_key) = leaf(&["inventory-server"], &authority);
+        let client = (
+            scratch.write("client.crt", &client_cert),
+            scratch.write("client.key", &client_key),
+        );
         let port = free_port();
         let child = Command::new("redis-server")
             .args([
@@ -369,12 +377,9 @@ impl TlsRedis {
             .arg(&ca)
             .args([
                 "--tls-auth-clients",
-                "no",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
+                if client_certificates { "yes" } else { "no" },
             ])
+            .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&scratch.0)
             .stdout(Stdio::null())
@@ -384,6 +389,7 @@ impl TlsRedis {
             _scratch: scratch,
             port,
             ca,
+            client,
             child,
         }
     }
@@ -396,7 +402,8 @@ impl TlsRedis {
     async fn admin(&self) -> fred::clients::Client {
         let files = inventory_redis::RedisTlsFiles {
             ca: Some(self.ca.clone()),
-            ..Default::default()
+            cert: Some(self.client.0.clone()),
+            key: Some(self.client.1.clone()),
         };
         let config = inventory_redis::parse_url_with_tls(&self.url(""), &files).unwrap();
         let client = fred::types::Builder::from_config(config).build().unwrap();
@@ -423,7 +430,7 @@ impl Drop for TlsRedis {
 
 #[tokio::test]
 async fn rediss_with_an_acl_user_serves_reserve_and_a_wrong_ca_fails_at_start_up() {
-    let redis = TlsRedis::start();
+    let redis = TlsRedis::start(false);
     let admin = redis.admin().await;
     let prefix = format!("test:{}", uuid::Uuid::new_v4().simple());
     let mut setuser = vec!["SETUSER".to_string(), "inventory".to_string()];
@@ -503,6 +510,44 @@ async fn rediss_with_an_acl_user_serves_reserve_and_a_wrong_ca_fails_at_start_up
         "keys outside the prefix are refused"
     );
     let _ = user.quit().await;
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_redis_that_demands_client_certificates_gets_one_from_the_settings() {
+    let redis = TlsRedis::start(true);
+    // The harness's own connection (with the client certificate) waits for the port.
+    let _ = redis.admin().await;
+    let database = crate::helpers::fresh_database().await;
+    let url = redis.url("");
+    let without = inventory_redis::RedisTlsFiles {
+        ca: Some(redis.ca.clone()),
+        ..Default::default()
+    };
+    let mut settings = test_settings(database.clone());
+    settings.redis = inventory_redis::parse_url_with_tls(&url, &without).unwrap();
+    let error = format!("{:#}", Application::build(settings).await.unwrap_err());
+    assert!(error.contains("Redis refused the connection"), "{error}");
+
+    let with = inventory_redis::RedisTlsFiles {
+        ca: Some(redis.ca.clone()),
+        cert: Some(redis.client.0.clone()),
+        key: Some(redis.client.1.clone()),
+    };
+    let mut settings = test_settings(database);
+    settings.redis = inventory_redis::parse_url_with_tls(&url, &with).unwrap();
+    let app = spawn_app_with(settings).await;
+    app.client
+        .clone()
+        .adjust_stock(AdjustStockRequest {
+            sku: "MTLS-1".into(),
+            delta: 1,
+            idempotency_key: "seed".into(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    app.hold("k-1", &[("MTLS-1", 1)]).await;
     app.stop().await.unwrap();
 }
 

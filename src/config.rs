@@ -142,6 +142,11 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_in_flight: u32,
 
+    /// Most WatchEvents streams open at once in this replica; more get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "MAX_WATCHERS", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_watchers: u32,
+
     /// Largest request message accepted, in bytes; larger ones get RESOURCE_EXHAUSTED.
     #[arg(long, env = "MAX_MESSAGE_BYTES", default_value_t = 262_144,
           value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
@@ -236,6 +241,7 @@ pub struct Settings {
     pub lease_wait: Duration,
     pub coalesce: CoalesceConfig,
     pub max_in_flight: usize,
+    pub max_watchers: usize,
     pub max_message_bytes: usize,
     pub max_connection_age: Duration,
     pub default_ttl: Ttl,
@@ -446,6 +452,7 @@ impl Settings {
                         max_queued: args.lease_max_waiters as usize,
                     },
                     max_in_flight: args.max_in_flight as usize,
+                    max_watchers: args.max_watchers as usize,
                     max_message_bytes: args.max_message_bytes as usize,
                     max_connection_age: args.max_connection_age,
                     default_ttl,

@@ -44,22 +44,36 @@ pub struct EventHub {
     store: PgStore,
     live: broadcast::Sender<Arc<Event>>,
     stopping: watch::Receiver<bool>,
-    /// Senders of the open watchers, to report how much they have queued.
+    /// Senders of the open watchers, to count them and report how much they have queued.
     watchers: Arc<Mutex<Vec<mpsc::WeakSender<Delivery>>>>,
+    /// Most watchers open at once (`MAX_WATCHERS`).
+    max_watchers: usize,
 }
 
 impl EventHub {
-    pub fn new(store: PgStore, stopping: watch::Receiver<bool>) -> Self {
+    pub fn new(store: PgStore, stopping: watch::Receiver<bool>, max_watchers: usize) -> Self {
         Self {
             store,
             live: broadcast::channel(BROADCAST_RING).0,
             stopping,
             watchers: Arc::default(),
+            max_watchers,
         }
     }
 
-    /// Starts a watcher after checking its cursor against retention.
+    /// Watchers open now.
+    pub fn watching(&self) -> usize {
+        let mut watchers = self.watchers.lock().expect("watchers lock");
+        watchers.retain(|w| w.strong_count() > 0);
+        watchers.len()
+    }
+
+    /// Starts a watcher after checking its cursor against retention. Beyond `MAX_WATCHERS`
+    /// open at once: [`Error::TooManyWatchers`], before any work.
     pub async fn watch(&self, command: WatchEvents) -> Result<mpsc::Receiver<Delivery>, Error> {
+        if self.watching() >= self.max_watchers {
+            return Err(Error::TooManyWatchers);
+        }
         let bounds = self.store.stream_bounds().await?;
         let after = match command.after {
             0 => bounds.pruned_through,
@@ -75,6 +89,10 @@ impl EventHub {
         {
             let mut watchers = self.watchers.lock().expect("watchers lock");
             watchers.retain(|w| w.strong_count() > 0);
+            // Checked again under the lock: calls racing past the first check stop here.
+            if watchers.len() >= self.max_watchers {
+                return Err(Error::TooManyWatchers);
+            }
             watchers.push(sender.downgrade());
         }
         tokio::spawn(self.clone().follow(after, sender));
@@ -123,8 +141,11 @@ impl EventHub {
                 }
                 for event in page {
                     cursor = event.position;
-                    if sender.send(Ok(event.into())).await.is_err() {
-                        return;
+                    // A consumer that stopped reading must not keep this task (and its
+                    // database reads) alive past shutdown.
+                    tokio::select! {
+                        sent = sender.send(Ok(event.into())) => if sent.is_err() { return },
+                        _ = stopping.changed() => return,
                     }
                 }
             }

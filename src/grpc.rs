@@ -245,7 +245,8 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         request: Request<proto::ReserveRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
         let principal = self.auth.authorize(&request, Action::Reserve)?;
-        let _admitted = self.admit()?;
+        // Moves into the task below: the permit counts the work, which may outlive the answer.
+        let admitted = self.admit()?;
         let answer_by = answer_by(request.metadata());
         let server_bound = Instant::now() + self.lease_wait;
         // Leases are waited for until the server's bound or the caller's deadline, whichever
@@ -257,11 +258,16 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         // Runs on its own task: a client that gives up (deadline, disconnect) drops this
         // handler, and would otherwise cancel the work between lease and release, leaving the
         // SKU blocked for a whole lease TTL. The reservation finishes and releases either way;
-        // a retry with the same key then gets its outcome.
+        // a retry with the same key then gets its outcome. The in-flight permit goes with it,
+        // so a flood of calls that give up early still never runs more than MAX_IN_FLIGHT
+        // reservations at once.
         let inventory = Arc::clone(&self.inventory);
         let work = tokio::spawn(
-            async move { inventory.reserve(&command, lease_deadline).await }
-                .instrument(tracing::Span::current()),
+            async move {
+                let _admitted = admitted;
+                inventory.reserve(&command, lease_deadline).await
+            }
+            .instrument(tracing::Span::current()),
         );
         let outcome = within(answer_by, async {
             work.await

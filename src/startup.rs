@@ -152,7 +152,7 @@ impl Application {
         }
         let store = PgStore::new(pool.clone());
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
-        let events = EventHub::new(store.clone(), stopping_rx);
+        let events = EventHub::new(store.clone(), stopping_rx, settings.max_watchers);
         let inventory = Arc::new(Inventory::new(
             store.clone(),
             RedisLeases::new(redis.clone(), settings.leases),

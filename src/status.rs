@@ -109,6 +109,13 @@ pub fn to_status(error: Error) -> Status {
                 .set_error_info("SERVER_SATURATED", ERROR_DOMAIN, HashMap::new());
             Status::with_error_details(Code::ResourceExhausted, error.to_string(), details)
         }
+        Error::TooManyWatchers => {
+            let mut details = ErrorDetails::new();
+            details
+                .set_retry_info(Some(EXHAUSTED_RETRY_DELAY))
+                .set_error_info("TOO_MANY_WATCHERS", ERROR_DOMAIN, HashMap::new());
+            Status::with_error_details(Code::ResourceExhausted, error.to_string(), details)
+        }
         Error::DeadlineExceeded => {
             let mut details = ErrorDetails::new();
             details.set_error_info("DEADLINE_EXCEEDED", ERROR_DOMAIN, HashMap::new());

@@ -3,7 +3,10 @@
 #
 # Installs what is missing from Debian's packages, then starts private instances with their
 # data under .local/<profile>/ in the project folder, on their own loopback ports. System
-# instances (port 5432, 6379) are never touched.
+# instances (port 5432, 6379) are never touched. PostgreSQL runs as the `postgres` user under
+# root; when that user cannot reach the project folder (a clone in a 0700 home such as /root),
+# its data lives in a per-checkout folder under /var/tmp instead. LOCAL_PG_PORT and
+# LOCAL_REDIS_PORT override a profile's ports.
 #
 #   services.sh run     start services, migrate, seed demo SKUs, serve on 127.0.0.1:50051
 #   services.sh test    start services, run the whole test suite, stop them
@@ -33,9 +36,22 @@ profile_settings() {
     bench) PG_PORT=54322; REDIS_PORT=63792 ;;
     *) die "unknown profile '$1' (run, test or bench)" ;;
   esac
+  PG_PORT=${LOCAL_PG_PORT:-$PG_PORT}
+  REDIS_PORT=${LOCAL_REDIS_PORT:-$REDIS_PORT}
   STATE="$ROOT/.local/$1"
   PGDATA_DIR="$STATE/postgres"
+  # Where PostgreSQL's data goes when the postgres user cannot reach $STATE.
+  PGDATA_FALLBACK="/var/tmp/inventory-$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)/$1/postgres"
   REDIS_DIR="$STATE/redis"
+}
+
+# Picks the data folder the postgres user can use: the project's own, or the /var/tmp one.
+# Called once the postgres user exists, by start and stop alike, so both find the same folder.
+resolve_pgdata() {
+  if [ "$(id -u)" -ne 0 ] || [ -f "$PGDATA_DIR/PG_VERSION" ]; then return; fi
+  if [ -f "$PGDATA_FALLBACK/PG_VERSION" ] || ! runuser -u postgres -- test -x "$ROOT" 2>/dev/null; then
+    PGDATA_DIR=$PGDATA_FALLBACK
+  fi
 }
 
 as_root() {
@@ -91,6 +107,11 @@ pg_as_owner() {
 start_postgres() {
   local bin extra=()
   bin=$(pg_bin)
+  pg_as_owner true
+  resolve_pgdata
+  if [ "$PGDATA_DIR" = "$PGDATA_FALLBACK" ]; then
+    log "the postgres user cannot reach $ROOT; PostgreSQL's data goes to $PGDATA_DIR"
+  fi
   mkdir -p "$PGDATA_DIR"
   [ "$(id -u)" -eq 0 ] && chown postgres: "$PGDATA_DIR" && chmod 700 "$PGDATA_DIR"
   pg_as_owner test -w "$PGDATA_DIR" ||
@@ -115,6 +136,7 @@ start_postgres() {
 stop_postgres() {
   local bin
   bin=$(pg_bin 2>/dev/null) || return 0
+  id postgres >/dev/null 2>&1 && resolve_pgdata
   [ -f "$PGDATA_DIR/postmaster.pid" ] || return 0
   log "stopping PostgreSQL on 127.0.0.1:$PG_PORT"
   pg_as_owner "$bin/pg_ctl" -D "$PGDATA_DIR" -m fast -w stop >/dev/null 2>&1 || true

@@ -3,7 +3,7 @@
 
 use std::{
     collections::HashSet,
-    path::Path,
+    path::{Path, PathBuf},
     process::Stdio,
     sync::{
         Arc, Mutex,
@@ -29,14 +29,13 @@ fn read(relative: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)).unwrap()
 }
 
-/// `KEY: "value"` entries under `data:` of the base ConfigMap.
+/// `KEY=value` entries of the base ConfigMap's generator file.
 fn base_config() -> Vec<(String, String)> {
-    read("deploy/k8s/base/configmap.yaml")
+    read("deploy/k8s/base/server.env")
         .lines()
-        .skip_while(|line| !line.starts_with("data:"))
-        .skip(1)
-        .filter_map(|line| line.strip_prefix("  ")?.split_once(": "))
-        .map(|(key, value)| (key.to_string(), value.trim_matches('"').to_string()))
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(|line| line.split_once('='))
+        .map(|(key, value)| (key.to_string(), value.to_string()))
         .collect()
 }
 
@@ -296,4 +295,82 @@ async fn sigterm_drains_in_flight_calls_and_exits_cleanly_with_a_stream_open() {
         .unwrap()
         .get(0);
     assert_eq!(reserved as usize, accepted.len());
+}
+
+/// As root, PostgreSQL runs as the `postgres` user, which cannot enter a clone under a 0700
+/// folder (the usual `/root`): the local services must still start, with PostgreSQL's data in
+/// a per-checkout folder under /var/tmp.
+#[test]
+fn local_services_start_from_a_folder_closed_to_other_users() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let root_user = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|output| output.stdout.starts_with(b"0\n"));
+    if !root_user {
+        // Not root: PostgreSQL runs as this same user, who can reach its own folders.
+        return;
+    }
+    let closed = std::env::temp_dir().join(format!(
+        "inventory-closed-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let root = closed.join("repo");
+    std::fs::create_dir_all(root.join("deploy/local")).unwrap();
+    let script = root.join("deploy/local/services.sh");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/services.sh"),
+        &script,
+    )
+    .unwrap();
+    let (pg_port, redis_port) = (free_port(), free_port());
+    let services = |args: &[&str]| {
+        std::process::Command::new("bash")
+            .arg(&script)
+            .args(args)
+            .env("LOCAL_PG_PORT", pg_port.to_string())
+            .env("LOCAL_REDIS_PORT", redis_port.to_string())
+            .output()
+            .unwrap()
+    };
+    let fallback = {
+        use sha2::{Digest as _, Sha256};
+        let digest = Sha256::digest(root.to_str().unwrap().as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        PathBuf::from(format!("/var/tmp/inventory-{}", &hex[..12]))
+    };
+
+    let started = services(&["start", "run"]);
+    let stderr = String::from_utf8_lossy(&started.stderr).to_string();
+    let answered = std::process::Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &pg_port.to_string(),
+            "-U",
+            "postgres",
+        ])
+        .args(["-d", "postgres", "-tAc", "SHOW data_directory"])
+        .output()
+        .unwrap();
+    let stopped = services(&["stop"]);
+    let _ = std::fs::remove_dir_all(&fallback);
+    let _ = std::fs::remove_dir_all(&closed);
+
+    assert!(started.status.success(), "{stderr}");
+    assert!(stderr.contains("cannot reach"), "{stderr}");
+    let data = String::from_utf8_lossy(&answered.stdout);
+    assert!(
+        data.trim().starts_with(fallback.to_str().unwrap()),
+        "PostgreSQL serves from {data:?}, expected under {}",
+        fallback.display()
+    );
+    assert!(
+        stopped.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stopped.stderr)
+    );
 }

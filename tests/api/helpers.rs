@@ -173,8 +173,15 @@ impl TestApp {
 
     /// Stops the server and waits for it to finish draining.
     pub async fn stop(mut self) -> anyhow::Result<()> {
-        let _ = self.shutdown.take().expect("running").send(());
+        self.begin_stop();
         self.server.take().expect("running").await?
+    }
+
+    /// Sends the shutdown signal without waiting for the drain ([`Self::stop`] then waits).
+    pub fn begin_stop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
     }
 
     /// Row counts of every table a mutating call writes, to prove a call changed nothing.
@@ -234,6 +241,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
         lease_wait: Duration::from_secs(20),
         coalesce: inventory_core::coalesce::CoalesceConfig::default(),
         max_in_flight: 1024,
+        max_watchers: 256,
         max_message_bytes: 262_144,
         max_connection_age: Duration::from_secs(600),
         default_ttl: Ttl::parse(Duration::from_secs(900)).unwrap(),
@@ -467,6 +475,25 @@ impl RedisProcess {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("redis-server did not start on port {}", self.port);
+    }
+
+    /// SIGSTOP: the process keeps its connections but answers nothing until [`Self::resume`].
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT: a paused process reads what queued up meanwhile and answers it.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().expect("a pid");
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
     }
 
     /// SIGKILL: the process is gone at once, with everything it held.

@@ -18,6 +18,7 @@ mod helpers;
 mod hostile;
 mod migrations;
 mod reservations;
+mod resilience;
 mod rotation;
 mod server;
 mod stock;

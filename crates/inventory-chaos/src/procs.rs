@@ -137,14 +137,41 @@ fn pg_bin() -> anyhow::Result<PathBuf> {
         .context("no initdb under /usr/lib/postgresql/*/bin")
 }
 
+/// Whether the `postgres` user can reach `path` (every folder above it lets it through).
+async fn postgres_reaches(path: &Path) -> bool {
+    tokio::process::Command::new("runuser")
+        .args(["-u", "postgres", "--", "test", "-x"])
+        .arg(path.parent().unwrap_or(path))
+        .status()
+        .await
+        .is_ok_and(|status| status.success())
+}
+
+/// One folder per requested path, the same on every run, so a run that was killed is found
+/// and stopped by the next.
+fn fallback_data_dir(requested: &Path) -> PathBuf {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::hash::DefaultHasher::new();
+    requested.hash(&mut hasher);
+    PathBuf::from(format!("/var/tmp/inventory-chaos-{:016x}", hasher.finish())).join("postgres")
+}
+
 impl Postgres {
-    /// Creates a fresh cluster in `data` and starts it on a free port.
+    /// Creates a fresh cluster in `data` (or, when the `postgres` user cannot reach it, in a
+    /// folder of its own under /var/tmp) and starts it on a free port.
     pub async fn start(data: &Path) -> anyhow::Result<Self> {
         let as_postgres = output("id", &["-u"]).await?.trim() == "0";
         std::fs::create_dir_all(data)?;
+        let mut data = std::fs::canonicalize(data)?;
+        if as_postgres && !postgres_reaches(&data).await {
+            // A checkout under a folder closed to other users (a 0700 home): the postgres
+            // user cannot reach it, so the cluster lives in a folder of its own under /var/tmp.
+            data = fallback_data_dir(&data);
+            std::fs::create_dir_all(&data)?;
+        }
         let postgres = Self {
             bin: pg_bin()?,
-            data: std::fs::canonicalize(data)?,
+            data,
             port: free_port()?,
             as_postgres,
         };

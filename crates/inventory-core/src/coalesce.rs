@@ -383,6 +383,10 @@ impl<'a> TurnWait<'a> {
 
 impl Drop for TurnWait<'_> {
     fn drop(&mut self) {
+        // Closed before the read: a lead sent after this fails and goes to the next in line,
+        // one sent before is read here and passed on. Reading first would lose a lead sent
+        // between the read and the drop of the receiver.
+        self.turn.close();
         if let Ok(Turn::Lead) = self.turn.try_recv() {
             self.queues.hand_off(self.sku);
         }
@@ -404,6 +408,8 @@ impl<'a> CommitWait<'a> {
 
 impl Drop for CommitWait<'_> {
     fn drop(&mut self) {
+        // As in `TurnWait`: closed first, so no lead can arrive after the read.
+        self.turn.close();
         if let Ok(CommitTurn::Lead(_)) = self.turn.try_recv() {
             self.committer.hand_off();
         }

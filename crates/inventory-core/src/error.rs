@@ -88,6 +88,10 @@ pub enum Error {
     #[error("the server is at its limit of calls in flight")]
     Saturated,
 
+    /// The replica is at its limit of open event streams (`MAX_WATCHERS`).
+    #[error("the server is at its limit of open event streams")]
+    TooManyWatchers,
+
     /// The caller's deadline passed (or cannot be met) before the call finished. A mutating
     /// call may still have taken effect: retry with the same idempotency key to find out.
     #[error("the deadline passed before the call finished")]
@@ -168,6 +172,7 @@ impl Error {
             },
             Self::TooManyWaiters { sku } => Self::TooManyWaiters { sku: sku.clone() },
             Self::Saturated => Self::Saturated,
+            Self::TooManyWatchers => Self::TooManyWatchers,
             Self::DeadlineExceeded => Self::DeadlineExceeded,
             Self::LeaseLost { sku } => Self::LeaseLost { sku: sku.clone() },
             Self::BelowReserved {

@@ -22,7 +22,7 @@ use std::{
 
 use deadpool_postgres::Transaction;
 use inventory_core::{
-    Error,
+    Dependency, Error,
     command::Reserve,
     domain::{FenceToken, Reservation, ReservationId, ReservationState, Sku, StockLevel},
     error::Shortfall,
@@ -53,9 +53,14 @@ const READ_STORED: &str = "
 
 /// Rows are locked as the sort returns them: in SKU order, like every other writer. Byte
 /// order (`COLLATE "C"`), as Rust sorts SKUs, whatever the database's collation.
+/// The clock is read per row once its lock is held (outside the locking scan), so a hold
+/// that waited for the lock is dated from when it could act.
 const LOCK_STOCK: &str = "
-    SELECT sku, now(), on_hand, reserved, version, fence_token FROM stock
-    WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\" FOR UPDATE";
+    WITH locked AS MATERIALIZED (
+        SELECT sku, on_hand, reserved, version, fence_token FROM stock
+        WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\" FOR UPDATE)
+    SELECT sku, clock_timestamp(), on_hand, reserved, version, fence_token FROM locked
+    ORDER BY sku COLLATE \"C\"";
 
 const UNCLAIM: &str = "
     DELETE FROM idempotency_keys k USING unnest($1::text[], $2::text[]) AS u(caller, key)
@@ -66,16 +71,17 @@ const UNCLAIM: &str = "
 const HOLD: &str = "
     UPDATE stock s
     SET reserved = s.reserved + u.units, fence_token = u.fence, version = s.version + u.holds,
-        updated_at = now()
+        updated_at = clock_timestamp()
     FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS u(sku, units, fence, holds)
     WHERE s.sku = u.sku AND s.fence_token < u.fence AND s.on_hand - s.reserved >= u.units";
 
 const INSERT_RESERVATIONS: &str = "
     INSERT INTO reservations
         (reservation_id, order_id, state, caller, idempotency_key, created_at, expires_at)
-    SELECT u.id, u.order_id, 'HELD', u.caller, u.key, now(), u.expires_at
-    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[])
-        AS u(id, order_id, caller, key, expires_at)";
+    SELECT u.id, u.order_id, 'HELD', u.caller, u.key, u.created_at, u.expires_at
+    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[],
+                $6::timestamptz[])
+        AS u(id, order_id, caller, key, expires_at, created_at)";
 
 const INSERT_LINES: &str = "
     INSERT INTO reservation_lines (reservation_id, sku, quantity, fence_token)
@@ -306,6 +312,7 @@ async fn write_decisions(
         .map(|h| h.command.idempotency_key.as_str())
         .collect();
     let expires: Vec<SystemTime> = holds.iter().map(|h| h.reservation.expires_at).collect();
+    let created: Vec<SystemTime> = holds.iter().map(|h| h.reservation.created_at).collect();
     let line_skus: Vec<&str> = holds
         .iter()
         .map(|h| h.reservation.lines[0].sku.as_str())
@@ -330,7 +337,8 @@ async fn write_decisions(
     let undo_keys: Vec<&str> = unclaim.iter().map(|c| c.idempotency_key.as_str()).collect();
 
     let hold_params: [Param<'_>; 4] = [&hold_skus, &hold_units, &hold_fences, &hold_counts];
-    let reservation_params: [Param<'_>; 5] = [&ids, &order_ids, &callers, &keys, &expires];
+    let reservation_params: [Param<'_>; 6] =
+        [&ids, &order_ids, &callers, &keys, &expires, &created];
     let line_params: [Param<'_>; 4] = [&ids, &line_skus, &quantities, &line_fences];
     let event_params: [Param<'_>; 3] = [&event_ids, &ids, &payloads];
     let record_params: [Param<'_>; 3] = [&record_callers, &record_keys, &record_values];
@@ -401,11 +409,13 @@ fn decide<'a>(
             continue;
         }
         if !claimed.remove(&key) {
-            // Neither claimed nor stored: retention removed the record in between, or two
-            // requests shared the key. Retrying the request settles it.
+            // Neither claimed nor stored: retention removed the record between the claim and
+            // the read. The key is free now, and nothing was written for this call: a retry
+            // with the same key settles it.
             answers.push((
-                Err(Error::internal(
-                    "idempotency key neither claimed nor stored",
+                Err(Error::unavailable(
+                    Dependency::Postgres,
+                    "the idempotency record was pruned while this call claimed it",
                 )),
                 false,
             ));

@@ -6,7 +6,7 @@
 //! back (then executes itself).
 
 use deadpool_postgres::Transaction;
-use inventory_core::{Error, command::Fingerprint, domain::IdempotencyKey};
+use inventory_core::{Dependency, Error, command::Fingerprint, domain::IdempotencyKey};
 
 use crate::error::from_db;
 
@@ -39,23 +39,36 @@ pub(crate) async fn claim(
     operation: &'static str,
     fingerprint: &Fingerprint,
 ) -> Result<Claim, Error> {
-    let statement = tx.prepare_cached(CLAIM).await.map_err(from_db)?;
+    let claim = tx.prepare_cached(CLAIM).await.map_err(from_db)?;
+    let read = tx.prepare_cached(READ).await.map_err(from_db)?;
     let fingerprint: &[u8] = fingerprint.as_bytes();
-    let inserted = tx
-        .execute(
-            &statement,
-            &[&caller, &key.as_str(), &operation, &fingerprint],
-        )
-        .await
-        .map_err(from_db)?;
-    if inserted == 1 {
-        return Ok(Claim::Claimed);
-    }
-    let statement = tx.prepare_cached(READ).await.map_err(from_db)?;
-    let row = tx
-        .query_one(&statement, &[&caller, &key.as_str()])
-        .await
-        .map_err(from_db)?;
+    // The record that kept the claim from inserting can be pruned (past retention) before it
+    // is read: the key is free again then, so claim it again. Twice in a row would need a
+    // record to appear and vanish within one round trip, twice.
+    let mut attempts = 0;
+    let row = loop {
+        let inserted = tx
+            .execute(&claim, &[&caller, &key.as_str(), &operation, &fingerprint])
+            .await
+            .map_err(from_db)?;
+        if inserted == 1 {
+            return Ok(Claim::Claimed);
+        }
+        if let Some(row) = tx
+            .query_opt(&read, &[&caller, &key.as_str()])
+            .await
+            .map_err(from_db)?
+        {
+            break row;
+        }
+        attempts += 1;
+        if attempts == 3 {
+            return Err(Error::unavailable(
+                Dependency::Postgres,
+                "an idempotency record kept vanishing while it was claimed",
+            ));
+        }
+    };
     let stored: Vec<u8> = row.try_get(0).map_err(Error::internal)?;
     let metrics = crate::metrics::store();
     if stored != fingerprint {

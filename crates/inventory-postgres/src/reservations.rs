@@ -1,9 +1,11 @@
 //! SQL for the `reservations` and `reservation_lines` tables.
 //!
 //! Invariants relied on: a reservation's lines never change after insert; only `state` moves,
-//! and only away from `HELD`. "Expired" is judged by PostgreSQL's clock (`now()`), one clock
-//! for every replica, so a hold past `expires_at` reads as `EXPIRED` everywhere at once, swept
-//! or not.
+//! and only away from `HELD`. "Expired" is judged by PostgreSQL's clock, one clock for every
+//! replica, so a hold past `expires_at` reads as `EXPIRED` everywhere at once, swept or not.
+//! The clock is read when the statement acts (`clock_timestamp()`), never at the start of its
+//! transaction (`now()`): a transaction that waited on a lock must not judge, or date, by the
+//! moment it began.
 
 use std::time::SystemTime;
 
@@ -20,11 +22,13 @@ use tokio_postgres::Row;
 
 /// The state every reader sees: a hold past its expiry is expired, swept or not.
 const EFFECTIVE_STATE: &str =
-    "CASE WHEN state = 'HELD' AND expires_at <= now() THEN 'EXPIRED' ELSE state END";
+    "CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp() THEN 'EXPIRED' ELSE state END";
 
 const INSERT: &str = "
-    INSERT INTO reservations (reservation_id, order_id, state, caller, idempotency_key, expires_at)
-    VALUES ($1, $2, 'HELD', $3, $4, now() + make_interval(secs => $5))
+    INSERT INTO reservations
+        (reservation_id, order_id, state, caller, idempotency_key, created_at, expires_at)
+    SELECT $1, $2, 'HELD', $3, $4, c.t, c.t + make_interval(secs => $5)
+    FROM (SELECT clock_timestamp() AS t) AS c
     RETURNING created_at, expires_at";
 
 const INSERT_LINES: &str = "
@@ -37,14 +41,16 @@ const LINES: &str = "
     SELECT sku, quantity FROM reservation_lines WHERE reservation_id = $1
     ORDER BY sku COLLATE \"C\"";
 
-const SET_STATE: &str = "
-    UPDATE reservations SET state = $2, updated_at = now() WHERE reservation_id = $1";
+/// Moves a hold on, only while it is still a hold at this very moment: judged by its row count.
+const SETTLE_HOLD: &str = "
+    UPDATE reservations SET state = $2, updated_at = clock_timestamp()
+    WHERE reservation_id = $1 AND state = 'HELD' AND expires_at > clock_timestamp()";
 
 /// Holds past their expiry, oldest first. `SKIP LOCKED` lets several sweepers (one per
 /// replica) take disjoint batches at the same moment instead of queueing on each other.
 const LOCK_DUE: &str = "
     SELECT reservation_id, order_id, created_at, expires_at FROM reservations
-    WHERE state = 'HELD' AND expires_at <= now()
+    WHERE state = 'HELD' AND expires_at <= clock_timestamp()
     ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED";
@@ -54,7 +60,7 @@ const LINES_OF_MANY: &str = "
     WHERE reservation_id = ANY($1) ORDER BY reservation_id, sku COLLATE \"C\"";
 
 const EXPIRE_MANY: &str = "
-    UPDATE reservations SET state = 'EXPIRED', updated_at = now()
+    UPDATE reservations SET state = 'EXPIRED', updated_at = clock_timestamp()
     WHERE reservation_id = ANY($1)";
 
 /// A reservation row, before its lines are attached.
@@ -177,15 +183,17 @@ pub(crate) async fn lines(
     rows.iter().map(|row| line(row, 0)).collect()
 }
 
-pub(crate) async fn set_state(
+/// Confirms or releases a locked hold; `false` if it expired by now, and nothing changed.
+pub(crate) async fn settle_hold(
     tx: &Transaction<'_>,
     id: ReservationId,
     state: ReservationState,
-) -> Result<(), tokio_postgres::Error> {
-    let statement = tx.prepare_cached(SET_STATE).await?;
-    tx.execute(&statement, &[&id.as_uuid(), &state.as_str()])
+) -> Result<bool, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(SETTLE_HOLD).await?;
+    let changed = tx
+        .execute(&statement, &[&id.as_uuid(), &state.as_str()])
         .await?;
-    Ok(())
+    Ok(changed == 1)
 }
 
 /// Locks up to `batch` overdue holds (skipping ones another transaction holds) and returns

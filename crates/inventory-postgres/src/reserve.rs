@@ -419,6 +419,24 @@ impl PgStore {
             }
         }
         debug_assert_eq!(header.stored_state, ReservationState::Held);
+        // Judged again now that the row is ours: the lock may have been waited for past the
+        // hold's expiry, and a hold that expired is the sweeper's, not ours.
+        if !reservations::settle_hold(&tx, target.id, target_state)
+            .await
+            .map_err(from_db)?
+        {
+            drop(tx);
+            let mut expired = header.with_lines(lines);
+            expired.state = ReservationState::Expired;
+            return match transition {
+                Transition::Release => Ok(expired),
+                Transition::Confirm => Err(Error::WrongState {
+                    id: target.id,
+                    state: ReservationState::Expired,
+                    action,
+                }),
+            };
+        }
         let mut levels = Vec::with_capacity(lines.len());
         for line in &lines {
             let units = line.quantity.get();
@@ -428,9 +446,6 @@ impl PgStore {
             };
             levels.push(level.map_err(from_db)?);
         }
-        reservations::set_state(&tx, target.id, target_state)
-            .await
-            .map_err(from_db)?;
         let mut reservation = header.with_lines(lines);
         reservation.state = target_state;
         outbox::append_reservation_event(&tx, &reservation, &levels)

@@ -135,6 +135,38 @@ impl RedisLeases {
         Ok((token > 0).then(|| FenceToken::new(token)))
     }
 
+    /// Best effort, off the caller's path: deletes the SKU's lease if `holder` has it.
+    fn release_in_background(&self, sku: &Sku, holder: &str) {
+        if !self.redis.is_connected() {
+            // Nothing was sent; a reconnecting client would only queue the release.
+            return;
+        }
+        let lease = Lease {
+            sku: sku.clone(),
+            holder: holder.to_owned(),
+            fence: FenceToken::new(0),
+        };
+        let redis = self.redis.clone();
+        let release = self.release.clone();
+        tokio::spawn(async move {
+            let call = release.evalsha_with_reload::<i64, _, _>(
+                redis.client(),
+                vec![redis.prefix().lease(&lease.sku)],
+                vec![lease.holder.clone()],
+            );
+            match tokio::time::timeout(redis.command_timeout() * 4, call).await {
+                Ok(Ok(1)) => {
+                    tracing::info!(sku = %lease.sku, "released a lease granted after its grant timed out")
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    tracing::debug!(sku = %lease.sku, %error, "late grant not released")
+                }
+                Err(_) => tracing::debug!(sku = %lease.sku, "late grant not released: timed out"),
+            }
+        });
+    }
+
     fn fence_ttl_ms(&self) -> i64 {
         i64::try_from(self.settings.fence_ttl.as_millis().max(1)).unwrap_or(i64::MAX)
     }
@@ -175,6 +207,10 @@ impl LeaseService for RedisLeases {
                 Ok(granted) => granted,
                 Err(error) => {
                     outcome("unavailable");
+                    // The grant may still run on Redis after we stopped waiting for it. Its
+                    // holder token is ours alone, so give it back if it did: otherwise the SKU
+                    // would be blocked on every replica for a whole lease TTL.
+                    self.release_in_background(sku, &holder);
                     return Err(error);
                 }
             };

@@ -1,0 +1,351 @@
+//! Bounded work and honest clocks: admission that counts the work rather than the answer,
+//! expiry judged when a statement acts, and a lease granted too late given back.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use fred::prelude::KeysInterface as _;
+use inventory_server::proto::{ConfirmReservationRequest, ReserveRequest};
+use tonic::{Code, Request};
+
+use crate::{
+    helpers::{RedisProcess, TestApp, connect, fresh_database, spawn_app_with, test_settings},
+    reservations::{reserve, stock},
+};
+
+/// A second session on the test's database, to hold row locks the service must wait for.
+async fn locker(app: &TestApp) -> tokio_postgres::Client {
+    let name: String = app
+        .db
+        .query_one("SELECT current_database()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let mut config = crate::helpers::admin_config();
+    config.dbname(&name);
+    connect(&config).await
+}
+
+/// Sessions of this database (other than the test's own) waiting for a row lock.
+async fn lock_waiters(app: &TestApp) -> i64 {
+    app.count(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .await
+}
+
+/// Waits until `n` sessions wait for a lock: the service's statement is then blocked where
+/// the test wants it. Bounded, so a wrong expectation fails instead of hanging.
+async fn until_lock_waiters(app: &TestApp, n: i64) {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while lock_waiters(app).await < n {
+        assert!(Instant::now() < give_up, "no session waited for the lock");
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn with_timeout<T>(message: T, timeout: Duration) -> Request<T> {
+    let mut request = Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+#[tokio::test]
+async fn calls_that_give_up_early_still_hold_their_admission_until_the_work_ends() {
+    const MAX_IN_FLIGHT: usize = 4;
+    let mut settings = test_settings(fresh_database().await);
+    settings.max_in_flight = MAX_IN_FLIGHT;
+    let app = spawn_app_with(settings).await;
+    let skus: Vec<String> = (0..20).map(|i| format!("FLOOD-{i:02}")).collect();
+    for sku in &skus {
+        stock(&app, sku, 10).await;
+    }
+    // Every SKU's row is locked: each Reserve that gets through blocks in SQL.
+    let locker = locker(&app).await;
+    locker.batch_execute("BEGIN").await.unwrap();
+    locker
+        .execute(
+            "SELECT 1 FROM stock WHERE sku = ANY($1) FOR UPDATE",
+            &[&skus],
+        )
+        .await
+        .unwrap();
+
+    let mut codes = Vec::new();
+    for (i, sku) in skus.iter().enumerate() {
+        let request = with_timeout(
+            reserve(&format!("flood-{i}"), &[(sku, 1)]),
+            Duration::from_millis(50),
+        );
+        let code = match app.client.clone().reserve(request).await {
+            Ok(_) => Code::Ok,
+            Err(status) => status.code(),
+        };
+        codes.push(code);
+    }
+    let shed = codes
+        .iter()
+        .filter(|code| **code == Code::ResourceExhausted)
+        .count();
+    assert!(
+        shed > 0,
+        "calls that answered DEADLINE_EXCEEDED kept their permits while their work went on: {codes:?}"
+    );
+    assert!(
+        codes
+            .iter()
+            .all(|code| matches!(code, Code::DeadlineExceeded | Code::ResourceExhausted)),
+        "{codes:?}"
+    );
+    // However many calls were answered, no more reservations than MAX_IN_FLIGHT run at once.
+    assert!(lock_waiters(&app).await <= MAX_IN_FLIGHT as i64);
+    locker.batch_execute("ROLLBACK").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hold_that_waited_on_a_lock_is_dated_from_when_it_acted() {
+    let app = crate::helpers::spawn_app().await;
+    stock(&app, "SLOW-LOCK", 5).await;
+    let locker = locker(&app).await;
+    locker.batch_execute("BEGIN").await.unwrap();
+    locker
+        .execute(
+            "SELECT 1 FROM stock WHERE sku = 'SLOW-LOCK' FOR UPDATE",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let sent = Instant::now();
+    let request = ReserveRequest {
+        ttl: Some(prost_types::Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
+        ..reserve("slow-1", &[("SLOW-LOCK", 1)])
+    };
+    let mut client = app.client.clone();
+    let call = tokio::spawn(async move { client.reserve(request).await });
+    until_lock_waiters(&app, 1).await;
+    // The scenario itself: the transaction waits on the lock longer than the hold lasts.
+    tokio::time::sleep_until((sent + Duration::from_millis(1500)).into()).await;
+    locker.batch_execute("COMMIT").await.unwrap();
+
+    let hold = call.await.unwrap().unwrap().into_inner();
+    let expires_at = SystemTime::try_from(hold.expires_at.unwrap()).unwrap();
+    let created_at = SystemTime::try_from(hold.created_at.unwrap()).unwrap();
+    assert!(
+        expires_at > SystemTime::now(),
+        "a 1 s hold answered after 1.5 s must not have expired already"
+    );
+    assert_eq!(
+        expires_at.duration_since(created_at).unwrap(),
+        Duration::from_secs(1)
+    );
+}
+
+#[tokio::test]
+async fn a_confirm_that_locks_the_hold_after_it_expired_is_refused() {
+    let mut settings = test_settings(fresh_database().await);
+    // The sweeper stays out of the way: the confirm alone decides.
+    settings.sweep_interval = Duration::from_secs(3600);
+    let app = spawn_app_with(settings).await;
+    stock(&app, "LATE-CONFIRM", 5).await;
+    let request = ReserveRequest {
+        ttl: Some(prost_types::Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
+        ..reserve("late-1", &[("LATE-CONFIRM", 1)])
+    };
+    let hold = app
+        .client
+        .clone()
+        .reserve(request)
+        .await
+        .unwrap()
+        .into_inner();
+    let expires_at = SystemTime::try_from(hold.expires_at.unwrap()).unwrap();
+    let id = uuid::Uuid::parse_str(&hold.reservation_id).unwrap();
+
+    let locker = locker(&app).await;
+    locker.batch_execute("BEGIN").await.unwrap();
+    locker
+        .execute(
+            "SELECT 1 FROM reservations WHERE reservation_id = $1 FOR UPDATE",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    // The confirm's transaction begins before the hold expires, and waits for the row.
+    let mut client = app.client.clone();
+    let reservation_id = hold.reservation_id.clone();
+    let confirm = tokio::spawn(async move {
+        client
+            .confirm_reservation(ConfirmReservationRequest { reservation_id })
+            .await
+    });
+    until_lock_waiters(&app, 1).await;
+    assert!(
+        SystemTime::now() < expires_at,
+        "the confirm began before the expiry"
+    );
+    let past_expiry =
+        expires_at.duration_since(SystemTime::now()).unwrap() + Duration::from_millis(200);
+    tokio::time::sleep(past_expiry).await;
+    locker.batch_execute("COMMIT").await.unwrap();
+
+    let status = confirm.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(
+        crate::helpers::error_reason(&status),
+        "INVALID_RESERVATION_STATE"
+    );
+    assert_eq!(
+        app.level("LATE-CONFIRM").await,
+        (5, 1),
+        "nothing shipped: the unit is the sweeper's to return"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_granted_after_its_grant_timed_out_is_given_back() {
+    let redis = RedisProcess::start().await;
+    let mut settings =
+        crate::helpers::test_settings_with_redis(fresh_database().await, &redis.url());
+    // Long enough that an unreleased lease would still be there when the test looks.
+    settings.leases.ttl = Duration::from_secs(60);
+    settings.coalesce.max_batch = 1;
+    let app = spawn_app_with(settings).await;
+    stock(&app, "LATE-GRANT", 5).await;
+    // Loads the lease scripts into this fresh Redis, so the late grant is one EVALSHA.
+    stock(&app, "WARM-UP", 1).await;
+    app.hold("warm-up", &[("WARM-UP", 1)]).await;
+
+    redis.pause();
+    let status = app
+        .client
+        .clone()
+        .reserve(reserve("late-grant", &[("LATE-GRANT", 1)]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    // Redis runs the grant it was sent, then the release that followed it.
+    redis.resume();
+    let lease = app.lease_key("LATE-GRANT");
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        // The grant ran (the fence moved) and its lease is gone again: given back, not expired.
+        let fence: Option<i64> = app.redis.get(app.fence_key("LATE-GRANT")).await.unwrap();
+        let holder: Option<String> = app.redis.get(&lease).await.unwrap();
+        if fence == Some(1) && holder.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "the late grant still blocks the SKU (fence {fence:?}, holder {holder:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And the SKU is free at once for the next caller.
+    app.hold("after-late-grant", &[("LATE-GRANT", 1)]).await;
+}
+
+#[tokio::test]
+async fn event_streams_have_a_cap_of_their_own() {
+    let mut settings = test_settings(fresh_database().await);
+    settings.max_watchers = 2;
+    let app = spawn_app_with(settings).await;
+    let watch = || {
+        let mut client = app.client.clone();
+        async move {
+            client
+                .watch_events(inventory_server::proto::WatchEventsRequest { after_sequence: 0 })
+                .await
+        }
+    };
+    let first = watch().await.unwrap();
+    let _second = watch().await.unwrap();
+    let refused = watch().await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(crate::helpers::error_reason(&refused), "TOO_MANY_WATCHERS");
+    // Unary calls are not counted against it.
+    stock(&app, "CAP-1", 1).await;
+
+    drop(first);
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while app.events.watching() > 1 {
+        assert!(Instant::now() < give_up, "a closed stream frees its place");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    watch().await.expect("a place was freed");
+}
+
+#[tokio::test]
+async fn a_consumer_that_stops_reading_during_catch_up_does_not_hold_shutdown() {
+    use tonic::transport::Endpoint;
+    let grace = Duration::from_secs(3);
+    let mut settings = test_settings(fresh_database().await);
+    settings.shutdown_grace = grace;
+    let mut app = spawn_app_with(settings).await;
+    // More than the server's HTTP/2 send buffer and the watcher's queue hold together:
+    // about 1,100 events of ~450 bytes (long SKUs, long reasons).
+    use futures::StreamExt as _;
+    let reason = "r".repeat(256);
+    futures::stream::iter(0..1100)
+        .map(|i| {
+            let mut client = app.client.clone();
+            let reason = reason.clone();
+            async move {
+                client
+                    .adjust_stock(inventory_server::proto::AdjustStockRequest {
+                        sku: format!("{:-<60}{:04}", "STUCK", i % 50),
+                        delta: 1,
+                        idempotency_key: format!("stuck-{i}"),
+                        reason,
+                    })
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
+    // A client with tiny HTTP/2 windows that never reads: the server can send it almost
+    // nothing, and its watcher's queue fills during catch-up.
+    let channel = Endpoint::from_shared(format!("http://{}", app.addr))
+        .unwrap()
+        .initial_stream_window_size(Some(1024))
+        .initial_connection_window_size(Some(1024))
+        .connect()
+        .await
+        .unwrap();
+    let _stuck =
+        inventory_server::proto::inventory_service_client::InventoryServiceClient::new(channel)
+            .watch_events(inventory_server::proto::WatchEventsRequest { after_sequence: 0 })
+            .await
+            .unwrap();
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while app.events.most_queued() < inventory_server::events::WATCH_BUFFER {
+        assert!(Instant::now() < give_up, "the watcher's queue never filled");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let stopping = Instant::now();
+    app.begin_stop();
+    // The stuck watcher lets go at once, not when the grace period is over.
+    while app.events.watching() > 0 {
+        assert!(
+            stopping.elapsed() < grace / 2,
+            "the stuck watcher still runs after shutdown began"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    app.stop().await.unwrap();
+    assert!(
+        stopping.elapsed() < grace + Duration::from_secs(1),
+        "shutdown took {:?}",
+        stopping.elapsed()
+    );
+}

@@ -29,6 +29,9 @@ use crate::{
     tls::ServerTls,
 };
 
+/// How often a replica that is not ready yet looks again.
+const READINESS_RECHECK: Duration = Duration::from_secs(1);
+
 /// How long start-up waits for the first Redis connection before serving anyway.
 const REDIS_STARTUP_WAIT: Duration = Duration::from_secs(2);
 
@@ -260,7 +263,26 @@ impl Application {
         ];
 
         let (health, health_service) = tonic_health::server::health_reporter();
-        set_health(&health, ServingStatus::Serving).await;
+        // Alive from now on; ready (the service's own status, which readiness probes check)
+        // once PostgreSQL answered with a schema this binary can use.
+        health.set_service_status("", ServingStatus::Serving).await;
+        let readiness = match schema_ready(&self.pool).await {
+            Ok(()) => {
+                set_health(&health, ServingStatus::Serving).await;
+                None
+            }
+            Err(reason) => {
+                tracing::warn!(%reason, "not ready yet: readiness stays NOT_SERVING");
+                health
+                    .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
+                    .await;
+                Some(tokio::spawn(gate_readiness(
+                    self.pool.clone(),
+                    health.clone(),
+                    self.stopping.subscribe(),
+                )))
+            }
+        };
 
         let reflection_v1 = reflection_builder().build_v1()?;
         // grpcurl 1.8 and many other tools speak only the v1alpha protocol.
@@ -341,7 +363,7 @@ impl Application {
         }
 
         let _ = self.stopping.send(true);
-        for task in background {
+        for task in background.into_iter().chain(readiness) {
             let _ = task.await;
         }
         if let Some(admin_server) = admin_server {
@@ -417,14 +439,65 @@ fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
 }
 
+const SERVICE_NAME: &str =
+    <InventoryServiceServer<InventoryApi> as tonic::server::NamedService>::NAME;
+
 async fn set_health(health: &HealthReporter, status: ServingStatus) {
     health.set_service_status("", status).await;
-    health
-        .set_service_status(
-            <InventoryServiceServer<InventoryApi> as tonic::server::NamedService>::NAME,
-            status,
-        )
-        .await;
+    health.set_service_status(SERVICE_NAME, status).await;
+}
+
+/// Whether this replica may take traffic: PostgreSQL answered, and its schema is the one this
+/// binary needs or newer (migrations only add, so an older binary keeps working during a
+/// rollout; a newer one must wait for `migrate`). Checked until it holds once; outages after
+/// that keep the replica ready, and calls answer `UNAVAILABLE` instead.
+async fn schema_ready(pool: &Pool) -> Result<(), String> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|error| format!("PostgreSQL: {error}"))?;
+    let needed = inventory_postgres::migrate::expected_version();
+    match inventory_postgres::migrate::applied_version(&client).await {
+        Ok(Some(applied)) if applied >= needed => Ok(()),
+        Ok(Some(applied)) => Err(format!(
+            "the schema is at migration {applied}, this binary needs {needed}: run `inventory-server migrate`"
+        )),
+        Ok(None) => Err(format!(
+            "the database has no schema, this binary needs migration {needed}: run `inventory-server migrate`"
+        )),
+        Err(error) => Err(format!("PostgreSQL: {error}")),
+    }
+}
+
+/// Turns readiness on once [`schema_ready`] holds, checking every second until shutdown.
+async fn gate_readiness(
+    pool: Pool,
+    health: HealthReporter,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut last = String::new();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(READINESS_RECHECK) => {}
+            _ = stopping.changed() => return,
+        }
+        match schema_ready(&pool).await {
+            Ok(()) if !*stopping.borrow() => {
+                health
+                    .set_service_status(SERVICE_NAME, ServingStatus::Serving)
+                    .await;
+                tracing::info!("ready: PostgreSQL answered with the schema this binary needs");
+                return;
+            }
+            Ok(()) => return,
+            Err(reason) => {
+                if reason != last {
+                    tracing::warn!(%reason, "not ready yet: readiness stays NOT_SERVING");
+                    last = reason;
+                }
+            }
+        }
+    }
 }
 
 /// Completes on SIGTERM (Kubernetes) or SIGINT (Ctrl-C).

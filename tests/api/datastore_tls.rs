@@ -322,7 +322,7 @@ struct TlsRedis {
     child: std::process::Child,
 }
 
-/// Exactly what the service runs: its three Lua scripts (loaded on first use), the commands
+/// Exactly what the service runs: its Lua scripts (loaded on first use), the commands
 /// inside them, `GET` of a lease and `PING`. Keys only under the prefix.
 fn acl_rules(prefix: &str) -> Vec<String> {
     [

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use fred::prelude::KeysInterface as _;
+use fred::prelude::{ClientLike as _, KeysInterface as _};
 use inventory_server::proto::{ConfirmReservationRequest, ReserveRequest};
 use tonic::{Code, Request};
 
@@ -348,4 +348,51 @@ async fn a_consumer_that_stops_reading_during_catch_up_does_not_hold_shutdown() 
         "shutdown took {:?}",
         stopping.elapsed()
     );
+}
+
+#[tokio::test]
+async fn reserves_for_skus_that_do_not_exist_leave_redis_as_it_was() {
+    use futures::StreamExt as _;
+    let app = crate::helpers::spawn_app().await;
+    stock(&app, "REAL-1", 1).await;
+    let calls = 10_000;
+    let refused = futures::stream::iter(0..calls)
+        .map(|i| {
+            let mut client = app.client.clone();
+            async move {
+                // Multi-line carts now and then: both write paths see unknown SKUs.
+                let lines: Vec<(String, i64)> = if i % 10 == 0 {
+                    vec![(format!("JUNK-{i}"), 1), (format!("JUNK-{i}-B"), 1)]
+                } else {
+                    vec![(format!("JUNK-{i}"), 1)]
+                };
+                let lines: Vec<(&str, i64)> = lines.iter().map(|(s, q)| (s.as_str(), *q)).collect();
+                client
+                    .reserve(reserve(&format!("junk-{i}"), &lines))
+                    .await
+                    .unwrap_err()
+                    .code()
+            }
+        })
+        .buffer_unordered(64)
+        .filter(|code| std::future::ready(*code == Code::NotFound))
+        .count()
+        .await;
+    assert_eq!(refused, calls, "every call names SKUs that do not exist");
+    app.hold("real", &[("REAL-1", 1)]).await;
+
+    let pattern = format!("{}:*", app.key_prefix.as_str());
+    let keys: Vec<String> = app
+        .redis
+        .custom(fred::cmd!("KEYS"), vec![pattern])
+        .await
+        .unwrap();
+    assert!(
+        keys.len() <= 10,
+        "{} keys left behind by {calls} calls for made-up SKUs: {:?}",
+        keys.len(),
+        &keys[..keys.len().min(5)]
+    );
+    // The real SKU keeps its fence counter.
+    assert!(keys.iter().any(|key| key.contains("{REAL-1}")), "{keys:?}");
 }

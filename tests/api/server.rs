@@ -274,3 +274,63 @@ struct UnreachableApp {
     key_prefix: inventory_redis::KeyPrefix,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
+
+async fn readiness(app: &crate::helpers::TestApp) -> (ServingStatus, ServingStatus) {
+    let mut health = HealthClient::new(app.channel().await);
+    let mut statuses = Vec::new();
+    for service in ["", SERVICE] {
+        let request = HealthCheckRequest {
+            service: service.into(),
+        };
+        statuses.push(health.check(request).await.unwrap().into_inner().status());
+    }
+    (statuses[0], statuses[1])
+}
+
+#[tokio::test]
+async fn a_replica_is_ready_only_once_the_schema_it_needs_is_there() {
+    let database = crate::helpers::empty_database().await;
+    let app = crate::helpers::spawn_app_with(test_settings(database.clone())).await;
+    assert_eq!(
+        readiness(&app).await,
+        (ServingStatus::Serving, ServingStatus::NotServing),
+        "alive, but not ready on a database without its schema"
+    );
+    inventory_postgres::migrate::run(&database).await.unwrap();
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    while readiness(&app).await.1 != ServingStatus::Serving {
+        assert!(std::time::Instant::now() < give_up, "ready after migrate");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_older_binary_is_ready_on_a_newer_schema_and_a_newer_binary_is_not() {
+    let needed = inventory_postgres::migrate::expected_version();
+    // A schema one migration ahead of this binary (a rollout's new version migrated first).
+    let ahead = crate::helpers::fresh_database().await;
+    crate::helpers::connect(&ahead)
+        .await
+        .execute(
+            "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+             VALUES ($1, 'from_the_future', '2026-12-03', '0')",
+            &[&(needed + 1)],
+        )
+        .await
+        .unwrap();
+    let app = crate::helpers::spawn_app_with(test_settings(ahead)).await;
+    assert_eq!(readiness(&app).await.1, ServingStatus::Serving);
+
+    // A schema one migration behind this binary: it waits for `migrate`.
+    let behind = crate::helpers::fresh_database().await;
+    crate::helpers::connect(&behind)
+        .await
+        .execute(
+            "DELETE FROM refinery_schema_history WHERE version = $1",
+            &[&needed],
+        )
+        .await
+        .unwrap();
+    let app = crate::helpers::spawn_app_with(test_settings(behind)).await;
+    assert_eq!(readiness(&app).await.1, ServingStatus::NotServing);
+}

@@ -44,6 +44,26 @@ pub enum WriteOutcome<T = Result<Reservation, Error>> {
 /// One answer per request of a batch, in batch order.
 pub type Answers = Vec<Result<Reservation, Error>>;
 
+/// The SKUs a write's answer found not to exist.
+pub trait UnknownSkus {
+    fn unknown_skus(&self) -> Vec<&Sku>;
+}
+
+impl UnknownSkus for Result<Reservation, Error> {
+    fn unknown_skus(&self) -> Vec<&Sku> {
+        match self {
+            Err(Error::UnknownSkus(skus)) => skus.iter().collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl UnknownSkus for Answers {
+    fn unknown_skus(&self) -> Vec<&Sku> {
+        self.iter().flat_map(UnknownSkus::unknown_skus).collect()
+    }
+}
+
 /// One SKU's coalesced batch, written under the fencing token of the lease held for it.
 #[derive(Clone, Debug)]
 pub struct ReserveGroup {
@@ -126,6 +146,12 @@ pub trait LeaseService: Send + Sync + 'static {
 
     /// Whether `lease` still holds the SKU's lease.
     fn is_held(&self, lease: &Lease) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Deletes the SKU's fence counter if it still holds `lease`'s token, nobody having taken
+    /// one since: the write found that the SKU does not exist, so the counter would only be
+    /// junk kept for its whole TTL. (Were it deleted wrongly, the next write would heal it, as
+    /// after any lost counter.)
+    fn forget_fence(&self, lease: &Lease) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Raises the SKU's fence counter to at least `floor` (never lowers it), after PostgreSQL
     /// showed that the counter fell behind.

@@ -15,7 +15,9 @@ use crate::{
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
     pause::{PausePoint, PausePoints},
-    ports::{Lease, LeaseService, ReservationStore, ReserveGroup, StockStore, WriteOutcome},
+    ports::{
+        Lease, LeaseService, ReservationStore, ReserveGroup, StockStore, UnknownSkus, WriteOutcome,
+    },
 };
 
 /// How many times one `Reserve` raises lagging fence counters and tries again before giving
@@ -292,6 +294,7 @@ where
         write: F,
     ) -> Result<T, Error>
     where
+        T: UnknownSkus,
         F: Fn(Vec<(Sku, FenceToken)>) -> Fut,
         Fut: Future<Output = Result<WriteOutcome<T>, Error>>,
     {
@@ -303,6 +306,7 @@ where
             match write(fences).await {
                 Ok(WriteOutcome::Answered(answer)) => {
                     self.pauses.reach(PausePoint::Committed).await;
+                    self.forget_unknown(&leases, &answer).await;
                     self.release_all(&leases).await;
                     return Ok(answer);
                 }
@@ -381,6 +385,17 @@ where
             }
         }
         Ok(leases)
+    }
+
+    /// Best effort: a SKU that does not exist leaves no fence counter behind, so requests for
+    /// made-up SKUs cannot fill Redis.
+    async fn forget_unknown(&self, leases: &[Lease], answer: &impl UnknownSkus) {
+        let unknown = answer.unknown_skus();
+        for lease in leases.iter().filter(|lease| unknown.contains(&&lease.sku)) {
+            if let Err(error) = self.leases.forget_fence(lease).await {
+                tracing::debug!(sku = %lease.sku, %error, "fence of an unknown SKU not removed");
+            }
+        }
     }
 
     /// Best effort: a lease that cannot be released expires on its own.

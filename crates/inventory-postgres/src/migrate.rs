@@ -56,3 +56,33 @@ pub async fn run(config: &PgConfig) -> Result<Vec<String>, MigrateError> {
         .map(ToString::to_string)
         .collect())
 }
+
+/// The newest migration this binary carries: the schema version it needs.
+pub fn expected_version() -> i32 {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(refinery::Migration::version)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The newest migration applied to the database; `None` before the first `migrate`.
+pub async fn applied_version(
+    client: &impl deadpool_postgres::GenericClient,
+) -> Result<Option<i32>, tokio_postgres::Error> {
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass('refinery_schema_history') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    client
+        .query_one("SELECT max(version) FROM refinery_schema_history", &[])
+        .await?
+        .try_get(0)
+}

@@ -52,6 +52,14 @@ end
 return 0
 "#;
 
+/// KEYS: fence. ARGV: token. Deletes the counter only if no token was handed out since.
+const FORGET_FENCE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
 /// KEYS: fence. ARGV: floor, fence ttl in ms. Raises the counter to the floor, never lowers it.
 const RAISE_FENCE: &str = r#"
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -99,6 +107,7 @@ pub struct RedisLeases {
     acquire: Script,
     release: Script,
     raise_fence: Script,
+    forget_fence: Script,
 }
 
 impl RedisLeases {
@@ -110,6 +119,7 @@ impl RedisLeases {
             acquire: Script::from_lua(ACQUIRE),
             release: Script::from_lua(RELEASE),
             raise_fence: Script::from_lua(RAISE_FENCE),
+            forget_fence: Script::from_lua(FORGET_FENCE),
         }
     }
 
@@ -266,6 +276,17 @@ impl LeaseService for RedisLeases {
             crate::metrics::leases().lost.add(1, &[]);
         }
         Ok(held)
+    }
+
+    async fn forget_fence(&self, lease: &Lease) -> Result<(), Error> {
+        let _: i64 = self
+            .bounded(self.forget_fence.evalsha_with_reload(
+                self.redis.client(),
+                vec![self.redis.prefix().fence(&lease.sku)],
+                vec![lease.fence.get().to_string()],
+            ))
+            .await?;
+        Ok(())
     }
 
     async fn raise_fence(&self, sku: &Sku, floor: FenceToken) -> Result<(), Error> {

@@ -216,9 +216,13 @@ pub async fn run_tailer(hub: EventHub, database: PgConfig, mut stopping: watch::
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         if !listener.as_ref().is_some_and(PositionListener::is_alive) {
-            match PositionListener::start(&database, Arc::clone(&wake)).await {
-                Ok(started) => listener = Some(started),
-                Err(error) => tracing::warn!(%error, "cannot listen for events; polling instead"),
+            let start = PositionListener::start(&database, Arc::clone(&wake));
+            match tokio::time::timeout(hub.store.bound(), start).await {
+                Ok(Ok(started)) => listener = Some(started),
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "cannot listen for events; polling instead")
+                }
+                Err(_) => tracing::warn!("LISTEN got no answer in time; polling instead"),
             }
         }
         let Some(mut position) = head else {

@@ -84,7 +84,8 @@ impl Application {
         settings: Settings,
         registry: prometheus::Registry,
     ) -> anyhow::Result<Self> {
-        let database = settings.database.clone();
+        // The LISTEN connection gets the pool's socket protections too.
+        let database = settings.database.hardened(&settings.pool);
         // A configuration the database will never accept (TLS, pg_hba.conf, password) ends
         // start-up here with the reason; a database that is merely down does not.
         match inventory_postgres::probe(&database, settings.pool.acquire_timeout).await {
@@ -153,7 +154,7 @@ impl Application {
         if settings.auth.is_disabled() {
             tracing::warn!("authentication is DISABLED: every caller may make every call");
         }
-        let store = PgStore::new(pool.clone());
+        let store = PgStore::new(pool.clone(), settings.pool.operation_bound());
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
         let events = EventHub::new(store.clone(), stopping_rx, settings.max_watchers);
         let inventory = Arc::new(Inventory::new(

@@ -521,3 +521,81 @@ impl TestClient {
             .unwrap();
     }
 }
+
+/// A TCP proxy whose forwarding can be stopped and resumed: stopped, it keeps every
+/// connection open and holds the bytes in both directions, as a hung database or a network
+/// that went silent does.
+#[derive(Debug)]
+pub struct StallProxy {
+    pub port: u16,
+    forwarding: tokio::sync::watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl StallProxy {
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (forwarding, watching) = tokio::sync::watch::channel(true);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pipe(client_read, server_write, watching.clone()));
+                tokio::spawn(pipe(server_read, client_write, watching.clone()));
+            }
+        });
+        Self {
+            port,
+            forwarding,
+            task,
+        }
+    }
+
+    /// Stops forwarding: nothing more passes either way until [`Self::resume`].
+    pub fn stall(&self) {
+        self.forwarding.send_replace(false);
+    }
+
+    pub fn resume(&self) {
+        self.forwarding.send_replace(true);
+    }
+}
+
+impl Drop for StallProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut forwarding: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        if forwarding.wait_for(|on| *on).await.is_err() {
+            return;
+        }
+        let read = tokio::select! {
+            read = from.read(&mut buffer) => read,
+            _ = forwarding.wait_for(|on| !*on) => continue,
+        };
+        let n = match read {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Bytes read just as forwarding stopped wait for it to resume.
+        if forwarding.wait_for(|on| *on).await.is_err() {
+            return;
+        }
+        if to.write_all(&buffer[..n]).await.is_err() {
+            return;
+        }
+    }
+}

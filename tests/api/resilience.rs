@@ -396,3 +396,90 @@ async fn reserves_for_skus_that_do_not_exist_leave_redis_as_it_was() {
     // The real SKU keeps its fence counter.
     assert!(keys.iter().any(|key| key.contains("{REAL-1}")), "{keys:?}");
 }
+
+#[tokio::test]
+async fn a_database_that_stops_answering_costs_each_call_a_bound_and_the_replica_recovers() {
+    use inventory_core::pause::PausePoint;
+    let direct = fresh_database().await;
+    let upstream = format!(
+        "127.0.0.1:{}",
+        crate::helpers::admin_config().get_ports()[0]
+    );
+    let proxy = crate::helpers::StallProxy::start(upstream.parse().unwrap()).await;
+    let through: inventory_postgres::PgConfig = format!(
+        "postgres://postgres@127.0.0.1:{}/{}",
+        proxy.port,
+        direct.get_dbname().unwrap()
+    )
+    .parse()
+    .unwrap();
+    let mut settings = test_settings(through);
+    settings.pool.statement_timeout = Duration::from_millis(500);
+    settings.pool.acquire_timeout = Duration::from_secs(1);
+    let bound = settings.pool.operation_bound();
+    let app = spawn_app_with(settings).await;
+    stock(&app, "HUNG-A", 5).await;
+    stock(&app, "HUNG-B", 5).await;
+
+    // A's reservation has its lease; the database goes silent before its transaction.
+    let mut held = app.pauses.arm(PausePoint::LeaseGranted);
+    let mut client = app.client.clone();
+    let stuck =
+        tokio::spawn(async move { client.reserve(reserve("hung-a", &[("HUNG-A", 1)])).await });
+    held.reached().await;
+    proxy.stall();
+    let stalled = Instant::now();
+    held.resume();
+
+    // Another SKU's call on the same replica: an answer, not a hang. It may queue behind A's
+    // write for the replica's group commit, then pays its own bound.
+    let other = app
+        .client
+        .clone()
+        .reserve(reserve("hung-b", &[("HUNG-B", 1)]))
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), Code::Unavailable, "{other:?}");
+    assert!(
+        stalled.elapsed() < bound * 2 + Duration::from_secs(1),
+        "answered after {:?} (bound {bound:?})",
+        stalled.elapsed()
+    );
+    let stuck = stuck.await.unwrap().unwrap_err();
+    assert_eq!(stuck.code(), Code::Unavailable, "{stuck:?}");
+    // Reads are bounded the same way.
+    let read = app
+        .client
+        .clone()
+        .get_stock(inventory_server::proto::GetStockRequest {
+            skus: vec!["HUNG-B".into()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(read.code(), Code::Unavailable, "{read:?}");
+
+    // The network comes back: the replica recovers by itself.
+    proxy.resume();
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        let retry = app
+            .client
+            .clone()
+            .reserve(reserve("hung-b", &[("HUNG-B", 1)]))
+            .await;
+        match retry {
+            Ok(_) => break,
+            Err(status) => assert!(
+                Instant::now() < give_up,
+                "the replica did not recover: {status:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A's retry with its key settles what became of it.
+    app.client
+        .clone()
+        .reserve(reserve("hung-a", &[("HUNG-A", 1)]))
+        .await
+        .unwrap();
+}

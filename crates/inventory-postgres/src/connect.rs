@@ -82,6 +82,15 @@ pub struct PoolSettings {
     pub statement_timeout: Duration,
 }
 
+impl PoolSettings {
+    /// Longest one use case waits for PostgreSQL on the client side: the server gives up on
+    /// a statement (or a lock) after `statement_timeout`, and its answer gets
+    /// `acquire_timeout` more to arrive. Past that the server or the path to it is gone.
+    pub fn operation_bound(&self) -> Duration {
+        self.statement_timeout + self.acquire_timeout
+    }
+}
+
 impl Default for PoolSettings {
     fn default() -> Self {
         Self {
@@ -176,6 +185,30 @@ fn is_tls_failure(error: &tokio_postgres::Error) -> bool {
     error.to_string().contains("TLS")
 }
 
+/// Socket settings for every connection: a peer that stops acknowledging what was sent
+/// (`TCP_USER_TIMEOUT`) or stays silent (keepalive probes) ends the connection instead of
+/// leaving it half-open.
+fn harden(config: &mut tokio_postgres::Config, settings: &PoolSettings) {
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(settings.acquire_timeout);
+    }
+    config.keepalives(true);
+    config.keepalives_idle(Duration::from_secs(30));
+    config.keepalives_interval(Duration::from_secs(5));
+    config.keepalives_retries(3);
+    config.tcp_user_timeout(settings.operation_bound());
+}
+
+impl PgConfig {
+    /// The same settings, with the socket protections of the pool ([`connect`]): for the
+    /// connections opened outside it (`LISTEN`).
+    pub fn hardened(&self, settings: &PoolSettings) -> Self {
+        let mut hardened = self.clone();
+        harden(&mut hardened.driver, settings);
+        hardened
+    }
+}
+
 /// Builds the pool. Connections are opened lazily, so this succeeds while PostgreSQL is down;
 /// requests then fail with `UNAVAILABLE` until it is back.
 pub fn connect(
@@ -186,9 +219,6 @@ pub fn connect(
         driver: mut config,
         tls,
     } = config;
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(settings.acquire_timeout);
-    }
     if config.get_application_name().is_none() {
         config.application_name("inventory-server");
     }
@@ -204,8 +234,7 @@ pub fn connect(
         None => ours,
     };
     config.options(&options);
-    config.keepalives(true);
-    config.keepalives_idle(Duration::from_secs(30));
+    harden(&mut config, settings);
     let manager = Manager::from_config(
         config,
         tls.connector(),

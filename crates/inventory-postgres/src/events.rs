@@ -110,38 +110,41 @@ impl PgStore {
     /// the head and notifies listeners, in one transaction.
     #[tracing::instrument(skip_all)]
     pub async fn position_events(&self, batch: usize) -> Result<Positioned, Error> {
-        let mut client = self.pool().get().await.map_err(from_pool)?;
-        let tx = client.transaction().await.map_err(from_db)?;
-        let statement = tx.prepare_cached(LOCK_STREAM).await.map_err(from_db)?;
-        let Some(row) = tx.query_opt(&statement, &[]).await.map_err(from_db)? else {
-            return Ok(Positioned::Busy);
-        };
-        let head: i64 = row.get(0);
-        let statement = tx.prepare_cached(POSITION_READY).await.map_err(from_db)?;
-        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        let moved = tx
-            .execute(&statement, &[&head, &limit])
-            .await
-            .map_err(from_db)?;
-        if moved > 0 {
-            let moved_i64 = i64::try_from(moved).map_err(Error::internal)?;
-            let statement = tx.prepare_cached(MOVE_HEAD).await.map_err(from_db)?;
-            tx.execute(&statement, &[&moved_i64])
+        self.bounded(async {
+            let mut client = self.pool().get().await.map_err(from_pool)?;
+            let tx = client.transaction().await.map_err(from_db)?;
+            let statement = tx.prepare_cached(LOCK_STREAM).await.map_err(from_db)?;
+            let Some(row) = tx.query_opt(&statement, &[]).await.map_err(from_db)? else {
+                return Ok(Positioned::Busy);
+            };
+            let head: i64 = row.get(0);
+            let statement = tx.prepare_cached(POSITION_READY).await.map_err(from_db)?;
+            let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+            let moved = tx
+                .execute(&statement, &[&head, &limit])
                 .await
                 .map_err(from_db)?;
-            let statement = tx.prepare_cached(NOTIFY).await.map_err(from_db)?;
-            let new_head = (head + moved_i64).to_string();
-            tx.query(&statement, &[&POSITIONS_CHANNEL, &new_head])
-                .await
-                .map_err(from_db)?;
-        }
-        let statement = tx.prepare_cached(UNPOSITIONED).await.map_err(from_db)?;
-        let waiting: i64 = tx.query_one(&statement, &[]).await.map_err(from_db)?.get(0);
-        tx.commit().await.map_err(from_db)?;
-        crate::metrics::store()
-            .unpositioned
-            .record(u64::try_from(waiting).unwrap_or(0), &[]);
-        Ok(Positioned::Moved(moved))
+            if moved > 0 {
+                let moved_i64 = i64::try_from(moved).map_err(Error::internal)?;
+                let statement = tx.prepare_cached(MOVE_HEAD).await.map_err(from_db)?;
+                tx.execute(&statement, &[&moved_i64])
+                    .await
+                    .map_err(from_db)?;
+                let statement = tx.prepare_cached(NOTIFY).await.map_err(from_db)?;
+                let new_head = (head + moved_i64).to_string();
+                tx.query(&statement, &[&POSITIONS_CHANNEL, &new_head])
+                    .await
+                    .map_err(from_db)?;
+            }
+            let statement = tx.prepare_cached(UNPOSITIONED).await.map_err(from_db)?;
+            let waiting: i64 = tx.query_one(&statement, &[]).await.map_err(from_db)?.get(0);
+            tx.commit().await.map_err(from_db)?;
+            crate::metrics::store()
+                .unpositioned
+                .record(u64::try_from(waiting).unwrap_or(0), &[]);
+            Ok(Positioned::Moved(moved))
+        })
+        .await
     }
 
     /// Deletes up to `batch` events older than `events` (only positioned ones, oldest first)
@@ -152,44 +155,53 @@ impl PgStore {
         keys: Duration,
         batch: usize,
     ) -> Result<(u64, u64), Error> {
-        let client = self.pool().get().await.map_err(from_pool)?;
-        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        let statement = client.prepare_cached(PRUNE_EVENTS).await.map_err(from_db)?;
-        let pruned_events: i64 = client
-            .query_one(&statement, &[&events.as_secs_f64(), &limit])
-            .await
-            .map_err(from_db)?
-            .get(0);
-        let pruned_events = u64::try_from(pruned_events).unwrap_or(0);
-        let statement = client.prepare_cached(PRUNE_KEYS).await.map_err(from_db)?;
-        let pruned_keys = client
-            .execute(&statement, &[&keys.as_secs_f64(), &limit])
-            .await
-            .map_err(from_db)?;
-        Ok((pruned_events, pruned_keys))
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+            let statement = client.prepare_cached(PRUNE_EVENTS).await.map_err(from_db)?;
+            let pruned_events: i64 = client
+                .query_one(&statement, &[&events.as_secs_f64(), &limit])
+                .await
+                .map_err(from_db)?
+                .get(0);
+            let pruned_events = u64::try_from(pruned_events).unwrap_or(0);
+            let statement = client.prepare_cached(PRUNE_KEYS).await.map_err(from_db)?;
+            let pruned_keys = client
+                .execute(&statement, &[&keys.as_secs_f64(), &limit])
+                .await
+                .map_err(from_db)?;
+            Ok((pruned_events, pruned_keys))
+        })
+        .await
     }
 }
 
 impl EventStore for PgStore {
     async fn events_after(&self, after: i64, limit: usize) -> Result<Vec<Event>, Error> {
-        let client = self.pool().get().await.map_err(from_pool)?;
-        let statement = client.prepare_cached(EVENTS_AFTER).await.map_err(from_db)?;
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = client
-            .query(&statement, &[&after, &limit])
-            .await
-            .map_err(from_db)?;
-        rows.iter().map(event).collect()
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            let statement = client.prepare_cached(EVENTS_AFTER).await.map_err(from_db)?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = client
+                .query(&statement, &[&after, &limit])
+                .await
+                .map_err(from_db)?;
+            rows.iter().map(event).collect()
+        })
+        .await
     }
 
     async fn stream_bounds(&self) -> Result<StreamBounds, Error> {
-        let client = self.pool().get().await.map_err(from_pool)?;
-        let statement = client.prepare_cached(BOUNDS).await.map_err(from_db)?;
-        let row = client.query_one(&statement, &[]).await.map_err(from_db)?;
-        Ok(StreamBounds {
-            head: row.get(0),
-            pruned_through: row.get(1),
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            let statement = client.prepare_cached(BOUNDS).await.map_err(from_db)?;
+            let row = client.query_one(&statement, &[]).await.map_err(from_db)?;
+            Ok(StreamBounds {
+                head: row.get(0),
+                pruned_through: row.get(1),
+            })
         })
+        .await
     }
 }
 

@@ -197,102 +197,107 @@ impl ReservationStore for PgStore {
         ttl: Ttl,
         fences: &[(Sku, FenceToken)],
     ) -> Result<WriteOutcome, Error> {
-        let lines: Vec<(&Line, FenceToken)> = command
-            .lines_by_sku()
-            .into_iter()
-            .zip(fences)
-            .map(|(line, (sku, fence))| {
-                debug_assert_eq!(&line.sku, sku, "one fence per line, in SKU order");
-                (line, *fence)
-            })
-            .collect();
+        self.bounded(async {
+            let lines: Vec<(&Line, FenceToken)> = command
+                .lines_by_sku()
+                .into_iter()
+                .zip(fences)
+                .map(|(line, (sku, fence))| {
+                    debug_assert_eq!(&line.sku, sku, "one fence per line, in SKU order");
+                    (line, *fence)
+                })
+                .collect();
 
-        let mut client = self.pool().get().await.map_err(from_pool)?;
-        let mut tx = client.transaction().await.map_err(from_db)?;
-        let fingerprint = command.fingerprint();
-        if let idempotency::Claim::Replay(outcome) = idempotency::claim(
-            &tx,
-            command.caller.as_str(),
-            &command.idempotency_key,
-            RESERVE,
-            &fingerprint,
-        )
-        .await?
-        {
-            let outcome: ReserveOutcome =
-                serde_json::from_value(outcome).map_err(Error::internal)?;
-            return Ok(WriteOutcome::Answered(outcome.into_result()?));
-        }
+            let mut client = self.pool().get().await.map_err(from_pool)?;
+            let mut tx = client.transaction().await.map_err(from_db)?;
+            let fingerprint = command.fingerprint();
+            if let idempotency::Claim::Replay(outcome) = idempotency::claim(
+                &tx,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                RESERVE,
+                &fingerprint,
+            )
+            .await?
+            {
+                let outcome: ReserveOutcome =
+                    serde_json::from_value(outcome).map_err(Error::internal)?;
+                return Ok(WriteOutcome::Answered(outcome.into_result()?));
+            }
 
-        // The line updates run under a savepoint: a refusal undoes them but keeps the claim,
-        // so the refusal itself is stored and replayed.
-        let savepoint = tx.savepoint("lines").await.map_err(from_db)?;
-        let result = match hold_lines(&savepoint, &lines).await? {
-            LinesOutcome::Fenced(lines) => {
-                // Dropping the transaction rolls back the claim too: a lost lease is
-                // transient and must not be stored.
-                return Ok(WriteOutcome::Fenced(lines));
-            }
-            LinesOutcome::Refused(error) => {
-                savepoint.rollback().await.map_err(from_db)?;
-                Err(error)
-            }
-            LinesOutcome::Held(levels) => {
-                savepoint.commit().await.map_err(from_db)?;
-                let id = ReservationId::new_random();
-                let (created_at, expires_at) = reservations::insert(
-                    &tx,
-                    &NewReservation {
+            // The line updates run under a savepoint: a refusal undoes them but keeps the claim,
+            // so the refusal itself is stored and replayed.
+            let savepoint = tx.savepoint("lines").await.map_err(from_db)?;
+            let result = match hold_lines(&savepoint, &lines).await? {
+                LinesOutcome::Fenced(lines) => {
+                    // Dropping the transaction rolls back the claim too: a lost lease is
+                    // transient and must not be stored.
+                    return Ok(WriteOutcome::Fenced(lines));
+                }
+                LinesOutcome::Refused(error) => {
+                    savepoint.rollback().await.map_err(from_db)?;
+                    Err(error)
+                }
+                LinesOutcome::Held(levels) => {
+                    savepoint.commit().await.map_err(from_db)?;
+                    let id = ReservationId::new_random();
+                    let (created_at, expires_at) = reservations::insert(
+                        &tx,
+                        &NewReservation {
+                            id,
+                            order_id: &command.order_id,
+                            caller: command.caller.as_str(),
+                            idempotency_key: command.idempotency_key.as_str(),
+                            ttl,
+                        },
+                    )
+                    .await
+                    .map_err(from_db)?;
+                    reservations::insert_lines(&tx, id, &lines)
+                        .await
+                        .map_err(from_db)?;
+                    let reservation = Reservation {
                         id,
-                        order_id: &command.order_id,
-                        caller: command.caller.as_str(),
-                        idempotency_key: command.idempotency_key.as_str(),
-                        ttl,
-                    },
-                )
-                .await
-                .map_err(from_db)?;
-                reservations::insert_lines(&tx, id, &lines)
-                    .await
-                    .map_err(from_db)?;
-                let reservation = Reservation {
-                    id,
-                    order_id: command.order_id.clone(),
-                    state: ReservationState::Held,
-                    lines: lines.iter().map(|(line, _)| (*line).clone()).collect(),
-                    created_at,
-                    expires_at,
-                };
-                outbox::append_reservation_event(&tx, &reservation, &levels)
-                    .await
-                    .map_err(from_db)?;
-                Ok(reservation)
+                        order_id: command.order_id.clone(),
+                        state: ReservationState::Held,
+                        lines: lines.iter().map(|(line, _)| (*line).clone()).collect(),
+                        created_at,
+                        expires_at,
+                    };
+                    outbox::append_reservation_event(&tx, &reservation, &levels)
+                        .await
+                        .map_err(from_db)?;
+                    Ok(reservation)
+                }
+            };
+            let outcome =
+                serde_json::to_value(ReserveOutcome::of(&result)).map_err(Error::internal)?;
+            idempotency::record_outcome(
+                &tx,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                &outcome,
+            )
+            .await
+            .map_err(from_db)?;
+            tx.commit().await.map_err(from_db)?;
+            if result.is_ok() {
+                self.outbox_written();
+                crate::metrics::reservation("HELD");
+            } else {
+                crate::metrics::reservation("REFUSED");
             }
-        };
-        let outcome = serde_json::to_value(ReserveOutcome::of(&result)).map_err(Error::internal)?;
-        idempotency::record_outcome(
-            &tx,
-            command.caller.as_str(),
-            &command.idempotency_key,
-            &outcome,
-        )
+            Ok(WriteOutcome::Answered(result))
+        })
         .await
-        .map_err(from_db)?;
-        tx.commit().await.map_err(from_db)?;
-        if result.is_ok() {
-            self.outbox_written();
-            crate::metrics::reservation("HELD");
-        } else {
-            crate::metrics::reservation("REFUSED");
-        }
-        Ok(WriteOutcome::Answered(result))
     }
 
     async fn reserve_groups(
         &self,
         groups: &[ReserveGroup],
     ) -> Result<Vec<WriteOutcome<Answers>>, Error> {
-        self.write_groups(groups).await
+        self.bounded(async { self.write_groups(groups).await })
+            .await
     }
 
     #[tracing::instrument(name = "sql.confirm", skip_all, fields(reservation_id = %target.id))]
@@ -306,77 +311,83 @@ impl ReservationStore for PgStore {
     }
 
     async fn get_reservation(&self, target: ReservationRef) -> Result<Reservation, Error> {
-        let client = self.pool().get().await.map_err(from_pool)?;
-        let header = reservations::header(&client, &target, false)
-            .await?
-            .ok_or(Error::UnknownReservation(target.id))?;
-        let lines = reservations::lines(&client, target.id).await?;
-        Ok(header.with_lines(lines))
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            let header = reservations::header(&client, &target, false)
+                .await?
+                .ok_or(Error::UnknownReservation(target.id))?;
+            let lines = reservations::lines(&client, target.id).await?;
+            Ok(header.with_lines(lines))
+        })
+        .await
     }
 
     #[tracing::instrument(name = "sql.sweep", skip_all, fields(expired))]
     async fn expire_due(&self, batch: usize) -> Result<usize, Error> {
-        let mut client = self.pool().get().await.map_err(from_pool)?;
-        let tx = client.transaction().await.map_err(from_db)?;
-        let batch = i64::try_from(batch).unwrap_or(i64::MAX);
-        let mut due = reservations::lock_due(&tx, batch).await?;
-        if due.is_empty() {
-            return Ok(0);
-        }
-        // Return the stock SKU by SKU in one fixed order, as every other writer does.
-        let mut per_sku: Vec<(Sku, i64, i64)> = Vec::new();
-        for line in due.iter().flat_map(|r| &r.lines) {
-            match per_sku.iter_mut().find(|(sku, _, _)| sku == &line.sku) {
-                Some((_, units, holds)) => {
-                    *units += line.quantity.get();
-                    *holds += 1;
+        self.bounded(async {
+            let mut client = self.pool().get().await.map_err(from_pool)?;
+            let tx = client.transaction().await.map_err(from_db)?;
+            let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+            let mut due = reservations::lock_due(&tx, batch).await?;
+            if due.is_empty() {
+                return Ok(0);
+            }
+            // Return the stock SKU by SKU in one fixed order, as every other writer does.
+            let mut per_sku: Vec<(Sku, i64, i64)> = Vec::new();
+            for line in due.iter().flat_map(|r| &r.lines) {
+                match per_sku.iter_mut().find(|(sku, _, _)| sku == &line.sku) {
+                    Some((_, units, holds)) => {
+                        *units += line.quantity.get();
+                        *holds += 1;
+                    }
+                    None => per_sku.push((line.sku.clone(), line.quantity.get(), 1)),
                 }
-                None => per_sku.push((line.sku.clone(), line.quantity.get(), 1)),
             }
-        }
-        per_sku.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        // Each SKU's level before the batch; every expiry then moves it by its own lines and
-        // one version, so each event carries the level its own change produced.
-        let mut running = Vec::with_capacity(per_sku.len());
-        for (sku, units, holds) in &per_sku {
-            let after = stock::unreserve(&tx, sku, *units, *holds)
+            per_sku.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+            // Each SKU's level before the batch; every expiry then moves it by its own lines and
+            // one version, so each event carries the level its own change produced.
+            let mut running = Vec::with_capacity(per_sku.len());
+            for (sku, units, holds) in &per_sku {
+                let after = stock::unreserve(&tx, sku, *units, *holds)
+                    .await
+                    .map_err(from_db)?;
+                running.push(StockLevel {
+                    reserved: after.reserved + units,
+                    version: after.version - holds,
+                    ..after
+                });
+            }
+            let ids: Vec<uuid::Uuid> = due.iter().map(|r| r.id.as_uuid()).collect();
+            reservations::mark_expired(&tx, &ids)
                 .await
                 .map_err(from_db)?;
-            running.push(StockLevel {
-                reserved: after.reserved + units,
-                version: after.version - holds,
-                ..after
-            });
-        }
-        let ids: Vec<uuid::Uuid> = due.iter().map(|r| r.id.as_uuid()).collect();
-        reservations::mark_expired(&tx, &ids)
-            .await
-            .map_err(from_db)?;
-        for reservation in &mut due {
-            reservation.state = ReservationState::Expired;
-            let mut own = Vec::with_capacity(reservation.lines.len());
-            for line in &reservation.lines {
-                let level = running
-                    .iter_mut()
-                    .find(|level| level.sku == line.sku)
-                    .expect("every line's SKU was unreserved");
-                level.reserved -= line.quantity.get();
-                level.version += 1;
-                own.push(level.clone());
+            for reservation in &mut due {
+                reservation.state = ReservationState::Expired;
+                let mut own = Vec::with_capacity(reservation.lines.len());
+                for line in &reservation.lines {
+                    let level = running
+                        .iter_mut()
+                        .find(|level| level.sku == line.sku)
+                        .expect("every line's SKU was unreserved");
+                    level.reserved -= line.quantity.get();
+                    level.version += 1;
+                    own.push(level.clone());
+                }
+                outbox::append_reservation_event(&tx, reservation, &own)
+                    .await
+                    .map_err(from_db)?;
             }
-            outbox::append_reservation_event(&tx, reservation, &own)
-                .await
-                .map_err(from_db)?;
-        }
-        tx.commit().await.map_err(from_db)?;
-        self.outbox_written();
-        let metrics = crate::metrics::store();
-        metrics.swept.add(due.len() as u64, &[]);
-        metrics.reservations.add(
-            due.len() as u64,
-            &[opentelemetry::KeyValue::new("outcome", "EXPIRED")],
-        );
-        Ok(due.len())
+            tx.commit().await.map_err(from_db)?;
+            self.outbox_written();
+            let metrics = crate::metrics::store();
+            metrics.swept.add(due.len() as u64, &[]);
+            metrics.reservations.add(
+                due.len() as u64,
+                &[opentelemetry::KeyValue::new("outcome", "EXPIRED")],
+            );
+            Ok(due.len())
+        })
+        .await
     }
 }
 
@@ -393,67 +404,70 @@ impl PgStore {
         target: ReservationRef,
         transition: Transition,
     ) -> Result<Reservation, Error> {
-        let mut client = self.pool().get().await.map_err(from_pool)?;
-        let tx = client.transaction().await.map_err(from_db)?;
-        let header = reservations::header(&tx, &target, true)
-            .await?
-            .ok_or(Error::UnknownReservation(target.id))?;
-        let lines = reservations::lines(&tx, target.id).await?;
-        let (action, target_state) = match transition {
-            Transition::Confirm => ("confirm", ReservationState::Confirmed),
-            Transition::Release => ("release", ReservationState::Released),
-        };
-        match (transition, header.state) {
-            // Repeats are no-ops that return the reservation as it is.
-            (Transition::Confirm, ReservationState::Confirmed)
-            | (Transition::Release, ReservationState::Released | ReservationState::Expired) => {
-                return Ok(header.with_lines(lines));
-            }
-            (_, ReservationState::Held) => {}
-            (_, state) => {
-                return Err(Error::WrongState {
-                    id: target.id,
-                    state,
-                    action,
-                });
-            }
-        }
-        debug_assert_eq!(header.stored_state, ReservationState::Held);
-        // Judged again now that the row is ours: the lock may have been waited for past the
-        // hold's expiry, and a hold that expired is the sweeper's, not ours.
-        if !reservations::settle_hold(&tx, target.id, target_state)
-            .await
-            .map_err(from_db)?
-        {
-            drop(tx);
-            let mut expired = header.with_lines(lines);
-            expired.state = ReservationState::Expired;
-            return match transition {
-                Transition::Release => Ok(expired),
-                Transition::Confirm => Err(Error::WrongState {
-                    id: target.id,
-                    state: ReservationState::Expired,
-                    action,
-                }),
+        self.bounded(async {
+            let mut client = self.pool().get().await.map_err(from_pool)?;
+            let tx = client.transaction().await.map_err(from_db)?;
+            let header = reservations::header(&tx, &target, true)
+                .await?
+                .ok_or(Error::UnknownReservation(target.id))?;
+            let lines = reservations::lines(&tx, target.id).await?;
+            let (action, target_state) = match transition {
+                Transition::Confirm => ("confirm", ReservationState::Confirmed),
+                Transition::Release => ("release", ReservationState::Released),
             };
-        }
-        let mut levels = Vec::with_capacity(lines.len());
-        for line in &lines {
-            let units = line.quantity.get();
-            let level = match transition {
-                Transition::Confirm => stock::ship(&tx, &line.sku, units).await,
-                Transition::Release => stock::unreserve(&tx, &line.sku, units, 1).await,
-            };
-            levels.push(level.map_err(from_db)?);
-        }
-        let mut reservation = header.with_lines(lines);
-        reservation.state = target_state;
-        outbox::append_reservation_event(&tx, &reservation, &levels)
-            .await
-            .map_err(from_db)?;
-        tx.commit().await.map_err(from_db)?;
-        self.outbox_written();
-        crate::metrics::reservation(target_state.as_str());
-        Ok(reservation)
+            match (transition, header.state) {
+                // Repeats are no-ops that return the reservation as it is.
+                (Transition::Confirm, ReservationState::Confirmed)
+                | (Transition::Release, ReservationState::Released | ReservationState::Expired) => {
+                    return Ok(header.with_lines(lines));
+                }
+                (_, ReservationState::Held) => {}
+                (_, state) => {
+                    return Err(Error::WrongState {
+                        id: target.id,
+                        state,
+                        action,
+                    });
+                }
+            }
+            debug_assert_eq!(header.stored_state, ReservationState::Held);
+            // Judged again now that the row is ours: the lock may have been waited for past the
+            // hold's expiry, and a hold that expired is the sweeper's, not ours.
+            if !reservations::settle_hold(&tx, target.id, target_state)
+                .await
+                .map_err(from_db)?
+            {
+                drop(tx);
+                let mut expired = header.with_lines(lines);
+                expired.state = ReservationState::Expired;
+                return match transition {
+                    Transition::Release => Ok(expired),
+                    Transition::Confirm => Err(Error::WrongState {
+                        id: target.id,
+                        state: ReservationState::Expired,
+                        action,
+                    }),
+                };
+            }
+            let mut levels = Vec::with_capacity(lines.len());
+            for line in &lines {
+                let units = line.quantity.get();
+                let level = match transition {
+                    Transition::Confirm => stock::ship(&tx, &line.sku, units).await,
+                    Transition::Release => stock::unreserve(&tx, &line.sku, units, 1).await,
+                };
+                levels.push(level.map_err(from_db)?);
+            }
+            let mut reservation = header.with_lines(lines);
+            reservation.state = target_state;
+            outbox::append_reservation_event(&tx, &reservation, &levels)
+                .await
+                .map_err(from_db)?;
+            tx.commit().await.map_err(from_db)?;
+            self.outbox_written();
+            crate::metrics::reservation(target_state.as_str());
+            Ok(reservation)
+        })
+        .await
     }
 }

@@ -1,11 +1,11 @@
 //! [`PgStore`]: each use case is one transaction that claims its idempotency key, makes its
 //! change with conditional statements, appends its outbox event and stores its outcome.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use deadpool_postgres::Pool;
 use inventory_core::{
-    Error,
+    Dependency, Error,
     command::{AdjustStock, GetStock},
     domain::{MAX_ON_HAND, StockLevel},
     ports::StockStore,
@@ -24,18 +24,48 @@ pub struct PgStore {
     pool: Pool,
     /// Signalled after every commit that wrote an outbox event, to wake the sequencer.
     pub(crate) outbox_written: Arc<Notify>,
+    /// Longest one use case may wait for PostgreSQL, all round trips together.
+    bound: Duration,
 }
 
 impl PgStore {
-    pub fn new(pool: Pool) -> Self {
+    /// `bound`: how long one use case (a transaction, or a read) may wait for PostgreSQL
+    /// before it answers `UNAVAILABLE` (see [`PoolSettings::operation_bound`]).
+    ///
+    /// [`PoolSettings::operation_bound`]: crate::PoolSettings::operation_bound
+    pub fn new(pool: Pool, bound: Duration) -> Self {
         Self {
             pool,
             outbox_written: Arc::new(Notify::new()),
+            bound,
         }
     }
 
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// How long one use case may wait for PostgreSQL.
+    pub fn bound(&self) -> Duration {
+        self.bound
+    }
+
+    /// Bounds a use case on the client side. PostgreSQL's own `statement_timeout` cannot help
+    /// when the answer never arrives (a hung server, a half-open connection, a network that
+    /// stopped forwarding): this does. The abandoned transaction is rolled back by the server
+    /// once the session resumes or dies; its outcome is unknown to the caller, who retries
+    /// with the same idempotency key.
+    pub(crate) async fn bounded<T>(
+        &self,
+        work: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(self.bound, work).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::unavailable(
+                Dependency::Postgres,
+                format!("no answer from PostgreSQL within {:?}", self.bound),
+            )),
+        }
     }
 }
 
@@ -115,72 +145,78 @@ const ADJUST_STOCK: &str = "AdjustStock";
 impl StockStore for PgStore {
     #[tracing::instrument(name = "sql.adjust_stock", skip_all, fields(sku = %command.sku, delta = command.delta.get()))]
     async fn adjust_stock(&self, command: &AdjustStock) -> Result<StockLevel, Error> {
-        let mut client = self.pool.get().await.map_err(from_pool)?;
-        let tx = client.transaction().await.map_err(from_db)?;
-        let fingerprint = command.fingerprint();
+        self.bounded(async {
+            let mut client = self.pool.get().await.map_err(from_pool)?;
+            let tx = client.transaction().await.map_err(from_db)?;
+            let fingerprint = command.fingerprint();
 
-        if let idempotency::Claim::Replay(outcome) = idempotency::claim(
-            &tx,
-            command.caller.as_str(),
-            &command.idempotency_key,
-            ADJUST_STOCK,
-            &fingerprint,
-        )
-        .await?
-        {
-            let outcome: AdjustOutcome =
-                serde_json::from_value(outcome).map_err(Error::internal)?;
-            return outcome.into_result(command);
-        }
+            if let idempotency::Claim::Replay(outcome) = idempotency::claim(
+                &tx,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                ADJUST_STOCK,
+                &fingerprint,
+            )
+            .await?
+            {
+                let outcome: AdjustOutcome =
+                    serde_json::from_value(outcome).map_err(Error::internal)?;
+                return outcome.into_result(command);
+            }
 
-        let result = apply_adjustment(&tx, command).await?;
-        let outcome = AdjustOutcome::from_result(&result)
-            .expect("apply_adjustment returns only storable outcomes");
-        if let Ok(level) = &result {
-            let payload = json!({
-                "delta": command.delta.get(),
-                "reason": command.reason.as_str(),
-                "on_hand": level.on_hand,
-                "reserved": level.reserved,
-                "version": level.version,
-            });
-            outbox::append_sku_event(&tx, outbox::STOCK_ADJUSTED, &command.sku, &payload)
-                .await
-                .map_err(from_db)?;
-        }
-        let outcome = serde_json::to_value(outcome).map_err(Error::internal)?;
-        idempotency::record_outcome(
-            &tx,
-            command.caller.as_str(),
-            &command.idempotency_key,
-            &outcome,
-        )
+            let result = apply_adjustment(&tx, command).await?;
+            let outcome = AdjustOutcome::from_result(&result)
+                .expect("apply_adjustment returns only storable outcomes");
+            if let Ok(level) = &result {
+                let payload = json!({
+                    "delta": command.delta.get(),
+                    "reason": command.reason.as_str(),
+                    "on_hand": level.on_hand,
+                    "reserved": level.reserved,
+                    "version": level.version,
+                });
+                outbox::append_sku_event(&tx, outbox::STOCK_ADJUSTED, &command.sku, &payload)
+                    .await
+                    .map_err(from_db)?;
+            }
+            let outcome = serde_json::to_value(outcome).map_err(Error::internal)?;
+            idempotency::record_outcome(
+                &tx,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                &outcome,
+            )
+            .await
+            .map_err(from_db)?;
+            tx.commit().await.map_err(from_db)?;
+            if result.is_ok() {
+                self.outbox_written();
+            }
+            result
+        })
         .await
-        .map_err(from_db)?;
-        tx.commit().await.map_err(from_db)?;
-        if result.is_ok() {
-            self.outbox_written();
-        }
-        result
     }
 
     #[tracing::instrument(skip_all, fields(skus = query.skus().len()))]
     async fn get_stock(&self, query: &GetStock) -> Result<Vec<StockLevel>, Error> {
-        let client = self.pool.get().await.map_err(from_pool)?;
-        let mut found = stock::read_many(&client, query.skus())
-            .await
-            .map_err(from_db)?;
-        let missing: Vec<_> = query
-            .skus()
-            .iter()
-            .filter(|sku| !found.iter().any(|level| &level.sku == *sku))
-            .cloned()
-            .collect();
-        if !missing.is_empty() {
-            return Err(Error::UnknownSkus(missing));
-        }
-        found.sort_by_key(|level| query.skus().iter().position(|sku| sku == &level.sku));
-        Ok(found)
+        self.bounded(async {
+            let client = self.pool.get().await.map_err(from_pool)?;
+            let mut found = stock::read_many(&client, query.skus())
+                .await
+                .map_err(from_db)?;
+            let missing: Vec<_> = query
+                .skus()
+                .iter()
+                .filter(|sku| !found.iter().any(|level| &level.sku == *sku))
+                .cloned()
+                .collect();
+            if !missing.is_empty() {
+                return Err(Error::UnknownSkus(missing));
+            }
+            found.sort_by_key(|level| query.skus().iter().position(|sku| sku == &level.sku));
+            Ok(found)
+        })
+        .await
     }
 }
 

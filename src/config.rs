@@ -174,6 +174,11 @@ pub struct ServeArgs {
     #[arg(long, env = "EVENT_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
     pub event_retention: Duration,
 
+    /// How long a confirmed, released or expired reservation (and its lines) is kept after its
+    /// last change (at least 24h); its events and stored outcome have their own retention.
+    #[arg(long, env = "RESERVATION_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
+    pub reservation_retention: Duration,
+
     /// How long an idempotency key and its stored outcome are kept (at least 24h).
     #[arg(long, env = "IDEMPOTENCY_RETENTION", default_value = "48h", value_parser = humantime::parse_duration)]
     pub idempotency_retention: Duration,
@@ -249,6 +254,7 @@ pub struct Settings {
     pub sweep_batch: usize,
     pub event_retention: Duration,
     pub idempotency_retention: Duration,
+    pub reservation_retention: Duration,
     pub tls: Option<TlsSettings>,
     pub health_listen_addr: Option<SocketAddr>,
     pub admin_listen_addr: Option<SocketAddr>,
@@ -419,6 +425,9 @@ impl Settings {
         if args.idempotency_retention < MIN_IDEMPOTENCY_RETENTION {
             problems.push("IDEMPOTENCY_RETENTION must be at least 24h".into());
         }
+        if args.reservation_retention < MIN_IDEMPOTENCY_RETENTION {
+            problems.push("RESERVATION_RETENTION must be at least 24h".into());
+        }
         if args.event_retention.is_zero() {
             problems.push("EVENT_RETENTION must be greater than zero".into());
         }
@@ -460,6 +469,7 @@ impl Settings {
                     sweep_batch: args.sweep_batch as usize,
                     event_retention: args.event_retention,
                     idempotency_retention: args.idempotency_retention,
+                    reservation_retention: args.reservation_retention,
                     tls,
                     health_listen_addr: args.health_listen_addr,
                     admin_listen_addr: args.admin_listen_addr,

@@ -12,7 +12,10 @@ use inventory_core::{
     pause::PausePoints,
     service::{Inventory, InventoryConfig},
 };
-use inventory_postgres::{PgConfig, PgStore, Pool};
+use inventory_postgres::{
+    PgConfig, PgStore, Pool,
+    retention::{Pruned, Retention},
+};
 use inventory_redis::{Redis, RedisLeases};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -68,8 +71,7 @@ pub struct Application {
 struct Upkeep {
     interval: Duration,
     batch: usize,
-    event_retention: Duration,
-    idempotency_retention: Duration,
+    retention: Retention,
 }
 
 impl Application {
@@ -154,17 +156,22 @@ impl Application {
         if settings.auth.is_disabled() {
             tracing::warn!("authentication is DISABLED: every caller may make every call");
         }
-        let store = PgStore::new(pool.clone(), settings.pool.operation_bound());
+        let pauses = PausePoints::default();
+        let store = PgStore::new(pool.clone(), settings.pool.operation_bound())
+            .with_pause_points(pauses.clone());
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
         let events = EventHub::new(store.clone(), stopping_rx, settings.max_watchers);
-        let inventory = Arc::new(Inventory::new(
-            store.clone(),
-            RedisLeases::new(redis.clone(), settings.leases),
-            InventoryConfig {
-                default_ttl: settings.default_ttl,
-                coalesce: settings.coalesce.clone(),
-            },
-        ));
+        let inventory = Arc::new(
+            Inventory::new(
+                store.clone(),
+                RedisLeases::new(redis.clone(), settings.leases),
+                InventoryConfig {
+                    default_ttl: settings.default_ttl,
+                    coalesce: settings.coalesce.clone(),
+                },
+            )
+            .with_pause_points(pauses),
+        );
         Ok(Self {
             listener,
             local_addr,
@@ -188,8 +195,11 @@ impl Application {
             upkeep: Upkeep {
                 interval: settings.sweep_interval,
                 batch: settings.sweep_batch,
-                event_retention: settings.event_retention,
-                idempotency_retention: settings.idempotency_retention,
+                retention: Retention {
+                    events: settings.event_retention,
+                    idempotency_keys: settings.idempotency_retention,
+                    reservations: settings.reservation_retention,
+                },
             },
             shutdown_grace: settings.shutdown_grace,
         })
@@ -421,13 +431,32 @@ async fn sweep(
                 }
             }
         }
-        match store
-            .prune(upkeep.event_retention, upkeep.idempotency_retention, batch)
-            .await
-        {
-            Ok((0, 0)) => {}
-            Ok((events, keys)) => tracing::info!(events, keys, "pruned past retention"),
-            Err(error) => tracing::warn!(%error, "pruning failed; retrying next interval"),
+        // Pass after pass while one came back full: the backlog shrinks whatever the write
+        // rate, instead of by one batch per interval.
+        let mut total = Pruned::default();
+        loop {
+            match store.prune(&upkeep.retention, batch).await {
+                Ok(pruned) => {
+                    total.events += pruned.events;
+                    total.idempotency_keys += pruned.idempotency_keys;
+                    total.reservations += pruned.reservations;
+                    if !pruned.was_full(batch) || *stopped.borrow() {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "pruning failed; retrying next interval");
+                    break;
+                }
+            }
+        }
+        if !total.is_empty() {
+            tracing::info!(
+                events = total.events,
+                keys = total.idempotency_keys,
+                reservations = total.reservations,
+                "pruned past retention"
+            );
         }
     }
 }

@@ -301,12 +301,13 @@ async fn a_cursor_behind_retention_is_out_of_range_naming_the_oldest_kept() {
     let mut stream = watch(&app, 0).await;
     take(&mut stream, 5).await;
     // Everything positioned so far is past a zero retention.
-    let (events, _) = app
-        .store
-        .prune(Duration::ZERO, Duration::from_secs(86_400), 3)
-        .await
-        .unwrap();
-    assert_eq!(events, 3, "pruned in batches, oldest first");
+    let retention = inventory_postgres::retention::Retention {
+        events: Duration::ZERO,
+        idempotency_keys: Duration::from_secs(86_400),
+        reservations: Duration::from_secs(86_400),
+    };
+    let pruned = app.store.prune(&retention, 3).await.unwrap();
+    assert_eq!(pruned.events, 3, "pruned in batches, oldest first");
 
     let status = app
         .client

@@ -249,6 +249,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
         sweep_batch: 100,
         event_retention: Duration::from_secs(7 * 24 * 3600),
         idempotency_retention: Duration::from_secs(48 * 3600),
+        reservation_retention: Duration::from_secs(30 * 24 * 3600),
         tls: None,
         health_listen_addr: None,
         admin_listen_addr: None,

@@ -19,6 +19,7 @@ mod hostile;
 mod migrations;
 mod reservations;
 mod resilience;
+mod retention;
 mod rotation;
 mod server;
 mod stock;

@@ -483,3 +483,35 @@ async fn a_database_that_stops_answering_costs_each_call_a_bound_and_the_replica
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_key_pruned_between_claim_and_read_is_claimed_again_not_an_internal_error() {
+    use inventory_core::pause::PausePoint;
+    let app = crate::helpers::spawn_app().await;
+    stock(&app, "PRUNED-KEY", 5).await;
+    let first = app.hold("pruned-1", &[("PRUNED-KEY", 1)]).await;
+
+    // The retry finds the key taken; before it reads the record, retention removes it.
+    let mut held = app.pauses.arm(PausePoint::KeyTaken);
+    let mut client = app.client.clone();
+    let retry = tokio::spawn(async move {
+        client
+            .reserve(reserve("pruned-1", &[("PRUNED-KEY", 1)]))
+            .await
+    });
+    held.reached().await;
+    app.db
+        .execute("DELETE FROM idempotency_keys WHERE key = 'pruned-1'", &[])
+        .await
+        .unwrap();
+    held.resume();
+
+    // Past retention a key is free again: the retry is a new request, answered as one.
+    let second = retry
+        .await
+        .unwrap()
+        .expect("claimed again, not INTERNAL")
+        .into_inner();
+    assert_ne!(second.reservation_id, first.reservation_id);
+    assert_eq!(app.level("PRUNED-KEY").await, (5, 2));
+}

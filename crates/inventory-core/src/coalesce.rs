@@ -473,6 +473,29 @@ mod tests {
         assert_eq!(committer.waiting(), 2);
     }
 
+    /// The turn is handed to B on one thread while B's waiter gives up on another. Whatever
+    /// the interleaving (sent before B's guard looked, after, or in between), C ends up with
+    /// the lead: B's guard closes its receiver before reading it, so a lead can neither land
+    /// in a receiver about to be dropped nor be passed on twice.
+    #[test]
+    fn a_lead_handed_over_while_its_waiter_leaves_reaches_the_next() {
+        for _ in 0..2_000 {
+            let committer = std::sync::Arc::new(Committer::default());
+            let Submitted::Lead(_) = committer.submit(group("A", &["k1"])) else {
+                panic!("the first batch leads");
+            };
+            let leaving = wait(committer.submit(group("B", &["k2"])));
+            let mut next = wait(committer.submit(group("C", &["k3"])));
+            let handing = {
+                let committer = std::sync::Arc::clone(&committer);
+                std::thread::spawn(move || committer.hand_off())
+            };
+            drop(CommitWait::new(leaving, &committer));
+            handing.join().unwrap();
+            assert!(matches!(next.try_recv(), Ok(CommitTurn::Lead(g)) if g.sku.as_str() == "C"));
+        }
+    }
+
     #[test]
     fn a_lead_nobody_read_is_passed_on() {
         let committer = Committer::default();

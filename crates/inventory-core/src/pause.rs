@@ -19,6 +19,9 @@ pub enum PausePoint {
     /// A coalesced batch has the replica's group-commit turn; the batches of other SKUs queued
     /// by now join its transaction next.
     GroupCommit,
+    /// A claim found its idempotency key taken by a committed record; reading that record is
+    /// next (retention may prune it in between).
+    KeyTaken,
 }
 
 /// The pause points of one service instance.

@@ -58,6 +58,12 @@ where
         }
     }
 
+    /// The same service, reaching these pause points (to share them with an adapter).
+    pub fn with_pause_points(mut self, pauses: PausePoints) -> Self {
+        self.pauses = pauses;
+        self
+    }
+
     /// How many `Reserve` calls wait in this replica's queue for `sku` behind its leader.
     pub fn queued(&self, sku: &Sku) -> usize {
         self.queues.queued(sku)

@@ -10,10 +10,7 @@
 //! An event committed after others were positioned gets a position above the head, so
 //! "after my cursor" never misses one, and no open transaction anywhere holds positioning back.
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::{sync::Arc, time::SystemTime};
 
 use inventory_core::{
     Error,
@@ -57,34 +54,6 @@ const EVENTS_AFTER: &str = "
 const UNPOSITIONED: &str = "SELECT count(*) FROM outbox WHERE position IS NULL";
 
 const BOUNDS: &str = "SELECT head, pruned_through FROM event_stream WHERE id = 1";
-
-/// The oldest positioned events, as long as they are past retention: a contiguous prefix of the
-/// stream, so no hole is ever left below a kept event. `pruned_through` records the highest
-/// position removed; a cursor below it is known to have missed events.
-const PRUNE_EVENTS: &str = "
-    WITH oldest AS (
-        SELECT sequence, position, occurred_at FROM outbox
-        WHERE position IS NOT NULL ORDER BY position LIMIT $2
-    ), first_kept AS (
-        SELECT min(position) AS position FROM oldest
-        WHERE occurred_at >= now() - make_interval(secs => $1)
-    ), gone AS (
-        DELETE FROM outbox o USING oldest
-        WHERE o.sequence = oldest.sequence
-          AND oldest.position < coalesce((SELECT position FROM first_kept), 9223372036854775807)
-        RETURNING oldest.position
-    ), recorded AS (
-        UPDATE event_stream
-        SET pruned_through = greatest(pruned_through, (SELECT max(position) FROM gone))
-        WHERE id = 1 AND EXISTS (SELECT 1 FROM gone)
-        RETURNING 1
-    )
-    SELECT count(*) FROM gone";
-
-const PRUNE_KEYS: &str = "
-    DELETE FROM idempotency_keys WHERE ctid IN (
-        SELECT ctid FROM idempotency_keys
-        WHERE created_at < now() - make_interval(secs => $1) LIMIT $2)";
 
 /// What one sequencer run did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,34 +112,6 @@ impl PgStore {
                 .unpositioned
                 .record(u64::try_from(waiting).unwrap_or(0), &[]);
             Ok(Positioned::Moved(moved))
-        })
-        .await
-    }
-
-    /// Deletes up to `batch` events older than `events` (only positioned ones, oldest first)
-    /// and up to `batch` idempotency keys older than `keys`. Returns what it deleted.
-    pub async fn prune(
-        &self,
-        events: Duration,
-        keys: Duration,
-        batch: usize,
-    ) -> Result<(u64, u64), Error> {
-        self.bounded(async {
-            let client = self.pool().get().await.map_err(from_pool)?;
-            let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-            let statement = client.prepare_cached(PRUNE_EVENTS).await.map_err(from_db)?;
-            let pruned_events: i64 = client
-                .query_one(&statement, &[&events.as_secs_f64(), &limit])
-                .await
-                .map_err(from_db)?
-                .get(0);
-            let pruned_events = u64::try_from(pruned_events).unwrap_or(0);
-            let statement = client.prepare_cached(PRUNE_KEYS).await.map_err(from_db)?;
-            let pruned_keys = client
-                .execute(&statement, &[&keys.as_secs_f64(), &limit])
-                .await
-                .map_err(from_db)?;
-            Ok((pruned_events, pruned_keys))
         })
         .await
     }

@@ -6,7 +6,12 @@
 //! back (then executes itself).
 
 use deadpool_postgres::Transaction;
-use inventory_core::{Dependency, Error, command::Fingerprint, domain::IdempotencyKey};
+use inventory_core::{
+    Dependency, Error,
+    command::Fingerprint,
+    domain::IdempotencyKey,
+    pause::{PausePoint, PausePoints},
+};
 
 use crate::error::from_db;
 
@@ -34,6 +39,7 @@ pub(crate) enum Claim {
 /// a different request (other fingerprint) is [`Error::IdempotencyKeyReused`].
 pub(crate) async fn claim(
     tx: &Transaction<'_>,
+    pauses: &PausePoints,
     caller: &str,
     key: &IdempotencyKey,
     operation: &'static str,
@@ -54,6 +60,7 @@ pub(crate) async fn claim(
         if inserted == 1 {
             return Ok(Claim::Claimed);
         }
+        pauses.reach(PausePoint::KeyTaken).await;
         if let Some(row) = tx
             .query_opt(&read, &[&caller, &key.as_str()])
             .await

@@ -15,6 +15,7 @@
 //! - `reserve`, `batch` — `Reserve` one request per transaction, and coalesced: many
 //!   single-line requests of one SKU in one transaction.
 //! - `stock`, `reservations`, `idempotency`, `outbox` — the SQL, one module per table.
+//! - [`retention`] — pruning events, idempotency keys and final reservations past retention.
 //! - `error` — driver errors classified as unavailable or internal.
 
 mod batch;
@@ -27,6 +28,7 @@ pub mod migrate;
 mod outbox;
 mod reservations;
 mod reserve;
+pub mod retention;
 mod stock;
 mod store;
 pub mod tls;

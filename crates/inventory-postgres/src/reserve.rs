@@ -213,6 +213,7 @@ impl ReservationStore for PgStore {
             let fingerprint = command.fingerprint();
             if let idempotency::Claim::Replay(outcome) = idempotency::claim(
                 &tx,
+                &self.pauses,
                 command.caller.as_str(),
                 &command.idempotency_key,
                 RESERVE,

@@ -8,6 +8,7 @@ use inventory_core::{
     Dependency, Error,
     command::{AdjustStock, GetStock},
     domain::{MAX_ON_HAND, StockLevel},
+    pause::PausePoints,
     ports::StockStore,
 };
 use serde::{Deserialize, Serialize};
@@ -26,6 +27,8 @@ pub struct PgStore {
     pub(crate) outbox_written: Arc<Notify>,
     /// Longest one use case may wait for PostgreSQL, all round trips together.
     bound: Duration,
+    /// Shared with the core's (tests hold requests at these points).
+    pub(crate) pauses: PausePoints,
 }
 
 impl PgStore {
@@ -38,7 +41,14 @@ impl PgStore {
             pool,
             outbox_written: Arc::new(Notify::new()),
             bound,
+            pauses: PausePoints::default(),
         }
+    }
+
+    /// The same store, reaching these pause points (the core's, so one test arms both).
+    pub fn with_pause_points(mut self, pauses: PausePoints) -> Self {
+        self.pauses = pauses;
+        self
     }
 
     pub fn pool(&self) -> &Pool {
@@ -152,6 +162,7 @@ impl StockStore for PgStore {
 
             if let idempotency::Claim::Replay(outcome) = idempotency::claim(
                 &tx,
+                &self.pauses,
                 command.caller.as_str(),
                 &command.idempotency_key,
                 ADJUST_STOCK,

@@ -1,0 +1,117 @@
+//! Retention: what is deleted once it is old enough, so no table grows forever.
+//!
+//! Each pass deletes at most `batch` rows per table, oldest first, in its own short
+//! statement; the sweeper calls [`PgStore::prune`] again while a pass was full, so pruning
+//! keeps up with any write rate. Held reservations are never pruned; a final reservation goes
+//! with its lines, while its events (until their own retention) and the stored outcome of its
+//! key (likewise) keep what happened.
+
+use std::time::Duration;
+
+use inventory_core::Error;
+
+use crate::{
+    PgStore,
+    error::{from_db, from_pool},
+};
+
+/// How long each kind of row is kept.
+#[derive(Clone, Copy, Debug)]
+pub struct Retention {
+    pub events: Duration,
+    pub idempotency_keys: Duration,
+    /// Final reservations (confirmed, released, expired), from their last change.
+    pub reservations: Duration,
+}
+
+/// What one pass deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub events: u64,
+    pub idempotency_keys: u64,
+    pub reservations: u64,
+}
+
+impl Pruned {
+    /// Whether any table had a full batch: more may be waiting.
+    pub fn was_full(&self, batch: usize) -> bool {
+        let batch = batch as u64;
+        self.events >= batch || self.idempotency_keys >= batch || self.reservations >= batch
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// The oldest positioned events, as long as they are past retention: a contiguous prefix of the
+/// stream, so no hole is ever left below a kept event. `pruned_through` records the highest
+/// position removed; a cursor below it is known to have missed events.
+const PRUNE_EVENTS: &str = "
+    WITH oldest AS (
+        SELECT sequence, position, occurred_at FROM outbox
+        WHERE position IS NOT NULL ORDER BY position LIMIT $2
+    ), first_kept AS (
+        SELECT min(position) AS position FROM oldest
+        WHERE occurred_at >= now() - make_interval(secs => $1)
+    ), gone AS (
+        DELETE FROM outbox o USING oldest
+        WHERE o.sequence = oldest.sequence
+          AND oldest.position < coalesce((SELECT position FROM first_kept), 9223372036854775807)
+        RETURNING oldest.position
+    ), recorded AS (
+        UPDATE event_stream
+        SET pruned_through = greatest(pruned_through, (SELECT max(position) FROM gone))
+        WHERE id = 1 AND EXISTS (SELECT 1 FROM gone)
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone";
+
+const PRUNE_KEYS: &str = "
+    DELETE FROM idempotency_keys WHERE ctid IN (
+        SELECT ctid FROM idempotency_keys
+        WHERE created_at < now() - make_interval(secs => $1) LIMIT $2)";
+
+const PRUNE_RESERVATIONS: &str = "
+    DELETE FROM reservations WHERE reservation_id IN (
+        SELECT reservation_id FROM reservations
+        WHERE state <> 'HELD' AND updated_at < clock_timestamp() - make_interval(secs => $1)
+        ORDER BY updated_at LIMIT $2)";
+
+impl PgStore {
+    /// One pass: up to `batch` of each kind of row past its retention.
+    pub async fn prune(&self, retention: &Retention, batch: usize) -> Result<Pruned, Error> {
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+            let statement = client.prepare_cached(PRUNE_EVENTS).await.map_err(from_db)?;
+            let events: i64 = client
+                .query_one(&statement, &[&retention.events.as_secs_f64(), &limit])
+                .await
+                .map_err(from_db)?
+                .get(0);
+            let statement = client.prepare_cached(PRUNE_KEYS).await.map_err(from_db)?;
+            let idempotency_keys = client
+                .execute(
+                    &statement,
+                    &[&retention.idempotency_keys.as_secs_f64(), &limit],
+                )
+                .await
+                .map_err(from_db)?;
+            let statement = client
+                .prepare_cached(PRUNE_RESERVATIONS)
+                .await
+                .map_err(from_db)?;
+            let reservations = client
+                .execute(&statement, &[&retention.reservations.as_secs_f64(), &limit])
+                .await
+                .map_err(from_db)?;
+            Ok(Pruned {
+                events: u64::try_from(events).unwrap_or(0),
+                idempotency_keys,
+                reservations,
+            })
+        })
+        .await
+    }
+}

@@ -328,11 +328,13 @@ async fn service(
             seed: serial as u64,
         };
         let prepared = load::prepare(load.clone()).await?;
+        let wal_before = wal_position(&db_config).await?;
         let (cpu, page) = (CpuSnapshot::take(), profile::scrape(admin_addr).await);
         let observed = load::drive(prepared).await?;
         let cpu = CpuSnapshot::take().since(&cpu);
         let steps = profile::steps(&page, &profile::scrape(admin_addr).await);
         let audit = audit::audit(&load, &observed, Some(&url(&db_config))).await?;
+        print_storage(label, &db_config, &wal_before).await?;
         let mut result = RunResult::new(label, scenario, clients, &observed, Some(audit));
         result.profile = Some(Profile::new(
             cpu,
@@ -351,6 +353,47 @@ async fn service(
     stop(&mut server).await;
     drop_database(&admin, &name).await?;
     outcome
+}
+
+async fn wal_position(config: &tokio_postgres::Config) -> anyhow::Result<String> {
+    let (db, connection) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(db
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0))
+}
+
+/// What one reservation costs on disk after the run: every table and index it writes
+/// (reservation, lines, idempotency record, events), and the WAL the run wrote, each divided
+/// by the reservations made. The run is the cluster's only writer, so the WAL is its own.
+async fn print_storage(
+    label: &str,
+    config: &tokio_postgres::Config,
+    wal_before: &str,
+) -> anyhow::Result<()> {
+    let (db, connection) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    db.batch_execute("CHECKPOINT").await?;
+    let row = db
+        .query_one(
+            "SELECT (SELECT count(*) FROM reservations),
+                    (SELECT sum(pg_total_relation_size(t))::bigint FROM unnest(ARRAY[
+                        'reservations', 'reservation_lines', 'idempotency_keys', 'outbox'
+                    ]::regclass[]) AS t),
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::bigint",
+            &[&wal_before],
+        )
+        .await?;
+    let (reservations, bytes, wal): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    if reservations > 0 {
+        println!(
+            "storage after {label}: {reservations} reservations, {} bytes each on disk (tables and indexes), {} bytes of WAL each",
+            bytes / reservations,
+            wal / reservations
+        );
+    }
+    Ok(())
 }
 
 fn free_port() -> anyhow::Result<u16> {

@@ -425,8 +425,12 @@ impl Settings {
         if args.idempotency_retention < MIN_IDEMPOTENCY_RETENTION {
             problems.push("IDEMPOTENCY_RETENTION must be at least 24h".into());
         }
-        if args.reservation_retention < MIN_IDEMPOTENCY_RETENTION {
-            problems.push("RESERVATION_RETENTION must be at least 24h".into());
+        if args.reservation_retention < args.idempotency_retention.max(MIN_IDEMPOTENCY_RETENTION) {
+            // A retry replays its stored answer; the reservation it names must still exist.
+            problems.push(
+                "RESERVATION_RETENTION must be at least 24h and at least IDEMPOTENCY_RETENTION"
+                    .into(),
+            );
         }
         if args.event_retention.is_zero() {
             problems.push("EVENT_RETENTION must be greater than zero".into());

@@ -159,12 +159,13 @@ impl EventHub {
                     Ok(event) if event.position <= cursor => {}
                     Ok(event) if event.position == cursor + 1 => {
                         cursor = event.position;
-                        if sender
-                            .send(Ok(event.as_ref().clone().into()))
-                            .await
-                            .is_err()
-                        {
-                            return;
+                        tokio::select! {
+                            sent = sender.send(Ok(event.as_ref().clone().into())) => {
+                                if sent.is_err() {
+                                    return;
+                                }
+                            }
+                            _ = stopping.changed() => return,
                         }
                     }
                     // A gap (it subscribed after the event went by) or a lag (it was too slow

@@ -38,18 +38,16 @@ pub struct Reloader {
 }
 
 impl Reloader {
+    /// Nothing is marked as in force yet: the first [`Self::run`] pass applies the files as
+    /// they are then, so a change between start-up's read and the watch is never missed.
     pub fn new(sources: ReloadSources, gate: Gate, tls: Option<ServerTls>) -> Self {
-        let mut reloader = Self {
+        Self {
             sources,
             gate,
             tls,
             auth_digest: None,
             tls_digest: None,
-        };
-        // What start-up loaded is what is in force now.
-        reloader.auth_digest = reloader.read_auth().map(|(digest, _)| digest);
-        reloader.tls_digest = reloader.read_tls().map(|(digest, _)| digest);
-        reloader
+        }
     }
 
     /// Every file whose change matters.
@@ -85,6 +83,10 @@ impl Reloader {
 
     /// Re-reads every source and applies what changed and parses.
     pub fn reload(&mut self) {
+        self.apply(true);
+    }
+
+    fn apply(&mut self, announce: bool) {
         if let Some(path) = self.sources.auth_tokens_file.clone() {
             match self.read_auth() {
                 None => tracing::warn!(
@@ -97,7 +99,9 @@ impl Reloader {
                         Ok(authenticator) => {
                             self.gate.replace(authenticator);
                             self.auth_digest = Some(digest);
-                            tracing::info!(path = %path.display(), "credentials reloaded");
+                            if announce {
+                                tracing::info!(path = %path.display(), "credentials reloaded");
+                            }
                         }
                         Err(problems) => tracing::warn!(
                             path = %path.display(),
@@ -118,7 +122,9 @@ impl Reloader {
                 Some((digest, material)) => match server_tls.replace(&material) {
                     Ok(()) => {
                         self.tls_digest = Some(digest);
-                        tracing::info!(cert = %files.cert.display(), "TLS certificate reloaded");
+                        if announce {
+                            tracing::info!(cert = %files.cert.display(), "TLS certificate reloaded");
+                        }
                     }
                     Err(error) => tracing::warn!(
                         error = format!("{error:#}"),
@@ -139,6 +145,9 @@ impl Reloader {
         // Kept alive for as long as this task runs; dropping it stops the watching.
         let _watcher = watch_folders(&files, changed);
         let mut hangup = hangup();
+        // What is on disk now is what serves from here on (quietly: usually what start-up
+        // already loaded).
+        self.apply(false);
         loop {
             tokio::select! {
                 Some(()) = changes.recv() => {

@@ -5,7 +5,12 @@
 //! the server stops accepting and lets in-flight calls finish, bounded by the grace period;
 //! then the pools close.
 
-use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use inventory_core::{
@@ -433,6 +438,9 @@ async fn sweep(
         }
         // Pass after pass while one came back full: the backlog shrinks whatever the write
         // rate, instead of by one batch per interval.
+        // Bounded per round, so expiring holds (which frees stock) never waits long behind a
+        // large pruning backlog; the next round carries on.
+        let budget = Instant::now() + interval / 2;
         let mut total = Pruned::default();
         loop {
             match store.prune(&upkeep.retention, batch).await {
@@ -440,7 +448,7 @@ async fn sweep(
                     total.events += pruned.events;
                     total.idempotency_keys += pruned.idempotency_keys;
                     total.reservations += pruned.reservations;
-                    if !pruned.was_full(batch) || *stopped.borrow() {
+                    if !pruned.was_full(batch) || *stopped.borrow() || Instant::now() >= budget {
                         break;
                     }
                 }

@@ -59,3 +59,21 @@ fn an_unparsable_duration_is_refused() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--shutdown-grace"));
 }
+
+#[test]
+fn reservations_are_kept_at_least_as_long_as_the_keys_that_replay_them() {
+    let output = server()
+        .args(["serve", "--auth-disabled"])
+        .env("DATABASE_URL", "postgres://localhost/db")
+        .env("REDIS_URL", "redis://localhost")
+        .env("IDEMPOTENCY_RETENTION", "72h")
+        .env("RESERVATION_RETENTION", "48h")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("RESERVATION_RETENTION") && stderr.contains("IDEMPOTENCY_RETENTION"),
+        "{stderr}"
+    );
+}

@@ -143,7 +143,13 @@ pub async fn probe(config: &PgConfig, timeout: Duration) -> Result<(), ProbeErro
         Ok(Err(error)) => error,
     };
     let message = describe(&error);
-    if error.as_db_error().is_some() || is_tls_failure(&error) {
+    // Refused: only what no amount of waiting changes. A server that is starting, shutting
+    // down or full (57xxx, 53xxx) is merely not available yet.
+    let refused_by_server = error.as_db_error().is_some_and(|db| {
+        let code = db.code().code();
+        code.starts_with("28") || code == "3D000" || code == "42501"
+    });
+    if refused_by_server || is_tls_failure(&error) {
         Err(ProbeError::Refused(message))
     } else {
         Err(ProbeError::Unreachable(message))
@@ -205,6 +211,9 @@ impl PgConfig {
     pub fn hardened(&self, settings: &PoolSettings) -> Self {
         let mut hardened = self.clone();
         harden(&mut hardened.driver, settings);
+        if hardened.driver.get_application_name().is_none() {
+            hardened.driver.application_name("inventory-server-listen");
+        }
         hardened
     }
 }

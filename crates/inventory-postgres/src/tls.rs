@@ -100,10 +100,19 @@ impl SslParams {
 /// returned as it was written, for the driver to parse.
 pub(crate) fn split_ssl_params(raw: &str) -> Result<(String, SslParams), String> {
     let mut params = SslParams::default();
-    if raw.starts_with("postgres://") || raw.starts_with("postgresql://") {
-        let Some((base, query)) = raw.split_once('?') else {
+    if let Some(scheme_end) = ["postgres://", "postgresql://"]
+        .iter()
+        .find_map(|scheme| raw.starts_with(scheme).then_some(scheme.len()))
+    {
+        // As the driver reads it: the credentials run to the first `@` (a password may hold a
+        // raw `?`), and the query starts at the first `?` after them.
+        let authority = raw[scheme_end..]
+            .find('@')
+            .map_or(scheme_end, |at| scheme_end + at + 1);
+        let Some(question) = raw[authority..].find('?').map(|q| authority + q) else {
             return Ok((raw.to_owned(), params));
         };
+        let (base, query) = (&raw[..question], &raw[question + 1..]);
         let mut kept = Vec::new();
         for part in query.split('&').filter(|part| !part.is_empty()) {
             let (key, value) = part.split_once('=').unwrap_or((part, ""));
@@ -133,12 +142,13 @@ pub(crate) fn split_ssl_params(raw: &str) -> Result<(String, SslParams), String>
 /// One `key = value` pair of a libpq key/value string: the key, the unquoted value, the pair
 /// as written, and what follows it.
 fn next_pair(text: &str) -> Result<(&str, String, &str, &str), String> {
+    // Errors never quote the text: it may hold a password.
     let equals = text
         .find('=')
-        .ok_or_else(|| format!("expected key=value at {:?}", short(text)))?;
+        .ok_or_else(|| "a setting without '=' (expected key=value)".to_owned())?;
     let key = text[..equals].trim();
     if key.is_empty() || key.contains(char::is_whitespace) {
-        return Err(format!("expected key=value at {:?}", short(text)));
+        return Err("a setting that is not key=value".to_owned());
     }
     let after_equals = &text[equals + 1..];
     let value_start = after_equals.len() - after_equals.trim_start().len();
@@ -184,10 +194,6 @@ fn next_pair(text: &str) -> Result<(&str, String, &str, &str), String> {
     }
     let consumed = equals + 1 + value_start + end;
     Ok((key, value, &text[..consumed], &text[consumed..]))
-}
-
-fn short(text: &str) -> String {
-    text.chars().take(20).collect()
 }
 
 fn percent_decode(raw: &str) -> Result<String, String> {

@@ -23,6 +23,25 @@ fn ssl_settings_leave_a_url_and_the_rest_stays_as_written() {
     let (rest, params) = split("postgres://db/inventory");
     assert_eq!(rest, "postgres://db/inventory");
     assert_eq!(params, SslParams::default());
+
+    // A raw `?` in the password is the driver's credentials, not the start of the query.
+    let (rest, params) = split("postgres://app:s3cr?t@db/inv?sslmode=require&connect_timeout=5");
+    assert_eq!(rest, "postgres://app:s3cr?t@db/inv?connect_timeout=5");
+    assert_eq!(params.mode.as_deref(), Some("require"));
+    let config: crate::PgConfig = "postgres://app:s3cr?t@db/inv?sslmode=require"
+        .parse()
+        .unwrap();
+    assert_eq!(config.get_ssl_mode(), DriverSslMode::Require);
+    assert_eq!(config.get_password(), Some(&b"s3cr?t"[..]));
+}
+
+#[test]
+fn a_malformed_string_is_refused_without_quoting_it() {
+    let error = split_ssl_params("host=db password=hunter2 secret sslmode=require").unwrap_err();
+    assert!(
+        !error.contains("hunter2") && !error.contains("secret"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -17,45 +17,13 @@ use inventory_server::{
 use tokio_stream::StreamExt as _;
 
 use crate::{
-    helpers::{TestApp, redis_url, spawn_app_with, test_settings, test_settings_with_redis},
+    helpers::{
+        Scratch, TestApp, free_port, redis_url, spawn_app_with, test_settings,
+        test_settings_with_redis,
+    },
     reservations::reserve,
     tls::{ca, leaf},
 };
-
-/// A scratch folder the `postgres` user may use, removed on drop.
-#[derive(Debug)]
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(kind: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "inventory-{kind}-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-
-    fn write(&self, name: &str, contents: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, contents).unwrap();
-        path
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn is_root() -> bool {
     Command::new("id")

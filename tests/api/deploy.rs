@@ -21,7 +21,7 @@ use tonic_health::pb::{
 };
 
 use crate::{
-    helpers::{admin_url, connect, fresh_database, redis_url},
+    helpers::{admin_url, connect, free_port, fresh_database, redis_url},
     reservations::reserve,
 };
 
@@ -127,14 +127,6 @@ fn every_configured_key_is_a_setting_of_the_binary_and_the_ports_match() {
         .unwrap()
         .as_secs();
     assert!(grace > pre_stop + drain, "{grace} <= {pre_stop} + {drain}");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

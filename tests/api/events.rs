@@ -57,7 +57,7 @@ async fn insert_event(db: &impl tokio_postgres::GenericClient, sku: &str) {
 #[tokio::test]
 async fn an_event_committed_late_with_a_lower_sequence_is_not_skipped() {
     let app = spawn_app().await;
-    let config = app_config(&app).await;
+    let config = app.database_config().await;
     let mut first = connect(&config).await;
     let mut second = connect(&config).await;
 
@@ -119,7 +119,7 @@ async fn a_skus_events_come_in_commit_order_whatever_the_transaction_ids() {
     // SKU can hold the older id. Positioning by transaction id put its event first.
     let app = spawn_app().await;
     stock(&app, "SKU-1", 5).await;
-    let config = app_config(&app).await;
+    let config = app.database_config().await;
     let mut first = connect(&config).await;
     let mut second = connect(&config).await;
     let older = first.transaction().await.unwrap();
@@ -155,18 +155,6 @@ async fn a_skus_events_come_in_commit_order_whatever_the_transaction_ids() {
         [1, 2, 3],
         "the SKU's changes in the order they committed"
     );
-}
-
-async fn app_config(app: &TestApp) -> inventory_postgres::PgConfig {
-    let name: String = app
-        .db
-        .query_one("SELECT current_database()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let mut config = crate::helpers::admin_config();
-    config.dbname(&name);
-    config
 }
 
 #[tokio::test]
@@ -352,7 +340,7 @@ async fn a_stuck_consumer_holds_a_bounded_queue_and_then_gets_everything() {
             .unwrap()
             .into_inner();
     // Enough events to fill the HTTP/2 window and then the watcher's own queue.
-    let config = app_config(&app).await;
+    let config = app.database_config().await;
     let db = connect(&config).await;
     db.execute(
         "INSERT INTO outbox (event_id, event_type, sku, payload)

@@ -600,3 +600,55 @@ async fn pipe(
         }
     }
 }
+
+/// A free loopback port (bound, then released: the caller binds it again at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A scratch folder under the system's temporary folder, removed on drop.
+#[derive(Debug)]
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(kind: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "inventory-{kind}-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+
+    /// Writes `name` in the folder; returns its path.
+    pub fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl TestApp {
+    /// Connection settings of the test's own database, for a session of the test's own.
+    pub async fn database_config(&self) -> PgConfig {
+        let name: String = self
+            .db
+            .query_one("SELECT current_database()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let mut config = admin_config();
+        config.dbname(&name);
+        config
+    }
+}

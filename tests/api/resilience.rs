@@ -14,15 +14,7 @@ use crate::{
 
 /// A second session on the test's database, to hold row locks the service must wait for.
 async fn locker(app: &TestApp) -> tokio_postgres::Client {
-    let name: String = app
-        .db
-        .query_one("SELECT current_database()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let mut config = crate::helpers::admin_config();
-    config.dbname(&name);
-    connect(&config).await
+    connect(&app.database_config().await).await
 }
 
 /// Sessions of this database (other than the test's own) waiting for a row lock.

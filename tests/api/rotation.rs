@@ -2,7 +2,7 @@
 //! disk while the server runs, the way a Kubernetes Secret update changes them.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -21,29 +21,9 @@ use tonic::{
 };
 
 use crate::{
-    helpers::{fresh_database, spawn_app_with, test_settings},
+    helpers::{Scratch, fresh_database, spawn_app_with, test_settings},
     tls::{ca, leaf},
 };
-
-/// A folder removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "inventory-rotation-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Replaces `path` whole, as `mv` and most tools do: readers see the old file or the new one.
 fn replace(path: &Path, contents: &str) {
@@ -87,7 +67,7 @@ async fn read_code(client: &mut InventoryServiceClient<Channel>, token: &str) ->
 
 #[tokio::test]
 async fn a_rotated_token_file_takes_effect_within_a_second_and_open_streams_go_on() {
-    let scratch = Scratch::new();
+    let scratch = Scratch::new("rotation");
     let file = scratch.0.join("tokens");
     std::fs::write(
         &file,
@@ -169,7 +149,7 @@ struct SecretVolume {
 impl SecretVolume {
     fn new(cert: &str, key: &str) -> Self {
         let mut volume = Self {
-            root: Scratch::new(),
+            root: Scratch::new("rotation"),
             version: 0,
         };
         volume.update(cert, key);

@@ -75,6 +75,10 @@ pub struct Principal {
 }
 
 impl Principal {
+    pub fn new(caller: Caller, role: Role) -> Self {
+        Self { caller, role }
+    }
+
     pub fn caller(&self) -> &Caller {
         &self.caller
     }

@@ -22,7 +22,7 @@ use inventory_postgres::{
 use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tonic::Status;
 
-use crate::{proto, status::to_status};
+use crate::{proto, status::to_status, wire::Encode as _};
 
 /// Events queued for one watcher before it stops reading (and so backs off to PostgreSQL).
 pub const WATCH_BUFFER: usize = 64;
@@ -144,7 +144,7 @@ impl EventHub {
                     // A consumer that stopped reading must not keep this task (and its
                     // database reads) alive past shutdown.
                     tokio::select! {
-                        sent = sender.send(Ok(event.into())) => if sent.is_err() { return },
+                        sent = sender.send(Ok(event.into_message())) => if sent.is_err() { return },
                         _ = stopping.changed() => return,
                     }
                 }
@@ -160,7 +160,7 @@ impl EventHub {
                     Ok(event) if event.position == cursor + 1 => {
                         cursor = event.position;
                         tokio::select! {
-                            sent = sender.send(Ok(event.as_ref().clone().into())) => {
+                            sent = sender.send(Ok(event.as_ref().clone().into_message())) => {
                                 if sent.is_err() {
                                     return;
                                 }

@@ -3,10 +3,11 @@
 //! `inventory-core`, storage in `inventory-postgres` and `inventory-redis`.
 //!
 //! # Layout
-//! - [`proto`] — code generated from `proto/` by `build.rs`.
+//! - [`proto`] — the generated API, re-exported from `inventory-proto`.
 //! - [`auth`] — bearer tokens and client certificates, roles, the caller that scopes keys.
 //! - [`config`] — flags and environment, checked before anything starts.
-//! - [`parse`] — protobuf requests to core commands, with field violations.
+//! - [`wire`] — protobuf in and out: requests decoded to core commands for their caller,
+//!   answers encoded; nothing else touches protobuf types.
 //! - [`events`] — the event stream: sequencer, tailer and one watcher per `WatchEvents` call.
 //! - [`grpc`] — the service implementation, thin on purpose.
 //! - [`status`] — the one map from core errors to gRPC statuses.
@@ -23,10 +24,15 @@ pub mod config;
 pub mod events;
 pub mod grpc;
 pub mod metrics;
-pub mod parse;
-pub mod proto;
+/// The generated API (`inventory-proto`), re-exported so `crate::proto` names it.
+pub use inventory_proto as proto;
 pub mod reload;
 pub mod startup;
 pub mod status;
 pub mod telemetry;
 pub mod tls;
+pub mod wire;
+
+/// The core, wired to its adapters.
+pub type Service =
+    inventory_core::service::Inventory<inventory_postgres::PgStore, inventory_redis::RedisLeases>;

@@ -28,6 +28,7 @@ use tonic::transport::Server;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
+    Service,
     auth::Gate,
     config::{ReloadSources, Settings},
     events::{self, EventHub},
@@ -42,9 +43,6 @@ const READINESS_RECHECK: Duration = Duration::from_secs(1);
 
 /// How long start-up waits for the first Redis connection before serving anyway.
 const REDIS_STARTUP_WAIT: Duration = Duration::from_secs(2);
-
-/// The core, wired to its adapters.
-pub type Service = Inventory<PgStore, RedisLeases>;
 
 #[derive(Debug)]
 pub struct Application {
@@ -63,7 +61,6 @@ pub struct Application {
     stopping: tokio::sync::watch::Sender<bool>,
     auth: Gate,
     reload: ReloadSources,
-    lease_wait: Duration,
     max_in_flight: usize,
     max_message_bytes: usize,
     max_connection_age: Duration,
@@ -173,6 +170,7 @@ impl Application {
                 InventoryConfig {
                     default_ttl: settings.default_ttl,
                     coalesce: settings.coalesce.clone(),
+                    lease_wait: settings.lease_wait,
                 },
             )
             .with_pause_points(pauses),
@@ -193,7 +191,6 @@ impl Application {
             stopping,
             auth: Gate::new(settings.auth),
             reload: settings.reload,
-            lease_wait: settings.lease_wait,
             max_in_flight: settings.max_in_flight,
             max_message_bytes: settings.max_message_bytes,
             max_connection_age: settings.max_connection_age,
@@ -252,7 +249,6 @@ impl Application {
             Arc::clone(&self.inventory),
             self.auth.clone(),
             self.events.clone(),
-            self.lease_wait,
             self.max_in_flight,
         ))
         .max_decoding_message_size(self.max_message_bytes);

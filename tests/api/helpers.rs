@@ -13,9 +13,8 @@ use inventory_core::{domain::Ttl, pause::PausePoints};
 use inventory_postgres::{PgConfig, PoolSettings};
 use inventory_redis::{KeyPrefix, LeaseSettings, RedisSettings};
 use inventory_server::{
-    config::Settings,
-    proto::inventory_service_client::InventoryServiceClient,
-    startup::{Application, Service},
+    Service, config::Settings, proto::inventory_service_client::InventoryServiceClient,
+    startup::Application,
 };
 use sha2::{Digest, Sha256};
 use tokio::{sync::oneshot, task::JoinHandle};
@@ -650,5 +649,18 @@ impl TestApp {
         let mut config = admin_config();
         config.dbname(&name);
         config
+    }
+
+    /// A URL of this test's database, for tools that take one (the load generator's audit).
+    pub async fn database_url(&self) -> String {
+        let name = self
+            .database_config()
+            .await
+            .get_dbname()
+            .unwrap()
+            .to_owned();
+        let admin = admin_url();
+        let (base, _) = admin.rsplit_once('/').expect("a URL with a database");
+        format!("{base}/{name}")
     }
 }

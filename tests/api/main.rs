@@ -17,6 +17,7 @@ mod faults;
 mod helpers;
 mod hostile;
 mod migrations;
+mod race;
 mod reservations;
 mod resilience;
 mod retention;

@@ -643,7 +643,7 @@ async fn two_sweepers_at_once_return_expired_stock_exactly_once() {
     assert_eq!(app.level("SKU-1").await, (60, 60));
 
     // Two replicas' sweepers, in small batches so that they overlap.
-    let sweeper = |inventory: std::sync::Arc<inventory_server::startup::Service>| async move {
+    let sweeper = |inventory: std::sync::Arc<inventory_server::Service>| async move {
         let mut total = 0;
         loop {
             let expired = inventory.expire_due(7).await.unwrap();

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::Context as _;
-use inventory_server::proto::GetStockRequest;
+use inventory_proto::GetStockRequest;
 use serde::Serialize;
 
 use crate::load::{Fate, LoadConfig, Observed, Scenario, connect};

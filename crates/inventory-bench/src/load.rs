@@ -12,7 +12,7 @@ use std::{
 use anyhow::Context as _;
 use futures::future::join_all;
 use hdrhistogram::Histogram;
-use inventory_server::proto::{
+use inventory_proto::{
     AdjustStockRequest, ConfirmReservationRequest, ReleaseReservationRequest, ReservationLine,
     ReserveRequest, inventory_service_client::InventoryServiceClient,
 };

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use inventory_server::proto::GetStockRequest;
+use inventory_proto::GetStockRequest;
 use serde::Serialize;
 use tokio::process::{Child, Command};
 
@@ -407,7 +407,7 @@ async fn wait_ready(addr: &str, server: &mut Child) -> anyhow::Result<()> {
             bail!("inventory-server exited during start-up: {status}");
         }
         if let Ok(mut client) =
-            inventory_server::proto::inventory_service_client::InventoryServiceClient::connect(
+            inventory_proto::inventory_service_client::InventoryServiceClient::connect(
                 addr.to_owned(),
             )
             .await

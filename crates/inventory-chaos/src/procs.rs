@@ -729,9 +729,7 @@ impl Replica {
 
 /// Serving: a read of a SKU nobody has answers `NOT_FOUND`.
 async fn ready(addr: &str) -> bool {
-    use inventory_server::proto::{
-        GetStockRequest, inventory_service_client::InventoryServiceClient,
-    };
+    use inventory_proto::{GetStockRequest, inventory_service_client::InventoryServiceClient};
     let Ok(mut client) = InventoryServiceClient::connect(addr.to_owned()).await else {
         return false;
     };

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use inventory_server::proto::{
+use inventory_proto::{
     AdjustStockRequest, ConfirmReservationRequest, Event, EventType, GetStockRequest,
     ReleaseReservationRequest, ReservationLine, ReservationState, ReserveRequest,
     WatchEventsRequest, event, inventory_service_client::InventoryServiceClient,
@@ -96,8 +96,7 @@ async fn call<T, F>(timeout: Duration, message: T, f: F) -> Answer
 where
     F: AsyncFnOnce(
         tonic::Request<T>,
-    )
-        -> Result<tonic::Response<inventory_server::proto::Reservation>, tonic::Status>,
+    ) -> Result<tonic::Response<inventory_proto::Reservation>, tonic::Status>,
 {
     let mut request = tonic::Request::new(message);
     request.set_timeout(timeout);

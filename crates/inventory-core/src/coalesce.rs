@@ -427,6 +427,7 @@ mod tests {
             .iter()
             .map(|key| {
                 let command = Reserve::new(
+                    crate::domain::Caller::anonymous(),
                     IdempotencyKey::parse(key).unwrap(),
                     OrderId::parse("o").unwrap(),
                     vec![Line {

@@ -103,6 +103,7 @@ impl Reserve {
     /// `lines` must be non-empty, at most [`MAX_LINES`](crate::domain::MAX_LINES), with
     /// distinct SKUs; the boundary checks and reports each offending field.
     pub fn new(
+        caller: Caller,
         idempotency_key: IdempotencyKey,
         order_id: OrderId,
         lines: Vec<Line>,
@@ -110,7 +111,7 @@ impl Reserve {
     ) -> Self {
         debug_assert!(!lines.is_empty() && lines.len() <= crate::domain::MAX_LINES);
         Self {
-            caller: Caller::anonymous(),
+            caller,
             idempotency_key,
             order_id,
             lines,

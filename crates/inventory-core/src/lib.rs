@@ -15,9 +15,11 @@
 //! - [`ports`] — what the core needs from storage and from the lease service.
 //! - [`pause`] — named pause points that tests hold with latches; empty in production.
 //! - [`service`] — the use cases the gRPC layer calls.
+//! - [`budget`] — the time a call has: the caller's deadline and the server's lease bound.
 //! - [`coalesce`] — the per-SKU queues that let one lease and one transaction serve many
 //!   `Reserve` calls for a hot SKU.
 
+pub mod budget;
 pub mod coalesce;
 pub mod command;
 pub mod domain;

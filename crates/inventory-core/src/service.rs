@@ -4,9 +4,10 @@
 //! then one fenced SQL transaction that alone decides. Confirm, release and reads need no
 //! lease, since none of them can oversell, and so keep working while Redis is down.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::{
+    budget::Budget,
     coalesce::{
         CoalesceConfig, CommitTurn, CommitWait, Committer, GroupOutcome, Joined, Leadership,
         MAX_GROUPS, Queued, Queues, Submitted, Turn, TurnWait, Writing,
@@ -30,6 +31,8 @@ pub struct InventoryConfig {
     /// The hold a `Reserve` without a TTL gets.
     pub default_ttl: Ttl,
     pub coalesce: CoalesceConfig,
+    /// Longest a `Reserve` waits for busy leases, whatever the caller's deadline.
+    pub lease_wait: Duration,
 }
 
 #[derive(Debug)]
@@ -97,7 +100,16 @@ where
     /// below what PostgreSQL already accepted (its counter was lost or rolled back): raise the
     /// counter above the stored fence and try again, so no legitimate holder is locked out.
     #[tracing::instrument(skip_all, fields(order_id = command.order_id.as_str(), lines = command.lines().len()))]
-    pub async fn reserve(
+    ///
+    /// Leases are waited for until the server's `lease_wait` or the caller's budget, whichever
+    /// ends first; which one ran out decides between [`Error::LeaseBusy`] and
+    /// [`Error::DeadlineExceeded`].
+    pub async fn reserve(&self, command: &Reserve, budget: Budget) -> Result<Reservation, Error> {
+        let wait = budget.lease_wait(self.config.lease_wait, Instant::now());
+        wait.judge(self.reserve_until(command, wait.until).await)
+    }
+
+    async fn reserve_until(
         &self,
         command: &Reserve,
         deadline: Instant,

@@ -39,6 +39,7 @@ fn field_boundaries_are_part_of_the_fingerprint() {
 
 fn reserve(lines: &[(&str, i64)], ttl: Option<u64>) -> Reserve {
     Reserve::new(
+        crate::domain::Caller::anonymous(),
         IdempotencyKey::parse("k").unwrap(),
         OrderId::parse("order-1").unwrap(),
         lines

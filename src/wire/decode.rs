@@ -1,5 +1,5 @@
-//! The boundary: raw protobuf requests become core commands here, or an `INVALID_ARGUMENT`
-//! listing every offending field at once. Nothing past this module sees an unchecked value.
+//! Requests in: raw protobuf becomes a core command here, or an `INVALID_ARGUMENT` listing
+//! every offending field at once. Nothing past this module sees an unchecked value.
 
 use std::collections::HashMap;
 
@@ -9,12 +9,20 @@ use inventory_core::{
     Error, FieldViolation,
     command::{AdjustStock, GetStock, ReservationRef, Reserve, WatchEvents},
     domain::{
-        Caller, IdempotencyKey, Line, MAX_LINES, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
+        IdempotencyKey, Line, MAX_LINES, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
         ReservationId, Scope, Sku, StockDelta, Ttl,
     },
 };
 
-use crate::proto;
+use crate::{auth::Principal, proto};
+
+/// A request that becomes a core command, for the caller who sent it: the caller scopes
+/// idempotency keys, and decides which reservations a reference may reach.
+pub trait Decode {
+    type Command;
+
+    fn into_command(self, who: &Principal) -> Result<Self::Command, Error>;
+}
 
 /// Collects field violations while a request is parsed.
 #[derive(Debug, Default)]
@@ -41,10 +49,11 @@ impl Violations {
     }
 }
 
-impl TryFrom<proto::AdjustStockRequest> for AdjustStock {
-    type Error = Error;
+impl Decode for proto::AdjustStockRequest {
+    type Command = AdjustStock;
 
-    fn try_from(request: proto::AdjustStockRequest) -> Result<Self, Error> {
+    fn into_command(self, who: &Principal) -> Result<AdjustStock, Error> {
+        let request = self;
         let mut violations = Violations::default();
         let sku = violations.check("sku", Sku::parse(&request.sku));
         let delta = violations.check("delta", StockDelta::parse(request.delta));
@@ -55,8 +64,7 @@ impl TryFrom<proto::AdjustStockRequest> for AdjustStock {
         let reason = violations.check("reason", Reason::parse(&request.reason));
         violations.finish(|| {
             Some(AdjustStock {
-                // Set by the gRPC layer once the caller is authenticated.
-                caller: Caller::anonymous(),
+                caller: who.caller().clone(),
                 sku: sku?,
                 delta: delta?,
                 idempotency_key: idempotency_key?,
@@ -66,10 +74,11 @@ impl TryFrom<proto::AdjustStockRequest> for AdjustStock {
     }
 }
 
-impl TryFrom<proto::GetStockRequest> for GetStock {
-    type Error = Error;
+impl Decode for proto::GetStockRequest {
+    type Command = GetStock;
 
-    fn try_from(request: proto::GetStockRequest) -> Result<Self, Error> {
+    fn into_command(self, _: &Principal) -> Result<GetStock, Error> {
+        let request = self;
         let mut violations = Violations::default();
         if request.skus.is_empty() {
             violations.add("skus", "must name at least one SKU");
@@ -99,10 +108,11 @@ impl TryFrom<proto::GetStockRequest> for GetStock {
     }
 }
 
-impl TryFrom<proto::ReserveRequest> for Reserve {
-    type Error = Error;
+impl Decode for proto::ReserveRequest {
+    type Command = Reserve;
 
-    fn try_from(request: proto::ReserveRequest) -> Result<Self, Error> {
+    fn into_command(self, who: &Principal) -> Result<Reserve, Error> {
+        let request = self;
         let mut violations = Violations::default();
         let idempotency_key = violations.check(
             "idempotency_key",
@@ -142,7 +152,15 @@ impl TryFrom<proto::ReserveRequest> for Reserve {
                 lines.push(Line { sku, quantity });
             }
         }
-        violations.finish(|| Some(Reserve::new(idempotency_key?, order_id?, lines, ttl?)))
+        violations.finish(|| {
+            Some(Reserve::new(
+                who.caller().clone(),
+                idempotency_key?,
+                order_id?,
+                lines,
+                ttl?,
+            ))
+        })
     }
 }
 
@@ -157,22 +175,46 @@ fn parse_duration(raw: prost_types::Duration) -> Result<Duration, String> {
 
 /// The reservation a Get, Confirm or Release names, within what its caller may see: the
 /// scope comes with the parse, so no reference exists without one.
-pub fn reservation_ref(raw: &str, scope: Scope) -> Result<ReservationRef, Error> {
+fn reservation_ref(raw: &str, scope: Scope) -> Result<ReservationRef, Error> {
     let mut violations = Violations::default();
     let id = violations.check("reservation_id", ReservationId::parse(raw));
     violations.finish(|| id.map(|id| ReservationRef::new(id, scope)))
 }
 
-impl TryFrom<proto::WatchEventsRequest> for WatchEvents {
-    type Error = Error;
+/// Reading reaches every reservation the caller may see.
+impl Decode for proto::GetReservationRequest {
+    type Command = ReservationRef;
 
-    fn try_from(request: proto::WatchEventsRequest) -> Result<Self, Error> {
+    fn into_command(self, who: &Principal) -> Result<ReservationRef, Error> {
+        reservation_ref(&self.reservation_id, who.read_scope())
+    }
+}
+
+/// Settling reaches only the reservations the caller may change.
+impl Decode for proto::ConfirmReservationRequest {
+    type Command = ReservationRef;
+
+    fn into_command(self, who: &Principal) -> Result<ReservationRef, Error> {
+        reservation_ref(&self.reservation_id, who.write_scope())
+    }
+}
+
+impl Decode for proto::ReleaseReservationRequest {
+    type Command = ReservationRef;
+
+    fn into_command(self, who: &Principal) -> Result<ReservationRef, Error> {
+        reservation_ref(&self.reservation_id, who.write_scope())
+    }
+}
+
+impl Decode for proto::WatchEventsRequest {
+    type Command = WatchEvents;
+
+    fn into_command(self, _: &Principal) -> Result<WatchEvents, Error> {
+        let request = self;
         let mut violations = Violations::default();
         let command =
             violations.check("after_sequence", WatchEvents::parse(request.after_sequence));
         violations.finish(|| command)
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -1,4 +1,20 @@
-use super::*;
+use std::time::Duration;
+
+use inventory_core::{
+    Error,
+    domain::{Caller, MAX_LINES, MAX_SKUS_PER_READ, Scope},
+};
+
+use super::Decode;
+use crate::{
+    auth::{Principal, Role},
+    proto,
+};
+
+/// Decodes for an anonymous caller with every right.
+fn decode<R: Decode>(request: R) -> Result<R::Command, Error> {
+    request.into_command(&Principal::new(Caller::anonymous(), Role::Admin))
+}
 
 fn violations(error: Error) -> Vec<(String, String)> {
     match error {
@@ -18,7 +34,7 @@ fn adjust_stock_reports_every_bad_field_at_once() {
         idempotency_key: "has space".into(),
         reason: "\u{0}".into(),
     };
-    let fields: Vec<_> = violations(AdjustStock::try_from(request).unwrap_err())
+    let fields: Vec<_> = violations(decode(request).unwrap_err())
         .into_iter()
         .map(|(field, _)| field)
         .collect();
@@ -27,7 +43,7 @@ fn adjust_stock_reports_every_bad_field_at_once() {
 
 #[test]
 fn adjust_stock_parses_a_valid_request() {
-    let command = AdjustStock::try_from(proto::AdjustStockRequest {
+    let command = decode(proto::AdjustStockRequest {
         sku: "SKU-1".into(),
         delta: -3,
         idempotency_key: "k-1".into(),
@@ -44,7 +60,7 @@ fn get_stock_names_duplicates_and_bad_entries_by_index() {
         skus: vec!["A".into(), "bad sku".into(), "A".into()],
     };
     assert_eq!(
-        violations(GetStock::try_from(request).unwrap_err()),
+        violations(decode(request).unwrap_err()),
         [
             (
                 "skus[1]".to_string(),
@@ -58,11 +74,11 @@ fn get_stock_names_duplicates_and_bad_entries_by_index() {
 #[test]
 fn get_stock_refuses_empty_and_oversized_lists() {
     assert_eq!(
-        violations(GetStock::try_from(proto::GetStockRequest { skus: vec![] }).unwrap_err())[0].0,
+        violations(decode(proto::GetStockRequest { skus: vec![] }).unwrap_err())[0].0,
         "skus"
     );
     let many = (0..=MAX_SKUS_PER_READ).map(|i| format!("S{i}")).collect();
-    let error = GetStock::try_from(proto::GetStockRequest { skus: many }).unwrap_err();
+    let error = decode(proto::GetStockRequest { skus: many }).unwrap_err();
     assert_eq!(violations(error).len(), 1);
 }
 
@@ -93,7 +109,7 @@ fn fields(error: Error) -> Vec<String> {
 fn reserve_names_each_bad_line_field_by_index() {
     let request = reserve_request(vec![line("A", 1), line("", 0), line("A", 2)]);
     assert_eq!(
-        fields(Reserve::try_from(request).unwrap_err()),
+        fields(decode(request).unwrap_err()),
         ["lines[1].sku", "lines[1].quantity", "lines[2].sku"]
     );
 }
@@ -108,7 +124,7 @@ fn reserve_checks_the_envelope() {
         nanos: 500_000_000,
     });
     assert_eq!(
-        fields(Reserve::try_from(request).unwrap_err()),
+        fields(decode(request).unwrap_err()),
         ["idempotency_key", "order_id", "ttl", "lines"]
     );
 }
@@ -118,7 +134,7 @@ fn reserve_refuses_malformed_durations() {
     for (seconds, nanos) in [(-1, 0), (5, -1), (5, 1_000_000_000), (86_401, 0)] {
         let mut request = reserve_request(vec![line("A", 1)]);
         request.ttl = Some(prost_types::Duration { seconds, nanos });
-        assert_eq!(fields(Reserve::try_from(request).unwrap_err()), ["ttl"]);
+        assert_eq!(fields(decode(request).unwrap_err()), ["ttl"]);
     }
 }
 
@@ -126,7 +142,7 @@ fn reserve_refuses_malformed_durations() {
 fn reserve_refuses_too_many_lines_without_echoing_them() {
     let lines = (0..=MAX_LINES).map(|i| line(&format!("S{i}"), 1)).collect();
     assert_eq!(
-        fields(Reserve::try_from(reserve_request(lines)).unwrap_err()),
+        fields(decode(reserve_request(lines)).unwrap_err()),
         ["lines"]
     );
 }
@@ -138,31 +154,92 @@ fn reserve_parses_a_valid_request() {
         seconds: 30,
         nanos: 0,
     });
-    let command = Reserve::try_from(request).unwrap();
+    let command = decode(request).unwrap();
     assert_eq!(command.lines().len(), 2);
     assert_eq!(command.ttl.unwrap().get(), Duration::from_secs(30));
 }
 
 #[test]
 fn reservation_ids_must_be_uuids() {
-    assert_eq!(
-        fields(reservation_ref("nope", Scope::All).unwrap_err()),
-        ["reservation_id"]
-    );
+    let get = |id: &str| proto::GetReservationRequest {
+        reservation_id: id.into(),
+    };
+    assert_eq!(fields(decode(get("nope")).unwrap_err()), ["reservation_id"]);
+    let id = "0190a4d2-58c4-7c1e-9f2a-3b4c5d6e7f80";
+    let target = decode(get(id)).unwrap();
+    assert_eq!(target.id.to_string(), id);
+}
+
+#[test]
+fn a_reference_reaches_what_its_caller_may_see_or_change() {
     let id = "0190a4d2-58c4-7c1e-9f2a-3b4c5d6e7f80";
     let caller = Caller::parse("svc").unwrap();
-    let target = reservation_ref(id, Scope::Own(caller.clone())).unwrap();
-    assert_eq!(target.id.to_string(), id);
-    assert_eq!(target.scope, Scope::Own(caller));
+    let reservation_id = || id.to_string();
+    let as_role = |role: Role| Principal::new(caller.clone(), role);
+    let own = Scope::Own(caller.clone());
+    for (role, read, write) in [
+        (Role::Reserver, own.clone(), own.clone()),
+        (Role::Reader, own.clone(), own.clone()),
+        (Role::Watcher, Scope::All, own.clone()),
+        (Role::Admin, Scope::All, Scope::All),
+    ] {
+        let who = as_role(role);
+        let get = proto::GetReservationRequest {
+            reservation_id: reservation_id(),
+        };
+        assert_eq!(
+            get.into_command(&who).unwrap().scope,
+            read,
+            "{role:?} reads"
+        );
+        let confirm = proto::ConfirmReservationRequest {
+            reservation_id: reservation_id(),
+        };
+        assert_eq!(
+            confirm.into_command(&who).unwrap().scope,
+            write,
+            "{role:?} confirms"
+        );
+        let release = proto::ReleaseReservationRequest {
+            reservation_id: reservation_id(),
+        };
+        assert_eq!(
+            release.into_command(&who).unwrap().scope,
+            write,
+            "{role:?} releases"
+        );
+    }
+}
+
+#[test]
+fn commands_carry_the_caller_that_sent_them() {
+    let who = Principal::new(Caller::parse("checkout").unwrap(), Role::Reserver);
+    let command = proto::ReserveRequest {
+        idempotency_key: "k".into(),
+        order_id: "o".into(),
+        lines: vec![line("A", 1)],
+        ttl: None,
+    }
+    .into_command(&who)
+    .unwrap();
+    assert_eq!(command.caller.as_str(), "checkout");
+    let adjust = proto::AdjustStockRequest {
+        sku: "A".into(),
+        delta: 1,
+        idempotency_key: "k".into(),
+        reason: "r".into(),
+    }
+    .into_command(&who)
+    .unwrap();
+    assert_eq!(adjust.caller.as_str(), "checkout");
 }
 
 mod hostile {
     //! Whatever arrives, the boundary answers a valid command or `INVALID_ARGUMENT`: never a
     //! panic, never another error.
     use proptest::prelude::*;
-    use prost::Message as _;
 
-    use super::super::*;
+    use super::*;
 
     fn text() -> impl Strategy<Value = String> {
         prop_oneof![
@@ -194,7 +271,7 @@ mod hostile {
     proptest! {
         #[test]
         fn adjust_stock(sku in text(), delta in number(), key in text(), reason in text()) {
-            let parsed = AdjustStock::try_from(proto::AdjustStockRequest {
+            let parsed = decode(proto::AdjustStockRequest {
                 sku: sku.clone(), delta, idempotency_key: key, reason,
             });
             if let Ok(command) = &parsed {
@@ -220,7 +297,7 @@ mod hostile {
                     .collect(),
                 ttl: ttl.map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
             };
-            let parsed = Reserve::try_from(request);
+            let parsed = decode(request);
             if let Ok(command) = &parsed {
                 prop_assert!(!command.lines().is_empty() && command.lines().len() <= MAX_LINES);
             }
@@ -229,27 +306,27 @@ mod hostile {
 
         #[test]
         fn get_stock(skus in prop::collection::vec(text(), 0..130)) {
-            invalid_only(GetStock::try_from(proto::GetStockRequest { skus }));
+            invalid_only(decode(proto::GetStockRequest { skus }));
         }
 
         #[test]
         fn reservation_refs_and_cursors(id in text(), after in number()) {
-            invalid_only(reservation_ref(&id, Scope::All));
-            invalid_only(WatchEvents::try_from(proto::WatchEventsRequest { after_sequence: after }));
+            invalid_only(decode(proto::GetReservationRequest { reservation_id: id }));
+            invalid_only(decode(proto::WatchEventsRequest { after_sequence: after }));
         }
 
         /// Raw bytes off the wire: either not a message at all (the gRPC layer refuses it), or
         /// a message the boundary judges like any other.
         #[test]
         fn any_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-            if let Ok(request) = proto::ReserveRequest::decode(bytes.as_slice()) {
-                invalid_only(Reserve::try_from(request));
+            if let Ok(request) = <proto::ReserveRequest as prost::Message>::decode(bytes.as_slice()) {
+                invalid_only(decode(request));
             }
-            if let Ok(request) = proto::AdjustStockRequest::decode(bytes.as_slice()) {
-                invalid_only(AdjustStock::try_from(request));
+            if let Ok(request) = <proto::AdjustStockRequest as prost::Message>::decode(bytes.as_slice()) {
+                invalid_only(decode(request));
             }
-            if let Ok(request) = proto::GetStockRequest::decode(bytes.as_slice()) {
-                invalid_only(GetStock::try_from(request));
+            if let Ok(request) = <proto::GetStockRequest as prost::Message>::decode(bytes.as_slice()) {
+                invalid_only(decode(request));
             }
         }
     }

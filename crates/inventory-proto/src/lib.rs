@@ -1,0 +1,17 @@
+//! The API of `inventory-server` as Rust types: messages, the client and server stubs, and
+//! the encoded descriptors served by reflection.
+//!
+//! Generated from the top-level `proto/` by the workspace's `build.rs` with the pure-Rust
+//! `protox` compiler, so no `protoc` is needed. Every crate that speaks the API depends on
+//! this one, never on the server.
+
+pub mod inventory {
+    pub mod v1 {
+        tonic::include_proto!("inventory.v1");
+    }
+}
+
+pub use inventory::v1::*;
+
+/// The encoded descriptors of `proto/`, served by reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("inventory_descriptor");

@@ -1,0 +1,138 @@
+//! Answers out: core values become protobuf messages here, and nowhere else.
+
+use std::time::SystemTime;
+
+use inventory_core::{
+    domain::{Line, Reservation, ReservationState, StockLevel},
+    events::{Change, Event},
+};
+
+use crate::proto;
+
+/// A core value as the message that carries it on the wire.
+pub trait Encode {
+    type Message;
+
+    fn into_message(self) -> Self::Message;
+}
+
+impl Encode for StockLevel {
+    type Message = proto::StockLevel;
+
+    fn into_message(self) -> proto::StockLevel {
+        proto::StockLevel {
+            available: self.available(),
+            sku: self.sku.as_str().to_owned(),
+            on_hand: self.on_hand,
+            reserved: self.reserved,
+            version: self.version,
+        }
+    }
+}
+
+/// The levels of a `GetStock`, in request order.
+impl Encode for Vec<StockLevel> {
+    type Message = proto::GetStockResponse;
+
+    fn into_message(self) -> proto::GetStockResponse {
+        proto::GetStockResponse {
+            levels: self.into_iter().map(Encode::into_message).collect(),
+        }
+    }
+}
+
+impl Encode for ReservationState {
+    type Message = proto::ReservationState;
+
+    fn into_message(self) -> proto::ReservationState {
+        match self {
+            ReservationState::Held => proto::ReservationState::Held,
+            ReservationState::Confirmed => proto::ReservationState::Confirmed,
+            ReservationState::Released => proto::ReservationState::Released,
+            ReservationState::Expired => proto::ReservationState::Expired,
+        }
+    }
+}
+
+impl Encode for Line {
+    type Message = proto::ReservationLine;
+
+    fn into_message(self) -> proto::ReservationLine {
+        proto::ReservationLine {
+            sku: self.sku.as_str().to_owned(),
+            quantity: self.quantity.get(),
+        }
+    }
+}
+
+impl Encode for Reservation {
+    type Message = proto::Reservation;
+
+    fn into_message(self) -> proto::Reservation {
+        proto::Reservation {
+            reservation_id: self.id.to_string(),
+            order_id: self.order_id.as_str().to_owned(),
+            state: self.state.into_message().into(),
+            lines: self.lines.into_iter().map(Encode::into_message).collect(),
+            created_at: Some(timestamp(self.created_at)),
+            expires_at: Some(timestamp(self.expires_at)),
+        }
+    }
+}
+
+impl Encode for Event {
+    type Message = proto::Event;
+
+    fn into_message(self) -> proto::Event {
+        use proto::event::{Payload, Subject};
+        let (kind, subject, payload) = match self.change {
+            Change::StockAdjusted {
+                sku,
+                delta,
+                reason,
+                level,
+            } => (
+                proto::EventType::StockAdjusted,
+                Subject::Sku(sku.as_str().to_owned()),
+                Payload::StockAdjusted(proto::StockAdjusted {
+                    delta,
+                    reason,
+                    level: Some(level.into_message()),
+                }),
+            ),
+            Change::Reservation {
+                reservation_id,
+                order_id,
+                state,
+                lines,
+                levels,
+            } => (
+                match state {
+                    ReservationState::Held => proto::EventType::ReservationHeld,
+                    ReservationState::Confirmed => proto::EventType::ReservationConfirmed,
+                    ReservationState::Released => proto::EventType::ReservationReleased,
+                    ReservationState::Expired => proto::EventType::ReservationExpired,
+                },
+                Subject::ReservationId(reservation_id.to_string()),
+                Payload::ReservationChanged(proto::ReservationChanged {
+                    order_id: order_id.as_str().to_owned(),
+                    state: state.into_message().into(),
+                    lines: lines.into_iter().map(Encode::into_message).collect(),
+                    levels: levels.into_iter().map(Encode::into_message).collect(),
+                }),
+            ),
+        };
+        proto::Event {
+            sequence: self.position,
+            event_id: self.id.hyphenated().to_string(),
+            r#type: kind.into(),
+            occurred_at: Some(timestamp(self.occurred_at)),
+            subject: Some(subject),
+            payload: Some(payload),
+        }
+    }
+}
+
+fn timestamp(time: SystemTime) -> prost_types::Timestamp {
+    prost_types::Timestamp::from(time)
+}

@@ -2,7 +2,7 @@
 //! client (fix the request, wait for stock, retry, ...); the gRPC layer maps them to status
 //! codes in one exhaustive `match`.
 
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 use std::time::Duration;
 
@@ -17,6 +17,10 @@ pub struct Shortfall {
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A cause kept behind an `Arc`, so an error can be cloned: every request of a batch that
+/// failed as a whole gets the same error, cause included.
+pub type SharedError = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// One invalid field of a request, named by its path in the request (`lines[2].sku`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,7 +54,7 @@ impl fmt::Display for Dependency {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum Error {
     /// The request is malformed; nothing was changed.
     #[error("invalid request: {}", describe_violations(.0))]
@@ -132,83 +136,24 @@ pub enum Error {
     Unavailable {
         dependency: Dependency,
         #[source]
-        source: BoxError,
+        source: SharedError,
     },
 
     /// A bug or an unexpected reply; the cause goes to the logs only.
     #[error("internal error")]
-    Internal(#[source] BoxError),
+    Internal(#[source] SharedError),
 }
 
 impl Error {
     pub fn unavailable(dependency: Dependency, source: impl Into<BoxError>) -> Self {
         Self::Unavailable {
             dependency,
-            source: source.into(),
+            source: Arc::from(source.into()),
         }
     }
 
     pub fn internal(source: impl Into<BoxError>) -> Self {
-        Self::Internal(source.into())
-    }
-
-    /// The same error for another caller: every request of a batch that failed as a whole
-    /// gets one. Sources are carried over as their messages.
-    pub fn replicate(&self) -> Self {
-        let message = |source: &BoxError| -> BoxError { source.to_string().into() };
-        match self {
-            Self::InvalidArgument(v) => Self::InvalidArgument(v.clone()),
-            Self::UnknownSkus(skus) => Self::UnknownSkus(skus.clone()),
-            Self::UnknownReservation(id) => Self::UnknownReservation(*id),
-            Self::InsufficientStock(s) => Self::InsufficientStock(s.clone()),
-            Self::WrongState { id, state, action } => Self::WrongState {
-                id: *id,
-                state: *state,
-                action,
-            },
-            Self::LeaseBusy { sku, waited } => Self::LeaseBusy {
-                sku: sku.clone(),
-                waited: *waited,
-            },
-            Self::TooManyWaiters { sku } => Self::TooManyWaiters { sku: sku.clone() },
-            Self::Saturated => Self::Saturated,
-            Self::TooManyWatchers => Self::TooManyWatchers,
-            Self::DeadlineExceeded => Self::DeadlineExceeded,
-            Self::LeaseLost { sku } => Self::LeaseLost { sku: sku.clone() },
-            Self::BelowReserved {
-                sku,
-                requested,
-                on_hand,
-                reserved,
-            } => Self::BelowReserved {
-                sku: sku.clone(),
-                requested: *requested,
-                on_hand: *on_hand,
-                reserved: *reserved,
-            },
-            Self::StockLimit {
-                sku,
-                requested,
-                limit,
-            } => Self::StockLimit {
-                sku: sku.clone(),
-                requested: *requested,
-                limit: *limit,
-            },
-            Self::CursorPruned {
-                requested,
-                pruned_through,
-            } => Self::CursorPruned {
-                requested: *requested,
-                pruned_through: *pruned_through,
-            },
-            Self::IdempotencyKeyReused => Self::IdempotencyKeyReused,
-            Self::Unavailable { dependency, source } => Self::Unavailable {
-                dependency: *dependency,
-                source: message(source),
-            },
-            Self::Internal(source) => Self::Internal(message(source)),
-        }
+        Self::Internal(Arc::from(source.into()))
     }
 }
 

@@ -14,6 +14,8 @@
 //! - [`events`] — the changes the outbox records, as the event stream delivers them.
 //! - [`ports`] — what the core needs from storage and from the lease service.
 //! - [`pause`] — named pause points that tests hold with latches; empty in production.
+//! - [`rules`] — the decisions (enough stock? which answer? which state?) as pure functions of
+//!   what a transaction read; the storage adapter applies them.
 //! - [`service`] — the use cases the gRPC layer calls.
 //! - [`budget`] — the time a call has: the caller's deadline and the server's lease bound.
 //! - [`coalesce`] — the per-SKU queues that let one lease and one transaction serve many
@@ -27,6 +29,7 @@ pub mod error;
 pub mod events;
 pub mod pause;
 pub mod ports;
+pub mod rules;
 pub mod service;
 
 pub use error::{Dependency, Error, FieldViolation};

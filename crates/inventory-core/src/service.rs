@@ -229,7 +229,7 @@ where
             }
             Err(error) => {
                 for reply in replies {
-                    reply.answer(Err(error.replicate()));
+                    reply.answer(Err(error.clone()));
                 }
                 Err(error)
             }
@@ -295,7 +295,7 @@ where
             }
             Err(error) => {
                 for reply in replies {
-                    answer(reply, Err(error.replicate()));
+                    answer(reply, Err(error.clone()));
                 }
                 Err(error)
             }

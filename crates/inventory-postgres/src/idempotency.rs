@@ -5,6 +5,8 @@
 //! execute: the second waits for the first to commit (then replays its outcome) or to roll
 //! back (then executes itself).
 
+use std::collections::{HashMap, HashSet};
+
 use deadpool_postgres::Transaction;
 use inventory_core::{
     Dependency, Error,
@@ -25,6 +27,34 @@ const READ: &str = "
 
 const RECORD_OUTCOME: &str = "
     UPDATE idempotency_keys SET outcome = $3 WHERE caller = $1 AND key = $2";
+
+const CLAIM_MANY: &str = "
+    INSERT INTO idempotency_keys (caller, key, operation, fingerprint)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])
+    ON CONFLICT (caller, key) DO NOTHING
+    RETURNING caller, key";
+
+/// Outcomes committed by earlier requests; this transaction's own claims have none yet.
+const READ_STORED_MANY: &str = "
+    SELECT k.caller, k.key, k.fingerprint, k.outcome
+    FROM idempotency_keys k
+    JOIN unnest($1::text[], $2::text[]) AS u(caller, key) USING (caller, key)
+    WHERE k.outcome IS NOT NULL";
+
+const UNCLAIM_MANY: &str = "
+    DELETE FROM idempotency_keys k USING unnest($1::text[], $2::text[]) AS u(caller, key)
+    WHERE k.caller = u.caller AND k.key = u.key";
+
+const RECORD_OUTCOMES_MANY: &str = "
+    UPDATE idempotency_keys k SET outcome = u.outcome
+    FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS u(caller, key, outcome)
+    WHERE k.caller = u.caller AND k.key = u.key";
+
+/// A key as `(caller, key)`.
+pub(crate) type Key = (String, String);
+
+/// A committed record: the request's fingerprint and its stored outcome.
+pub(crate) type Stored = (Vec<u8>, serde_json::Value);
 
 /// What claiming a key came to.
 #[derive(Debug)]
@@ -102,4 +132,78 @@ pub(crate) async fn record_outcome(
     tx.execute(&statement, &[&caller, &key.as_str(), outcome])
         .await?;
     Ok(())
+}
+
+/// Claims many keys at once (`keys`: caller, key, fingerprint; sorted, the order their row
+/// locks are taken in); returns the keys this transaction claimed.
+pub(crate) async fn claim_many(
+    tx: &Transaction<'_>,
+    keys: &[(&str, &str, &[u8])],
+    operation: &'static str,
+) -> Result<HashSet<Key>, Error> {
+    let statement = tx.prepare_cached(CLAIM_MANY).await.map_err(from_db)?;
+    let callers: Vec<&str> = keys.iter().map(|k| k.0).collect();
+    let names: Vec<&str> = keys.iter().map(|k| k.1).collect();
+    let fingerprints: Vec<&[u8]> = keys.iter().map(|k| k.2).collect();
+    let operations = vec![operation; keys.len()];
+    let rows = tx
+        .query(&statement, &[&callers, &names, &operations, &fingerprints])
+        .await
+        .map_err(from_db)?;
+    rows.iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect::<Result<_, tokio_postgres::Error>>()
+        .map_err(Error::internal)
+}
+
+/// The committed records of whichever of `keys` have one.
+pub(crate) async fn read_stored_many(
+    tx: &Transaction<'_>,
+    keys: &[(&str, &str, &[u8])],
+) -> Result<HashMap<Key, Stored>, Error> {
+    let statement = tx.prepare_cached(READ_STORED_MANY).await.map_err(from_db)?;
+    let callers: Vec<&str> = keys.iter().map(|k| k.0).collect();
+    let names: Vec<&str> = keys.iter().map(|k| k.1).collect();
+    let rows = tx
+        .query(&statement, &[&callers, &names])
+        .await
+        .map_err(from_db)?;
+    rows.iter()
+        .map(|row| {
+            Ok((
+                (row.try_get(0)?, row.try_get(1)?),
+                (row.try_get(2)?, row.try_get(3)?),
+            ))
+        })
+        .collect::<Result<_, tokio_postgres::Error>>()
+        .map_err(Error::internal)
+}
+
+/// Gives claimed keys up again (a fenced group must leave no trace).
+pub(crate) async fn unclaim_many(
+    tx: &Transaction<'_>,
+    keys: &[(&str, &str)],
+) -> Result<u64, tokio_postgres::Error> {
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    let statement = tx.prepare_cached(UNCLAIM_MANY).await?;
+    let callers: Vec<&str> = keys.iter().map(|k| k.0).collect();
+    let names: Vec<&str> = keys.iter().map(|k| k.1).collect();
+    tx.execute(&statement, &[&callers, &names]).await
+}
+
+/// Stores the outcome of every request this transaction executed.
+pub(crate) async fn record_outcomes_many(
+    tx: &Transaction<'_>,
+    records: &[(&str, &str, serde_json::Value)],
+) -> Result<u64, tokio_postgres::Error> {
+    if records.is_empty() {
+        return Ok(0);
+    }
+    let statement = tx.prepare_cached(RECORD_OUTCOMES_MANY).await?;
+    let callers: Vec<&str> = records.iter().map(|r| r.0).collect();
+    let names: Vec<&str> = records.iter().map(|r| r.1).collect();
+    let outcomes: Vec<&serde_json::Value> = records.iter().map(|r| &r.2).collect();
+    tx.execute(&statement, &[&callers, &names, &outcomes]).await
 }

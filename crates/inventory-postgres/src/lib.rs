@@ -12,9 +12,13 @@
 //! - [`migrate`] — the embedded, versioned schema and a lock so concurrent runs are safe.
 //! - `store` — [`PgStore`], the `StockStore` implementation, one transaction per use case.
 //! - [`events`] — positions for committed events, reading them back, retention, `LISTEN`.
-//! - `reserve`, `batch` — `Reserve` one request per transaction, and coalesced: many
-//!   single-line requests of one SKU in one transaction.
-//! - `stock`, `reservations`, `idempotency`, `outbox` — the SQL, one module per table.
+//! - `reserve`, `batch` — the reservation use cases (`Reserve` one request per transaction,
+//!   and coalesced: many single-line requests of several SKUs in one transaction; confirm,
+//!   release, read): read, let `inventory_core::rules` decide, write.
+//! - `outcome` — the stored outcome of each request, replayed for a retried key.
+//! - `expiry` — the sweeper's transaction: overdue holds expired, their stock returned.
+//! - `stock`, `reservations`, `idempotency`, `outbox` — the SQL, one module per table, each
+//!   statement in the module of the table it writes.
 //! - [`retention`] — pruning events, idempotency keys and final reservations past retention.
 //! - `error` — driver errors classified as unavailable or internal.
 
@@ -22,10 +26,12 @@ mod batch;
 pub mod connect;
 mod error;
 pub mod events;
+mod expiry;
 mod idempotency;
 mod metrics;
 pub mod migrate;
 mod outbox;
+mod outcome;
 mod reservations;
 mod reserve;
 pub mod retention;

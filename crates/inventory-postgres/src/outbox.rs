@@ -12,6 +12,11 @@ const APPEND_SKU_EVENT: &str = "
 const APPEND_RESERVATION_EVENT: &str = "
     INSERT INTO outbox (event_id, event_type, reservation_id, payload) VALUES ($1, $2, $3, $4)";
 
+const APPEND_HELD_MANY: &str = "
+    INSERT INTO outbox (event_id, event_type, reservation_id, payload)
+    SELECT u.event_id, 'RESERVATION_HELD', u.reservation_id, u.payload
+    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS u(event_id, reservation_id, payload)";
+
 pub(crate) const STOCK_ADJUSTED: &str = "STOCK_ADJUSTED";
 
 /// The event type recording a reservation's move to `state`.
@@ -81,4 +86,22 @@ pub(crate) async fn append_sku_event(
     )
     .await?;
     Ok(())
+}
+
+/// Appends the `RESERVATION_HELD` event of each new hold, with its SKU's level right after it.
+pub(crate) async fn append_held_many(
+    tx: &Transaction<'_>,
+    holds: &[(&Reservation, &StockLevel)],
+) -> Result<u64, tokio_postgres::Error> {
+    if holds.is_empty() {
+        return Ok(0);
+    }
+    let statement = tx.prepare_cached(APPEND_HELD_MANY).await?;
+    let event_ids: Vec<Uuid> = holds.iter().map(|_| Uuid::new_v4()).collect();
+    let ids: Vec<Uuid> = holds.iter().map(|(r, _)| r.id.as_uuid()).collect();
+    let payloads: Vec<serde_json::Value> = holds
+        .iter()
+        .map(|(r, level)| reservation_payload(r, std::slice::from_ref(*level)))
+        .collect();
+    tx.execute(&statement, &[&event_ids, &ids, &payloads]).await
 }

@@ -20,6 +20,8 @@ use inventory_core::{
 };
 use tokio_postgres::Row;
 
+type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync + 'a);
+
 /// The state every reader sees: a hold past its expiry is expired, swept or not.
 const EFFECTIVE_STATE: &str =
     "CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp() THEN 'EXPIRED' ELSE state END";
@@ -34,6 +36,20 @@ const INSERT: &str = "
 const INSERT_LINES: &str = "
     INSERT INTO reservation_lines (reservation_id, sku, quantity, fence_token)
     SELECT $1, * FROM unnest($2::text[], $3::bigint[], $4::bigint[])";
+
+/// New holds of a coalesced batch, dated by the clock their stock row was locked at.
+const INSERT_MANY: &str = "
+    INSERT INTO reservations
+        (reservation_id, order_id, state, caller, idempotency_key, created_at, expires_at)
+    SELECT u.id, u.order_id, 'HELD', u.caller, u.key, u.created_at, u.expires_at
+    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[],
+                $6::timestamptz[])
+        AS u(id, order_id, caller, key, expires_at, created_at)";
+
+/// One line per reservation of a coalesced batch.
+const INSERT_LINES_MANY: &str = "
+    INSERT INTO reservation_lines (reservation_id, sku, quantity, fence_token)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bigint[])";
 
 /// In byte order (`COLLATE "C"`), the order Rust sorts SKUs in: confirm and release lock
 /// stock rows in this order, like every other writer, whatever the database's collation.
@@ -130,6 +146,37 @@ pub(crate) async fn insert_lines(
     tx.execute(&statement, &[&id.as_uuid(), &skus, &quantities, &fences])
         .await?;
     Ok(())
+}
+
+/// Inserts the holds of a coalesced batch (each `(hold, caller, idempotency key)`) with
+/// their one line each, held under `fence`.
+pub(crate) async fn insert_many(
+    tx: &Transaction<'_>,
+    holds: &[(&Reservation, &str, &str, FenceToken)],
+) -> Result<u64, tokio_postgres::Error> {
+    if holds.is_empty() {
+        return Ok(0);
+    }
+    let (insert, insert_lines) = tokio::try_join!(
+        tx.prepare_cached(INSERT_MANY),
+        tx.prepare_cached(INSERT_LINES_MANY)
+    )?;
+    let ids: Vec<uuid::Uuid> = holds.iter().map(|h| h.0.id.as_uuid()).collect();
+    let order_ids: Vec<&str> = holds.iter().map(|h| h.0.order_id.as_str()).collect();
+    let callers: Vec<&str> = holds.iter().map(|h| h.1).collect();
+    let keys: Vec<&str> = holds.iter().map(|h| h.2).collect();
+    let expires: Vec<SystemTime> = holds.iter().map(|h| h.0.expires_at).collect();
+    let created: Vec<SystemTime> = holds.iter().map(|h| h.0.created_at).collect();
+    let skus: Vec<&str> = holds.iter().map(|h| h.0.lines[0].sku.as_str()).collect();
+    let quantities: Vec<i64> = holds.iter().map(|h| h.0.lines[0].quantity.get()).collect();
+    let fences: Vec<i64> = holds.iter().map(|h| h.3.get()).collect();
+    let header_params: [Param<'_>; 6] = [&ids, &order_ids, &callers, &keys, &expires, &created];
+    let line_params: [Param<'_>; 4] = [&ids, &skus, &quantities, &fences];
+    let (inserted, _) = tokio::try_join!(
+        tx.execute(&insert, &header_params),
+        tx.execute(&insert_lines, &line_params),
+    )?;
+    Ok(inserted)
 }
 
 /// The reservation's row, locked for update when `for_update`, if it exists and lies inside

@@ -3,25 +3,51 @@
 //! Invariant relied on: `0 <= reserved <= on_hand <= MAX_ON_HAND` is enforced by CHECK
 //! constraints, so every statement here may assume it and none can break it.
 
+use std::collections::HashMap;
+
 use deadpool_postgres::Transaction;
-use inventory_core::domain::{FenceToken, MAX_ON_HAND, Sku, StockLevel};
+use inventory_core::{
+    Error,
+    domain::{FenceToken, MAX_ON_HAND, Sku, StockLevel},
+    rules::LockedStock,
+};
 use tokio_postgres::Row;
 
-/// Adds units, creating the SKU on its first positive adjustment. The `WHERE` on the conflict
-/// branch keeps `on_hand` within the limit: no row comes back when it would not be.
-const ADD: &str = "
-    INSERT INTO stock AS s (sku, on_hand) VALUES ($1, $2)
-    ON CONFLICT (sku) DO UPDATE
-        SET on_hand = s.on_hand + EXCLUDED.on_hand, version = s.version + 1, updated_at = now()
-        WHERE s.on_hand + EXCLUDED.on_hand <= $3
-    RETURNING s.on_hand, s.reserved, s.version";
+use crate::error::from_db;
 
-/// Removes units only while what is left still covers the reserved units; no row comes back
-/// when the SKU is unknown or the removal would cut into reservations.
-const REMOVE: &str = "
-    UPDATE stock SET on_hand = on_hand - $2, version = version + 1, updated_at = now()
-    WHERE sku = $1 AND on_hand - $2 >= reserved
+const LOCK_ONE: &str = "SELECT on_hand, reserved, version FROM stock WHERE sku = $1 FOR UPDATE";
+
+/// A SKU's first stock. Nothing comes back when another transaction created it meanwhile.
+const CREATE: &str = "
+    INSERT INTO stock (sku, on_hand) VALUES ($1, $2) ON CONFLICT (sku) DO NOTHING
     RETURNING on_hand, reserved, version";
+
+/// Applies a decided adjustment. The guards repeat the rule that decided it (never below the
+/// reserved units, never above the limit): should they not hold, nothing comes back.
+const ADJUST: &str = "
+    UPDATE stock SET on_hand = on_hand + $2, version = version + 1, updated_at = now()
+    WHERE sku = $1 AND on_hand + $2 >= reserved AND on_hand + $2 <= $3
+    RETURNING on_hand, reserved, version";
+
+/// Rows are locked as the sort returns them: in SKU order, like every other writer. Byte
+/// order (`COLLATE "C"`), as Rust sorts SKUs, whatever the database's collation.
+/// The clock is read per row once its lock is held (outside the locking scan), so a hold
+/// that waited for the lock is dated from when it could act.
+const LOCK_MANY: &str = "
+    WITH locked AS MATERIALIZED (
+        SELECT sku, on_hand, reserved, version, fence_token FROM stock
+        WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\" FOR UPDATE)
+    SELECT sku, clock_timestamp(), on_hand, reserved, version, fence_token FROM locked
+    ORDER BY sku COLLATE \"C\"";
+
+/// Every hold of a coalesced batch, one row per SKU. The guards repeat what the locked rows
+/// showed: should they ever not hold, fewer rows change and the transaction is abandoned.
+const HOLD_MANY: &str = "
+    UPDATE stock s
+    SET reserved = s.reserved + u.units, fence_token = u.fence, version = s.version + u.holds,
+        updated_at = clock_timestamp()
+    FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS u(sku, units, fence, holds)
+    WHERE s.sku = u.sku AND s.fence_token < u.fence AND s.on_hand - s.reserved >= u.units";
 
 /// Holds units for a lease holder: only while enough is available, and only with a fencing
 /// token strictly above the last accepted one, which it then becomes. Strictly: after a Redis
@@ -49,42 +75,84 @@ const UNRESERVE: &str = "
     WHERE sku = $1
     RETURNING on_hand, reserved, version";
 
-const READ_ONE: &str = "SELECT on_hand, reserved, version FROM stock WHERE sku = $1";
-
 const READ_MANY: &str = "SELECT sku, on_hand, reserved, version FROM stock WHERE sku = ANY($1)";
 
-/// `Some(level)` if the units were added, `None` if that would exceed [`MAX_ON_HAND`].
-pub(crate) async fn add(
+/// The SKU's row, locked until the transaction ends; `None` if there is no such SKU.
+pub(crate) async fn lock(
     tx: &Transaction<'_>,
     sku: &Sku,
-    units: i64,
 ) -> Result<Option<StockLevel>, tokio_postgres::Error> {
-    let statement = tx.prepare_cached(ADD).await?;
+    let statement = tx.prepare_cached(LOCK_ONE).await?;
+    let row = tx.query_opt(&statement, &[&sku.as_str()]).await?;
+    Ok(row.map(|row| level(sku, &row)))
+}
+
+/// Creates the SKU with `on_hand` units; `None` if another transaction created it first.
+pub(crate) async fn create(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+    on_hand: i64,
+) -> Result<Option<StockLevel>, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(CREATE).await?;
+    let row = tx.query_opt(&statement, &[&sku.as_str(), &on_hand]).await?;
+    Ok(row.map(|row| level(sku, &row)))
+}
+
+/// Adds `delta` units (negative: removes) to a locked row; `None` if the guards refused.
+pub(crate) async fn adjust(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+    delta: i64,
+) -> Result<Option<StockLevel>, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(ADJUST).await?;
     let row = tx
-        .query_opt(&statement, &[&sku.as_str(), &units, &MAX_ON_HAND])
+        .query_opt(&statement, &[&sku.as_str(), &delta, &MAX_ON_HAND])
         .await?;
     Ok(row.map(|row| level(sku, &row)))
 }
 
-/// `Some(level)` if the units were removed, `None` if the SKU is unknown or too few unreserved
-/// units are left (tell them apart with [`read`]).
-pub(crate) async fn remove(
+/// Locks the rows of `skus` in SKU order; each with the clock read once its lock was held.
+pub(crate) async fn lock_many(
     tx: &Transaction<'_>,
-    sku: &Sku,
-    units: i64,
-) -> Result<Option<StockLevel>, tokio_postgres::Error> {
-    let statement = tx.prepare_cached(REMOVE).await?;
-    let row = tx.query_opt(&statement, &[&sku.as_str(), &units]).await?;
-    Ok(row.map(|row| level(sku, &row)))
+    skus: &[&str],
+) -> Result<HashMap<String, LockedStock>, Error> {
+    let statement = tx.prepare_cached(LOCK_MANY).await.map_err(from_db)?;
+    let rows = tx.query(&statement, &[&skus]).await.map_err(from_db)?;
+    let mut locked = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let sku: String = row.try_get(0).map_err(Error::internal)?;
+        let level = StockLevel {
+            sku: Sku::parse(&sku).map_err(Error::internal)?,
+            on_hand: row.try_get(2).map_err(Error::internal)?,
+            reserved: row.try_get(3).map_err(Error::internal)?,
+            version: row.try_get(4).map_err(Error::internal)?,
+        };
+        let entry = LockedStock {
+            now: row.try_get(1).map_err(Error::internal)?,
+            level,
+            fence: FenceToken::new(row.try_get(5).map_err(Error::internal)?),
+        };
+        locked.insert(sku, entry);
+    }
+    Ok(locked)
 }
 
-pub(crate) async fn read(
+/// Writes the holds of a coalesced batch, one `(sku, units, fence, holds)` per SKU; returns
+/// how many rows the guards let through.
+pub(crate) async fn hold_many(
     tx: &Transaction<'_>,
-    sku: &Sku,
-) -> Result<Option<StockLevel>, tokio_postgres::Error> {
-    let statement = tx.prepare_cached(READ_ONE).await?;
-    let row = tx.query_opt(&statement, &[&sku.as_str()]).await?;
-    Ok(row.map(|row| level(sku, &row)))
+    per_sku: &[(&str, i64, i64, i64)],
+) -> Result<u64, tokio_postgres::Error> {
+    if per_sku.is_empty() {
+        return Ok(0);
+    }
+    let statement = tx.prepare_cached(HOLD_MANY).await?;
+    let skus: Vec<&str> = per_sku.iter().map(|p| p.0).collect();
+    let units: Vec<i64> = per_sku.iter().map(|p| p.1).collect();
+    let fences: Vec<i64> = per_sku.iter().map(|p| p.2).collect();
+    let holds: Vec<i64> = per_sku.iter().map(|p| p.3).collect();
+    tx.execute(&statement, &[&skus, &units, &fences, &holds])
+        .await
 }
 
 /// `Some(level)` if the units were held under `fence`; `None` if the SKU is unknown, too few

@@ -7,17 +7,19 @@ use deadpool_postgres::Pool;
 use inventory_core::{
     Dependency, Error,
     command::{AdjustStock, GetStock},
-    domain::{MAX_ON_HAND, StockLevel},
+    domain::StockLevel,
     pause::PausePoints,
     ports::StockStore,
+    rules,
 };
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::Notify;
 
 use crate::{
     error::{from_db, from_pool},
-    idempotency, outbox, stock,
+    idempotency, outbox,
+    outcome::{ADJUST_STOCK, AdjustOutcome},
+    stock,
 };
 
 #[derive(Clone, Debug)]
@@ -78,79 +80,6 @@ impl PgStore {
         }
     }
 }
-
-/// The stored outcome of an `AdjustStock`. The SKU and delta are not stored: a replay has the
-/// same fingerprint, hence the same SKU and delta.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-enum AdjustOutcome {
-    Adjusted {
-        on_hand: i64,
-        reserved: i64,
-        /// Absent in outcomes stored before stock versions existed: 0, "unknown".
-        #[serde(default)]
-        version: i64,
-    },
-    UnknownSku,
-    BelowReserved {
-        on_hand: i64,
-        reserved: i64,
-    },
-    StockLimit,
-}
-
-impl AdjustOutcome {
-    fn from_result(result: &Result<StockLevel, Error>) -> Option<Self> {
-        Some(match result {
-            Ok(level) => Self::Adjusted {
-                on_hand: level.on_hand,
-                reserved: level.reserved,
-                version: level.version,
-            },
-            Err(Error::UnknownSkus(_)) => Self::UnknownSku,
-            Err(Error::BelowReserved {
-                on_hand, reserved, ..
-            }) => Self::BelowReserved {
-                on_hand: *on_hand,
-                reserved: *reserved,
-            },
-            Err(Error::StockLimit { .. }) => Self::StockLimit,
-            // Anything else is not an outcome of the request but a failure to carry it out.
-            Err(_) => return None,
-        })
-    }
-
-    fn into_result(self, command: &AdjustStock) -> Result<StockLevel, Error> {
-        let sku = command.sku.clone();
-        let requested = command.delta.get().abs();
-        match self {
-            Self::Adjusted {
-                on_hand,
-                reserved,
-                version,
-            } => Ok(StockLevel {
-                sku,
-                on_hand,
-                reserved,
-                version,
-            }),
-            Self::UnknownSku => Err(Error::UnknownSkus(vec![sku])),
-            Self::BelowReserved { on_hand, reserved } => Err(Error::BelowReserved {
-                sku,
-                requested,
-                on_hand,
-                reserved,
-            }),
-            Self::StockLimit => Err(Error::StockLimit {
-                sku,
-                requested,
-                limit: MAX_ON_HAND,
-            }),
-        }
-    }
-}
-
-const ADJUST_STOCK: &str = "AdjustStock";
 
 impl StockStore for PgStore {
     #[tracing::instrument(name = "sql.adjust_stock", skip_all, fields(sku = %command.sku, delta = command.delta.get()))]
@@ -231,36 +160,41 @@ impl StockStore for PgStore {
     }
 }
 
-/// The stock change itself. `Err` is either a storable business outcome or a failure to reach
-/// or use the database (which rolls the whole transaction back, claim included).
+/// The stock change itself: the row is locked, the core decides, the decision is written
+/// under guards that repeat it. `Err` is either a storable business outcome or a failure to
+/// reach or use the database (which rolls the whole transaction back, claim included).
 async fn apply_adjustment(
     tx: &deadpool_postgres::Transaction<'_>,
     command: &AdjustStock,
 ) -> Result<Result<StockLevel, Error>, Error> {
-    let delta = command.delta.get();
     let sku = &command.sku;
-    if delta > 0 {
-        return Ok(match stock::add(tx, sku, delta).await.map_err(from_db)? {
-            Some(level) => Ok(level),
-            None => Err(Error::StockLimit {
-                sku: sku.clone(),
-                requested: delta,
-                limit: MAX_ON_HAND,
-            }),
-        });
+    let delta = command.delta.get();
+    let mut current = stock::lock(tx, sku).await.map_err(from_db)?;
+    if current.is_none() {
+        let created = match rules::adjust_stock(None, command) {
+            Err(refusal) => return Ok(Err(refusal)),
+            Ok(first) => stock::create(tx, sku, first.on_hand)
+                .await
+                .map_err(from_db)?,
+        };
+        if let Some(level) = created {
+            return Ok(Ok(level));
+        }
+        // Another transaction created the SKU meanwhile (and committed: the insert waited
+        // for it). Its row exists now: lock it and decide again.
+        current = stock::lock(tx, sku).await.map_err(from_db)?;
     }
-    let units = -delta;
-    if let Some(level) = stock::remove(tx, sku, units).await.map_err(from_db)? {
-        return Ok(Ok(level));
+    let decided = match rules::adjust_stock(current.as_ref(), command) {
+        Err(refusal) => return Ok(Err(refusal)),
+        Ok(level) => level,
+    };
+    match stock::adjust(tx, sku, delta).await.map_err(from_db)? {
+        Some(level) => {
+            debug_assert_eq!(level, decided, "the stored level is the decided one");
+            Ok(Ok(level))
+        }
+        None => Err(Error::internal(
+            "the locked stock row no longer matched its guards",
+        )),
     }
-    // The conditional update matched nothing: find out which condition failed.
-    Ok(match stock::read(tx, sku).await.map_err(from_db)? {
-        None => Err(Error::UnknownSkus(vec![sku.clone()])),
-        Some(level) => Err(Error::BelowReserved {
-            sku: sku.clone(),
-            requested: units,
-            on_hand: level.on_hand,
-            reserved: level.reserved,
-        }),
-    })
 }

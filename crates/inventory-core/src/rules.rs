@@ -1,0 +1,335 @@
+//! The decisions of the inventory, as pure functions of what a transaction read.
+//!
+//! The PostgreSQL adapter locks the rows, asks here, and writes what was decided; its
+//! statements repeat the same conditions as guards (and the table's CHECK constraints refuse
+//! negative availability), so should the two ever disagree the transaction aborts instead of
+//! overselling. "Is there enough stock?" is answered here, once.
+
+use std::time::{Duration, SystemTime};
+
+use crate::{
+    command::{AdjustStock, Reserve},
+    domain::{
+        FenceToken, Line, MAX_ON_HAND, Reservation, ReservationId, ReservationState, Sku,
+        StockLevel, Ttl,
+    },
+    error::{Error, Shortfall},
+    ports::ReserveGroup,
+};
+
+// ---------------------------------------------------------------------------------------------
+// AdjustStock
+
+/// The level after `command`, applied to the SKU's locked row (`None`: no such SKU yet).
+///
+/// Adding creates a SKU on its first positive adjustment and may not take `on_hand` past
+/// [`MAX_ON_HAND`]; removing may not cut into reserved units, and needs the SKU to exist.
+pub fn adjust_stock(
+    current: Option<&StockLevel>,
+    command: &AdjustStock,
+) -> Result<StockLevel, Error> {
+    let sku = &command.sku;
+    let delta = command.delta.get();
+    let Some(current) = current else {
+        if delta < 0 {
+            return Err(Error::UnknownSkus(vec![sku.clone()]));
+        }
+        return within_limit(sku, 0, delta).map(|on_hand| StockLevel {
+            sku: sku.clone(),
+            on_hand,
+            reserved: 0,
+            version: 1,
+        });
+    };
+    if delta > 0 {
+        let on_hand = within_limit(sku, current.on_hand, delta)?;
+        return Ok(StockLevel {
+            on_hand,
+            version: current.version + 1,
+            ..current.clone()
+        });
+    }
+    let units = -delta;
+    if current.on_hand - units < current.reserved {
+        return Err(Error::BelowReserved {
+            sku: sku.clone(),
+            requested: units,
+            on_hand: current.on_hand,
+            reserved: current.reserved,
+        });
+    }
+    Ok(StockLevel {
+        on_hand: current.on_hand - units,
+        version: current.version + 1,
+        ..current.clone()
+    })
+}
+
+fn within_limit(sku: &Sku, on_hand: i64, added: i64) -> Result<i64, Error> {
+    match on_hand.checked_add(added) {
+        Some(total) if total <= MAX_ON_HAND => Ok(total),
+        _ => Err(Error::StockLimit {
+            sku: sku.clone(),
+            requested: added,
+            limit: MAX_ON_HAND,
+        }),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reserve, one request
+
+/// What one line found when its fenced, conditional hold did not apply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LineRefusal {
+    UnknownSku(Sku),
+    /// The stored fence is not below the holder's token: the holder must not write.
+    Fenced(Sku, FenceToken),
+    Short(Shortfall),
+}
+
+/// Why a line's hold did not apply, from the row read back (`None`: no such SKU).
+pub fn line_refusal(
+    line: &Line,
+    fence: FenceToken,
+    found: Option<(&StockLevel, FenceToken)>,
+) -> LineRefusal {
+    match found {
+        None => LineRefusal::UnknownSku(line.sku.clone()),
+        Some((_, stored)) if stored >= fence => LineRefusal::Fenced(line.sku.clone(), stored),
+        Some((level, _)) => LineRefusal::Short(Shortfall {
+            sku: line.sku.clone(),
+            requested: line.quantity.get(),
+            available: level.available(),
+        }),
+    }
+}
+
+/// What the lines of one reservation came to, all or none.
+#[derive(Clone, Debug)]
+pub enum LinesVerdict {
+    Held,
+    /// A final refusal, stored with the idempotency key.
+    Refused(Error),
+    /// Stale fences outrank every other outcome: nothing is written and nothing stored, and a
+    /// lagging counter is repaired for every SKU at once.
+    Fenced(Vec<(Sku, FenceToken)>),
+}
+
+/// Judges a reservation from the refusals of its lines: every fenced line is named first,
+/// then every unknown SKU, then every shortfall.
+pub fn judge_lines(refusals: Vec<LineRefusal>) -> LinesVerdict {
+    let (mut unknown, mut fenced, mut short) = (Vec::new(), Vec::new(), Vec::new());
+    for refusal in refusals {
+        match refusal {
+            LineRefusal::UnknownSku(sku) => unknown.push(sku),
+            LineRefusal::Fenced(sku, stored) => fenced.push((sku, stored)),
+            LineRefusal::Short(shortfall) => short.push(shortfall),
+        }
+    }
+    if !fenced.is_empty() {
+        LinesVerdict::Fenced(fenced)
+    } else if !unknown.is_empty() {
+        LinesVerdict::Refused(Error::UnknownSkus(unknown))
+    } else if !short.is_empty() {
+        LinesVerdict::Refused(Error::InsufficientStock(short))
+    } else {
+        LinesVerdict::Held
+    }
+}
+
+/// A new hold made at `now` for `ttl`. Times are kept to the microsecond, as storage keeps
+/// them, so what is answered is exactly what a later read returns.
+pub fn new_hold(command: &Reserve, lines: Vec<Line>, now: SystemTime, ttl: Ttl) -> Reservation {
+    let ttl = Duration::from_micros(u64::try_from(ttl.get().as_micros()).unwrap_or(u64::MAX));
+    Reservation {
+        id: ReservationId::new_random(),
+        order_id: command.order_id.clone(),
+        state: ReservationState::Held,
+        lines,
+        created_at: now,
+        expires_at: now + ttl,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reserve, a coalesced group
+
+/// One SKU's stock row as the group's transaction locked it, with the transaction's clock.
+#[derive(Clone, Debug)]
+pub struct LockedStock {
+    pub level: StockLevel,
+    pub fence: FenceToken,
+    pub now: SystemTime,
+}
+
+/// What a request's idempotency key held when its transaction looked.
+#[derive(Debug)]
+pub enum Earlier {
+    /// This transaction claimed the key: the request is executed, its outcome stored.
+    Claimed,
+    /// An earlier request with the same key and the same content: its outcome, replayed.
+    Replay(Result<Reservation, Error>),
+    /// An earlier request with the same key and different content.
+    KeyReused,
+    /// Neither claimed nor stored: retention removed the record between the claim and the
+    /// read. The key is free again and nothing was written; a retry settles it.
+    Vanished,
+}
+
+/// One request's decision.
+#[derive(Debug)]
+pub struct Decided {
+    pub answer: Result<Reservation, Error>,
+    /// This transaction executed the request, so stores its outcome with the key.
+    pub executed: bool,
+    /// For a new hold: the SKU's level right after it, which its event carries.
+    pub level_after: Option<StockLevel>,
+}
+
+/// What a coalesced group came to.
+#[derive(Debug)]
+pub enum GroupVerdict {
+    /// The stored fence is not below the group's token: nothing of the group is written.
+    Fenced(FenceToken),
+    /// One decision per request, in batch order.
+    Decided(Vec<Decided>),
+}
+
+/// Decides every request of one SKU's group in batch order, each the way it would have gone
+/// alone after the ones before it: replay, refusal or hold. `earlier` reports what each
+/// request's key held (asked once per request, in batch order).
+pub fn decide_group(
+    group: &ReserveGroup,
+    stock: Option<&LockedStock>,
+    mut earlier: impl FnMut(&Reserve) -> Result<Earlier, Error>,
+) -> Result<GroupVerdict, Error> {
+    if let Some(stock) = stock
+        && stock.fence >= group.fence
+    {
+        return Ok(GroupVerdict::Fenced(stock.fence));
+    }
+    let mut level = stock.map(|s| s.level.clone());
+    let mut decided = Vec::with_capacity(group.batch.len());
+    for (command, ttl) in &group.batch {
+        let answer = |answer, executed| Decided {
+            answer,
+            executed,
+            level_after: None,
+        };
+        match earlier(command)? {
+            Earlier::Replay(outcome) => {
+                decided.push(answer(outcome, false));
+                continue;
+            }
+            Earlier::KeyReused => {
+                decided.push(answer(Err(Error::IdempotencyKeyReused), false));
+                continue;
+            }
+            Earlier::Vanished => {
+                decided.push(answer(
+                    Err(Error::unavailable(
+                        crate::Dependency::Postgres,
+                        "the idempotency record was pruned while this call claimed it",
+                    )),
+                    false,
+                ));
+                continue;
+            }
+            Earlier::Claimed => {}
+        }
+        let line = &command.lines()[0];
+        debug_assert_eq!(line.sku, group.sku, "a group holds one SKU");
+        let (Some(level), Some(stock)) = (level.as_mut(), stock) else {
+            decided.push(answer(
+                Err(Error::UnknownSkus(vec![group.sku.clone()])),
+                true,
+            ));
+            continue;
+        };
+        let units = line.quantity.get();
+        if units > level.available() {
+            let shortfall = Shortfall {
+                sku: group.sku.clone(),
+                requested: units,
+                available: level.available(),
+            };
+            decided.push(answer(Err(Error::InsufficientStock(vec![shortfall])), true));
+            continue;
+        }
+        level.reserved += units;
+        level.version += 1;
+        decided.push(Decided {
+            answer: Ok(new_hold(command, vec![line.clone()], stock.now, *ttl)),
+            executed: true,
+            level_after: Some(level.clone()),
+        });
+    }
+    Ok(GroupVerdict::Decided(decided))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Confirm and release
+
+/// Settling a held reservation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settle {
+    Confirm,
+    Release,
+}
+
+/// What settling a reservation in a given state does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SettleStep {
+    /// Held: move it to `state` and its stock with it.
+    Apply { state: ReservationState },
+    /// Already where the call would take it: answer it as it is, change nothing.
+    Repeat,
+}
+
+impl Settle {
+    pub fn action(self) -> &'static str {
+        match self {
+            Self::Confirm => "confirm",
+            Self::Release => "release",
+        }
+    }
+
+    /// From the reservation's effective state (a hold past its expiry is expired).
+    pub fn step(self, id: ReservationId, state: ReservationState) -> Result<SettleStep, Error> {
+        match (self, state) {
+            (_, ReservationState::Held) => Ok(SettleStep::Apply {
+                state: match self {
+                    Self::Confirm => ReservationState::Confirmed,
+                    Self::Release => ReservationState::Released,
+                },
+            }),
+            (Self::Confirm, ReservationState::Confirmed)
+            | (Self::Release, ReservationState::Released | ReservationState::Expired) => {
+                Ok(SettleStep::Repeat)
+            }
+            (_, state) => Err(self.wrong_state(id, state)),
+        }
+    }
+
+    /// The hold expired while its lock was waited for: it is the sweeper's now. Releasing
+    /// it is done already; confirming it is too late.
+    pub fn expired_meanwhile(self, mut reservation: Reservation) -> Result<Reservation, Error> {
+        reservation.state = ReservationState::Expired;
+        match self {
+            Self::Release => Ok(reservation),
+            Self::Confirm => Err(self.wrong_state(reservation.id, ReservationState::Expired)),
+        }
+    }
+
+    fn wrong_state(self, id: ReservationId, state: ReservationState) -> Error {
+        Error::WrongState {
+            id,
+            state,
+            action: self.action(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

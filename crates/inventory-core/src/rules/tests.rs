@@ -1,0 +1,308 @@
+use std::time::{Duration, SystemTime};
+
+use super::*;
+use crate::domain::{Caller, IdempotencyKey, OrderId, Quantity, Reason, StockDelta};
+
+fn sku(raw: &str) -> Sku {
+    Sku::parse(raw).unwrap()
+}
+
+fn level(on_hand: i64, reserved: i64, version: i64) -> StockLevel {
+    StockLevel {
+        sku: sku("A"),
+        on_hand,
+        reserved,
+        version,
+    }
+}
+
+fn adjust(delta: i64) -> AdjustStock {
+    AdjustStock {
+        caller: Caller::anonymous(),
+        sku: sku("A"),
+        delta: StockDelta::parse(delta).unwrap(),
+        idempotency_key: IdempotencyKey::parse("k").unwrap(),
+        reason: Reason::parse("r").unwrap(),
+    }
+}
+
+#[test]
+fn a_first_positive_adjustment_creates_the_sku_at_version_one() {
+    assert_eq!(adjust_stock(None, &adjust(5)).unwrap(), level(5, 0, 1));
+    assert!(matches!(
+        adjust_stock(None, &adjust(-1)),
+        Err(Error::UnknownSkus(skus)) if skus == [sku("A")]
+    ));
+}
+
+#[test]
+fn adding_stops_at_the_limit_and_removing_at_the_reserved_units() {
+    assert_eq!(
+        adjust_stock(Some(&level(10, 4, 3)), &adjust(2)).unwrap(),
+        level(12, 4, 4)
+    );
+    assert_eq!(
+        adjust_stock(Some(&level(10, 4, 3)), &adjust(-6)).unwrap(),
+        level(4, 4, 4)
+    );
+    assert!(matches!(
+        adjust_stock(Some(&level(10, 4, 3)), &adjust(-7)),
+        Err(Error::BelowReserved {
+            requested: 7,
+            on_hand: 10,
+            reserved: 4,
+            ..
+        })
+    ));
+    let full = level(MAX_ON_HAND - 1, 0, 9);
+    assert_eq!(
+        adjust_stock(Some(&full), &adjust(1)).unwrap().on_hand,
+        MAX_ON_HAND
+    );
+    assert!(matches!(
+        adjust_stock(Some(&full), &adjust(2)),
+        Err(Error::StockLimit {
+            requested: 2,
+            limit: MAX_ON_HAND,
+            ..
+        })
+    ));
+}
+
+fn line(raw: &str, quantity: i64) -> Line {
+    Line {
+        sku: sku(raw),
+        quantity: Quantity::parse(quantity).unwrap(),
+    }
+}
+
+#[test]
+fn a_refused_line_is_unknown_fenced_or_short() {
+    let fence = FenceToken::new(5);
+    let l = line("A", 3);
+    assert_eq!(
+        line_refusal(&l, fence, None),
+        LineRefusal::UnknownSku(sku("A"))
+    );
+    let row = level(4, 2, 1);
+    assert_eq!(
+        line_refusal(&l, fence, Some((&row, FenceToken::new(5)))),
+        LineRefusal::Fenced(sku("A"), FenceToken::new(5))
+    );
+    assert_eq!(
+        line_refusal(&l, fence, Some((&row, FenceToken::new(4)))),
+        LineRefusal::Short(Shortfall {
+            sku: sku("A"),
+            requested: 3,
+            available: 2
+        })
+    );
+}
+
+#[test]
+fn fenced_lines_outrank_unknown_skus_which_outrank_shortfalls() {
+    let short = LineRefusal::Short(Shortfall {
+        sku: sku("C"),
+        requested: 2,
+        available: 1,
+    });
+    let unknown = LineRefusal::UnknownSku(sku("B"));
+    let fenced = LineRefusal::Fenced(sku("A"), FenceToken::new(7));
+    assert!(matches!(judge_lines(vec![]), LinesVerdict::Held));
+    assert!(matches!(
+        judge_lines(vec![short.clone()]),
+        LinesVerdict::Refused(Error::InsufficientStock(s)) if s.len() == 1
+    ));
+    assert!(matches!(
+        judge_lines(vec![short.clone(), unknown.clone()]),
+        LinesVerdict::Refused(Error::UnknownSkus(s)) if s == [sku("B")]
+    ));
+    assert!(matches!(
+        judge_lines(vec![short, unknown, fenced]),
+        LinesVerdict::Fenced(f) if f == [(sku("A"), FenceToken::new(7))]
+    ));
+}
+
+fn reserve(key: &str, quantity: i64) -> (Reserve, Ttl) {
+    (
+        Reserve::new(
+            Caller::anonymous(),
+            IdempotencyKey::parse(key).unwrap(),
+            OrderId::parse("o").unwrap(),
+            vec![line("A", quantity)],
+            None,
+        ),
+        Ttl::parse(Duration::from_secs(60)).unwrap(),
+    )
+}
+
+fn group(fence: i64, batch: Vec<(Reserve, Ttl)>) -> ReserveGroup {
+    ReserveGroup {
+        sku: sku("A"),
+        fence: FenceToken::new(fence),
+        batch,
+    }
+}
+
+fn locked(on_hand: i64, reserved: i64, fence: i64) -> LockedStock {
+    LockedStock {
+        level: level(on_hand, reserved, 1),
+        fence: FenceToken::new(fence),
+        now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000),
+    }
+}
+
+fn decided(verdict: GroupVerdict) -> Vec<Decided> {
+    match verdict {
+        GroupVerdict::Decided(decided) => decided,
+        GroupVerdict::Fenced(stored) => panic!("fenced at {stored:?}"),
+    }
+}
+
+#[test]
+fn a_group_decides_each_request_as_if_alone_after_the_ones_before() {
+    let g = group(
+        10,
+        vec![
+            reserve("a", 3),
+            reserve("b", 3),
+            reserve("c", 1),
+            reserve("d", 5),
+        ],
+    );
+    let stock = locked(7, 0, 9);
+    let decisions = decided(decide_group(&g, Some(&stock), |_| Ok(Earlier::Claimed)).unwrap());
+    let held: Vec<bool> = decisions.iter().map(|d| d.answer.is_ok()).collect();
+    // 7 units: 3 + 3 + 1 fit, the last 5 do not.
+    assert_eq!(held, [true, true, true, false]);
+    assert!(decisions.iter().all(|d| d.executed));
+    let after: Vec<(i64, i64)> = decisions
+        .iter()
+        .filter_map(|d| d.level_after.as_ref())
+        .map(|l| (l.reserved, l.version))
+        .collect();
+    assert_eq!(after, [(3, 2), (6, 3), (7, 4)], "each hold's own level");
+    match &decisions[3].answer {
+        Err(Error::InsufficientStock(s)) => assert_eq!((s[0].requested, s[0].available), (5, 0)),
+        other => panic!("{other:?}"),
+    }
+    let hold = decisions[0].answer.as_ref().unwrap();
+    assert_eq!(hold.created_at, stock.now);
+    assert_eq!(hold.expires_at, stock.now + Duration::from_secs(60));
+}
+
+#[test]
+fn a_stale_fence_writes_nothing_of_the_group() {
+    let g = group(9, vec![reserve("a", 1)]);
+    let mut asked = 0;
+    let verdict = decide_group(&g, Some(&locked(5, 0, 9)), |_| {
+        asked += 1;
+        Ok(Earlier::Claimed)
+    })
+    .unwrap();
+    assert!(matches!(verdict, GroupVerdict::Fenced(f) if f == FenceToken::new(9)));
+    assert_eq!(asked, 0, "no key is judged for a fenced group");
+}
+
+#[test]
+fn replays_conflicts_and_vanished_keys_take_no_stock() {
+    let g = group(
+        10,
+        vec![
+            reserve("replayed", 1),
+            reserve("reused", 1),
+            reserve("gone", 1),
+            reserve("new", 2),
+        ],
+    );
+    let decisions = decided(
+        decide_group(&g, Some(&locked(2, 0, 1)), |command| {
+            Ok(match command.idempotency_key.as_str() {
+                "replayed" => Earlier::Replay(Err(Error::UnknownSkus(vec![sku("A")]))),
+                "reused" => Earlier::KeyReused,
+                "gone" => Earlier::Vanished,
+                _ => Earlier::Claimed,
+            })
+        })
+        .unwrap(),
+    );
+    assert!(matches!(decisions[0].answer, Err(Error::UnknownSkus(_))));
+    assert!(matches!(
+        decisions[1].answer,
+        Err(Error::IdempotencyKeyReused)
+    ));
+    assert!(matches!(
+        decisions[2].answer,
+        Err(Error::Unavailable { .. })
+    ));
+    assert!(decisions[..3].iter().all(|d| !d.executed));
+    // All 2 units were still there for the only executed request.
+    assert!(decisions[3].answer.is_ok() && decisions[3].executed);
+}
+
+#[test]
+fn an_unknown_sku_is_a_stored_refusal_for_every_request() {
+    let g = group(1, vec![reserve("a", 1), reserve("b", 1)]);
+    let decisions = decided(decide_group(&g, None, |_| Ok(Earlier::Claimed)).unwrap());
+    assert!(
+        decisions
+            .iter()
+            .all(|d| d.executed && matches!(d.answer, Err(Error::UnknownSkus(_))))
+    );
+}
+
+#[test]
+fn settling_moves_a_hold_and_repeats_are_no_ops() {
+    let id = ReservationId::new_random();
+    use ReservationState::*;
+    assert_eq!(
+        Settle::Confirm.step(id, Held).unwrap(),
+        SettleStep::Apply { state: Confirmed }
+    );
+    assert_eq!(
+        Settle::Release.step(id, Held).unwrap(),
+        SettleStep::Apply { state: Released }
+    );
+    assert_eq!(
+        Settle::Confirm.step(id, Confirmed).unwrap(),
+        SettleStep::Repeat
+    );
+    assert_eq!(
+        Settle::Release.step(id, Released).unwrap(),
+        SettleStep::Repeat
+    );
+    assert_eq!(
+        Settle::Release.step(id, Expired).unwrap(),
+        SettleStep::Repeat
+    );
+    for (settle, state) in [
+        (Settle::Confirm, Released),
+        (Settle::Confirm, Expired),
+        (Settle::Release, Confirmed),
+    ] {
+        assert!(matches!(
+            settle.step(id, state),
+            Err(Error::WrongState { state: s, action, .. }) if s == state && action == settle.action()
+        ));
+    }
+}
+
+#[test]
+fn a_hold_that_expired_while_waited_for_is_released_but_not_confirmed() {
+    let (command, ttl) = reserve("k", 1);
+    let hold = new_hold(
+        &command,
+        command.lines().to_vec(),
+        SystemTime::UNIX_EPOCH,
+        ttl,
+    );
+    let released = Settle::Release.expired_meanwhile(hold.clone()).unwrap();
+    assert_eq!(released.state, ReservationState::Expired);
+    assert!(matches!(
+        Settle::Confirm.expired_meanwhile(hold),
+        Err(Error::WrongState {
+            state: ReservationState::Expired,
+            ..
+        })
+    ));
+}

@@ -1,0 +1,204 @@
+//! The stored outcomes of requests: what a retry with the same idempotency key gets back,
+//! as the JSON kept in `idempotency_keys.outcome`. Only final outcomes are stored (a result,
+//! or a refusal the caller must act on); failures to carry a request out never are.
+//!
+//! The encoding is read back by every later version of the service: fields are only ever
+//! added, with defaults.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use inventory_core::{
+    Error,
+    command::AdjustStock,
+    domain::{
+        Line, MAX_ON_HAND, OrderId, Quantity, Reservation, ReservationId, ReservationState, Sku,
+        StockLevel,
+    },
+    error::Shortfall,
+};
+use serde::{Deserialize, Serialize};
+
+/// The operation names idempotency records carry.
+pub(crate) const RESERVE: &str = "Reserve";
+pub(crate) const ADJUST_STOCK: &str = "AdjustStock";
+
+/// The stored outcome of a `Reserve`: what a retry with the same key gets back.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub(crate) enum ReserveOutcome {
+    Held { reservation: StoredReservation },
+    UnknownSkus { skus: Vec<String> },
+    InsufficientStock { shortfalls: Vec<StoredShortfall> },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StoredReservation {
+    reservation_id: uuid::Uuid,
+    order_id: String,
+    lines: Vec<(String, i64)>,
+    created_at_micros: i64,
+    expires_at_micros: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StoredShortfall {
+    sku: String,
+    requested: i64,
+    available: i64,
+}
+
+impl ReserveOutcome {
+    pub(crate) fn of(result: &Result<Reservation, Error>) -> Self {
+        match result {
+            Ok(reservation) => Self::Held {
+                reservation: StoredReservation {
+                    reservation_id: reservation.id.as_uuid(),
+                    order_id: reservation.order_id.as_str().to_owned(),
+                    lines: reservation
+                        .lines
+                        .iter()
+                        .map(|l| (l.sku.as_str().to_owned(), l.quantity.get()))
+                        .collect(),
+                    created_at_micros: micros(reservation.created_at),
+                    expires_at_micros: micros(reservation.expires_at),
+                },
+            },
+            Err(Error::UnknownSkus(skus)) => Self::UnknownSkus {
+                skus: skus.iter().map(|s| s.as_str().to_owned()).collect(),
+            },
+            Err(Error::InsufficientStock(shortfalls)) => Self::InsufficientStock {
+                shortfalls: shortfalls
+                    .iter()
+                    .map(|s| StoredShortfall {
+                        sku: s.sku.as_str().to_owned(),
+                        requested: s.requested,
+                        available: s.available,
+                    })
+                    .collect(),
+            },
+            Err(other) => unreachable!("only final outcomes are stored, not {other:?}"),
+        }
+    }
+
+    pub(crate) fn into_result(self) -> Result<Result<Reservation, Error>, Error> {
+        let sku = |raw: String| Sku::parse(&raw).map_err(Error::internal);
+        Ok(match self {
+            Self::Held { reservation } => Ok(Reservation {
+                id: ReservationId::from_uuid(reservation.reservation_id),
+                order_id: OrderId::parse(&reservation.order_id).map_err(Error::internal)?,
+                // The outcome as it was: the reservation was held when it was made.
+                state: ReservationState::Held,
+                lines: reservation
+                    .lines
+                    .into_iter()
+                    .map(|(raw, quantity)| {
+                        Ok(Line {
+                            sku: sku(raw)?,
+                            quantity: Quantity::parse(quantity).map_err(Error::internal)?,
+                        })
+                    })
+                    .collect::<Result<_, Error>>()?,
+                created_at: from_micros(reservation.created_at_micros),
+                expires_at: from_micros(reservation.expires_at_micros),
+            }),
+            Self::UnknownSkus { skus } => Err(Error::UnknownSkus(
+                skus.into_iter().map(sku).collect::<Result<_, _>>()?,
+            )),
+            Self::InsufficientStock { shortfalls } => Err(Error::InsufficientStock(
+                shortfalls
+                    .into_iter()
+                    .map(|s| {
+                        Ok(Shortfall {
+                            sku: sku(s.sku)?,
+                            requested: s.requested,
+                            available: s.available,
+                        })
+                    })
+                    .collect::<Result<_, Error>>()?,
+            )),
+        })
+    }
+}
+
+fn micros(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+fn from_micros(micros: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64)
+}
+
+/// The stored outcome of an `AdjustStock`. The SKU and delta are not stored: a replay has the
+/// same fingerprint, hence the same SKU and delta.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub(crate) enum AdjustOutcome {
+    Adjusted {
+        on_hand: i64,
+        reserved: i64,
+        /// Absent in outcomes stored before stock versions existed: 0, "unknown".
+        #[serde(default)]
+        version: i64,
+    },
+    UnknownSku,
+    BelowReserved {
+        on_hand: i64,
+        reserved: i64,
+    },
+    StockLimit,
+}
+
+impl AdjustOutcome {
+    pub(crate) fn from_result(result: &Result<StockLevel, Error>) -> Option<Self> {
+        Some(match result {
+            Ok(level) => Self::Adjusted {
+                on_hand: level.on_hand,
+                reserved: level.reserved,
+                version: level.version,
+            },
+            Err(Error::UnknownSkus(_)) => Self::UnknownSku,
+            Err(Error::BelowReserved {
+                on_hand, reserved, ..
+            }) => Self::BelowReserved {
+                on_hand: *on_hand,
+                reserved: *reserved,
+            },
+            Err(Error::StockLimit { .. }) => Self::StockLimit,
+            // Anything else is not an outcome of the request but a failure to carry it out.
+            Err(_) => return None,
+        })
+    }
+
+    pub(crate) fn into_result(self, command: &AdjustStock) -> Result<StockLevel, Error> {
+        let sku = command.sku.clone();
+        let requested = command.delta.get().abs();
+        match self {
+            Self::Adjusted {
+                on_hand,
+                reserved,
+                version,
+            } => Ok(StockLevel {
+                sku,
+                on_hand,
+                reserved,
+                version,
+            }),
+            Self::UnknownSku => Err(Error::UnknownSkus(vec![sku])),
+            Self::BelowReserved { on_hand, reserved } => Err(Error::BelowReserved {
+                sku,
+                requested,
+                on_hand,
+                reserved,
+            }),
+            Self::StockLimit => Err(Error::StockLimit {
+                sku,
+                requested,
+                limit: MAX_ON_HAND,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -9,11 +9,11 @@ use std::{
 };
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use inventory_core::{coalesce::CoalesceConfig, domain::Ttl};
-
-use crate::auth::Authenticator;
-use inventory_postgres::{PgConfig, PoolSettings};
+use inventory_core::{coalesce::CoalesceConfig, domain::Ttl, service::InventoryConfig};
+use inventory_postgres::{PgConfig, PoolSettings, retention::Retention};
 use inventory_redis::{KeyPrefix, LeaseSettings, RedisConfig, RedisSettings, RedisTlsFiles};
+
+use crate::{auth::Authenticator, upkeep::Upkeep};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -234,34 +234,64 @@ const MAX_COALESCE_LINGER: Duration = Duration::from_millis(100);
 /// Retries of the same request within a day must always replay.
 const MIN_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// Everything `serve` needs, parsed and checked.
+/// Everything `serve` needs, parsed and checked: one branch per part of the server that
+/// uses it, so each part is handed its own branch and nothing else.
 #[derive(Debug)]
 pub struct Settings {
+    pub server: ServerSettings,
+    pub database: DatabaseSettings,
+    pub redis: RedisConnection,
+    /// The core's own settings: default hold, coalescing, how long to wait for leases.
+    pub inventory: InventoryConfig,
+    pub upkeep: Upkeep,
+    pub auth: AuthSettings,
+}
+
+/// The gRPC port and the ports beside it, and what each call may use.
+#[derive(Debug)]
+pub struct ServerSettings {
     pub listen_addr: SocketAddr,
-    pub database: PgConfig,
-    pub pool: PoolSettings,
-    pub redis: RedisConfig,
-    pub redis_settings: RedisSettings,
-    pub leases: LeaseSettings,
-    pub lease_wait: Duration,
-    pub coalesce: CoalesceConfig,
+    pub health_listen_addr: Option<SocketAddr>,
+    pub admin_listen_addr: Option<SocketAddr>,
+    /// TLS on the gRPC port, as read at start-up...
+    pub tls: Option<TlsSettings>,
+    /// ...and the files it is re-read from on SIGHUP and whenever they change.
+    pub tls_files: Option<TlsFiles>,
     pub max_in_flight: usize,
     pub max_watchers: usize,
     pub max_message_bytes: usize,
     pub max_connection_age: Duration,
-    pub default_ttl: Ttl,
-    pub sweep_interval: Duration,
-    pub sweep_batch: usize,
-    pub event_retention: Duration,
-    pub idempotency_retention: Duration,
-    pub reservation_retention: Duration,
-    pub tls: Option<TlsSettings>,
-    pub health_listen_addr: Option<SocketAddr>,
-    pub admin_listen_addr: Option<SocketAddr>,
-    pub auth: Authenticator,
-    /// The files re-read on SIGHUP and whenever they change.
-    pub reload: ReloadSources,
     pub shutdown_grace: Duration,
+}
+
+#[derive(Debug)]
+pub struct DatabaseSettings {
+    pub config: PgConfig,
+    pub pool: PoolSettings,
+}
+
+#[derive(Debug)]
+pub struct RedisConnection {
+    pub config: RedisConfig,
+    pub client: RedisSettings,
+    pub leases: LeaseSettings,
+}
+
+#[derive(Debug)]
+pub struct AuthSettings {
+    pub authenticator: Authenticator,
+    /// Re-read on SIGHUP and whenever it changes.
+    pub tokens_file: Option<PathBuf>,
+}
+
+impl Settings {
+    /// The files the running server re-reads, so credentials rotate without a restart.
+    pub fn reload_sources(&self) -> ReloadSources {
+        ReloadSources {
+            auth_tokens_file: self.auth.tokens_file.clone(),
+            tls: self.server.tls_files.clone(),
+        }
+    }
 }
 
 /// Files the running server re-reads, so credentials rotate without a restart.
@@ -440,49 +470,61 @@ impl Settings {
                 if problems.is_empty() =>
             {
                 Ok(Self {
-                    listen_addr: args.listen_addr,
-                    database,
-                    pool: PoolSettings {
-                        max_size: usize::from(args.database_pool_size),
-                        acquire_timeout: args.database_timeout,
-                        statement_timeout: args.database_statement_timeout,
+                    server: ServerSettings {
+                        listen_addr: args.listen_addr,
+                        health_listen_addr: args.health_listen_addr,
+                        admin_listen_addr: args.admin_listen_addr,
+                        tls,
+                        tls_files,
+                        max_in_flight: args.max_in_flight as usize,
+                        max_watchers: args.max_watchers as usize,
+                        max_message_bytes: args.max_message_bytes as usize,
+                        max_connection_age: args.max_connection_age,
+                        shutdown_grace: args.shutdown_grace,
                     },
-                    redis,
-                    redis_settings: RedisSettings {
-                        key_prefix,
-                        command_timeout: args.redis_command_timeout,
-                        connect_timeout: args.redis_connect_timeout,
+                    database: DatabaseSettings {
+                        config: database,
+                        pool: PoolSettings {
+                            max_size: usize::from(args.database_pool_size),
+                            acquire_timeout: args.database_timeout,
+                            statement_timeout: args.database_statement_timeout,
+                        },
                     },
-                    leases: LeaseSettings {
-                        ttl: args.lease_ttl,
-                        max_waiters: args.lease_max_waiters as usize,
-                        ..LeaseSettings::default()
+                    redis: RedisConnection {
+                        config: redis,
+                        client: RedisSettings {
+                            key_prefix,
+                            command_timeout: args.redis_command_timeout,
+                            connect_timeout: args.redis_connect_timeout,
+                        },
+                        leases: LeaseSettings {
+                            ttl: args.lease_ttl,
+                            max_waiters: args.lease_max_waiters as usize,
+                            ..LeaseSettings::default()
+                        },
                     },
-                    lease_wait: args.lease_wait,
-                    coalesce: CoalesceConfig {
-                        max_batch: args.coalesce_max_batch as usize,
-                        linger: args.coalesce_linger,
-                        max_queued: args.lease_max_waiters as usize,
+                    inventory: InventoryConfig {
+                        default_ttl,
+                        coalesce: CoalesceConfig {
+                            max_batch: args.coalesce_max_batch as usize,
+                            linger: args.coalesce_linger,
+                            max_queued: args.lease_max_waiters as usize,
+                        },
+                        lease_wait: args.lease_wait,
                     },
-                    max_in_flight: args.max_in_flight as usize,
-                    max_watchers: args.max_watchers as usize,
-                    max_message_bytes: args.max_message_bytes as usize,
-                    max_connection_age: args.max_connection_age,
-                    default_ttl,
-                    sweep_interval: args.sweep_interval,
-                    sweep_batch: args.sweep_batch as usize,
-                    event_retention: args.event_retention,
-                    idempotency_retention: args.idempotency_retention,
-                    reservation_retention: args.reservation_retention,
-                    tls,
-                    health_listen_addr: args.health_listen_addr,
-                    admin_listen_addr: args.admin_listen_addr,
-                    auth,
-                    reload: ReloadSources {
-                        auth_tokens_file: args.auth_tokens_file.clone(),
-                        tls: tls_files,
+                    upkeep: Upkeep {
+                        interval: args.sweep_interval,
+                        batch: args.sweep_batch as usize,
+                        retention: Retention {
+                            events: args.event_retention,
+                            idempotency_keys: args.idempotency_retention,
+                            reservations: args.reservation_retention,
+                        },
                     },
-                    shutdown_grace: args.shutdown_grace,
+                    auth: AuthSettings {
+                        authenticator: auth,
+                        tokens_file: args.auth_tokens_file.clone(),
+                    },
                 })
             }
             _ => Err(ConfigError(problems)),

@@ -12,6 +12,7 @@
 //! - [`grpc`] — the service implementation, thin on purpose.
 //! - [`status`] — the one map from core errors to gRPC statuses.
 //! - [`startup`] — building, serving and the shutdown sequence.
+//! - [`upkeep`] — expiry of overdue holds and pruning past retention, in the background.
 //! - [`tls`] — TLS on the gRPC port, its material swappable while serving.
 //! - [`reload`] — credentials and TLS material re-read on SIGHUP and on change.
 //! - [`telemetry`] — logs, traces (W3C context in, OTLP out) and the meter provider.
@@ -31,6 +32,7 @@ pub mod startup;
 pub mod status;
 pub mod telemetry;
 pub mod tls;
+pub mod upkeep;
 pub mod wire;
 
 /// The core, wired to its adapters.

@@ -5,22 +5,11 @@
 //! the server stops accepting and lets in-flight calls finish, bounded by the grace period;
 //! then the pools close.
 
-use std::{
-    future::Future,
-    net::SocketAddr,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
-use inventory_core::{
-    pause::PausePoints,
-    service::{Inventory, InventoryConfig},
-};
-use inventory_postgres::{
-    PgConfig, PgStore, Pool,
-    retention::{Pruned, Retention},
-};
+use inventory_core::{pause::PausePoints, service::Inventory};
+use inventory_postgres::{PgConfig, PgStore, Pool};
 use inventory_redis::{Redis, RedisLeases};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -36,6 +25,7 @@ use crate::{
     proto::{self, inventory_service_server::InventoryServiceServer},
     reload::Reloader,
     tls::ServerTls,
+    upkeep::{self, Upkeep},
 };
 
 /// How often a replica that is not ready yet looks again.
@@ -68,14 +58,6 @@ pub struct Application {
     shutdown_grace: Duration,
 }
 
-/// What the background sweeper does each round.
-#[derive(Clone, Copy, Debug)]
-struct Upkeep {
-    interval: Duration,
-    batch: usize,
-    retention: Retention,
-}
-
 impl Application {
     /// Connects the pools and binds the listener. Neither PostgreSQL nor Redis has to be up
     /// yet: requests that need them answer `UNAVAILABLE` until they are.
@@ -88,11 +70,20 @@ impl Application {
         settings: Settings,
         registry: prometheus::Registry,
     ) -> anyhow::Result<Self> {
+        let reload = settings.reload_sources();
+        let Settings {
+            server,
+            database,
+            redis,
+            inventory,
+            upkeep,
+            auth,
+        } = settings;
         // The LISTEN connection gets the pool's socket protections too.
-        let database = settings.database.hardened(&settings.pool);
+        let listen_config = database.config.hardened(&database.pool);
         // A configuration the database will never accept (TLS, pg_hba.conf, password) ends
         // start-up here with the reason; a database that is merely down does not.
-        match inventory_postgres::probe(&database, settings.pool.acquire_timeout).await {
+        match inventory_postgres::probe(&listen_config, database.pool.acquire_timeout).await {
             Ok(()) => {}
             Err(inventory_postgres::ProbeError::Refused(reason)) => anyhow::bail!(
                 "PostgreSQL refused the connection: {reason} (check DATABASE_URL's sslmode, \
@@ -103,11 +94,11 @@ impl Application {
                 "PostgreSQL is not reachable yet; calls answer UNAVAILABLE until it is"
             ),
         }
-        let pool = inventory_postgres::connect(settings.database, &settings.pool)
+        let pool = inventory_postgres::connect(database.config, &database.pool)
             .context("cannot build the PostgreSQL pool")?;
         let redis_reachable = match inventory_redis::probe(
-            &settings.redis,
-            &settings.redis_settings,
+            &redis.config,
+            &redis.client,
             REDIS_STARTUP_WAIT,
         )
         .await
@@ -122,16 +113,16 @@ impl Application {
                 false
             }
         };
-        let redis = Redis::connect(settings.redis, &settings.redis_settings)
-            .context("cannot build the Redis client")?;
-        if redis_reachable && !redis.wait_connected(REDIS_STARTUP_WAIT).await {
+        let client =
+            Redis::connect(redis.config, &redis.client).context("cannot build the Redis client")?;
+        if redis_reachable && !client.wait_connected(REDIS_STARTUP_WAIT).await {
             tracing::warn!("Redis is not reachable yet; Reserve fails closed until it is");
         }
-        let listener = TcpListener::bind(settings.listen_addr)
+        let listener = TcpListener::bind(server.listen_addr)
             .await
-            .with_context(|| format!("cannot listen on {}", settings.listen_addr))?;
+            .with_context(|| format!("cannot listen on {}", server.listen_addr))?;
         let local_addr = listener.local_addr()?;
-        let health_listener = match settings.health_listen_addr {
+        let health_listener = match server.health_listen_addr {
             Some(addr) => Some(
                 TcpListener::bind(addr)
                     .await
@@ -139,7 +130,7 @@ impl Application {
             ),
             None => None,
         };
-        let admin_listener = match settings.admin_listen_addr {
+        let admin_listener = match server.admin_listen_addr {
             Some(addr) => Some(
                 TcpListener::bind(addr)
                     .await
@@ -148,30 +139,26 @@ impl Application {
             None => None,
         };
         // Fails here, at start-up, on a certificate or key that does not parse.
-        let tls = match &settings.tls {
+        let tls = match &server.tls {
             Some(material) => Some(ServerTls::new(material).context("invalid TLS material")?),
             None => {
                 tracing::warn!("TLS is off: the gRPC port speaks plaintext");
                 None
             }
         };
-        if settings.auth.is_disabled() {
+        if auth.authenticator.is_disabled() {
             tracing::warn!("authentication is DISABLED: every caller may make every call");
         }
         let pauses = PausePoints::default();
-        let store = PgStore::new(pool.clone(), settings.pool.operation_bound())
+        let store = PgStore::new(pool.clone(), database.pool.operation_bound())
             .with_pause_points(pauses.clone());
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
-        let events = EventHub::new(store.clone(), stopping_rx, settings.max_watchers);
+        let events = EventHub::new(store.clone(), stopping_rx, server.max_watchers);
         let inventory = Arc::new(
             Inventory::new(
                 store.clone(),
-                RedisLeases::new(redis.clone(), settings.leases),
-                InventoryConfig {
-                    default_ttl: settings.default_ttl,
-                    coalesce: settings.coalesce.clone(),
-                    lease_wait: settings.lease_wait,
-                },
+                RedisLeases::new(client.clone(), redis.leases),
+                inventory,
             )
             .with_pause_points(pauses),
         );
@@ -183,27 +170,19 @@ impl Application {
             registry,
             tls,
             pool,
-            redis,
-            database,
+            redis: client,
+            database: listen_config,
             store,
             inventory,
             events,
             stopping,
-            auth: Gate::new(settings.auth),
-            reload: settings.reload,
-            max_in_flight: settings.max_in_flight,
-            max_message_bytes: settings.max_message_bytes,
-            max_connection_age: settings.max_connection_age,
-            upkeep: Upkeep {
-                interval: settings.sweep_interval,
-                batch: settings.sweep_batch,
-                retention: Retention {
-                    events: settings.event_retention,
-                    idempotency_keys: settings.idempotency_retention,
-                    reservations: settings.reservation_retention,
-                },
-            },
-            shutdown_grace: settings.shutdown_grace,
+            auth: Gate::new(auth.authenticator),
+            reload,
+            max_in_flight: server.max_in_flight,
+            max_message_bytes: server.max_message_bytes,
+            max_connection_age: server.max_connection_age,
+            upkeep,
+            shutdown_grace: server.shutdown_grace,
         })
     }
 
@@ -253,7 +232,7 @@ impl Application {
         ))
         .max_decoding_message_size(self.max_message_bytes);
         let background = [
-            tokio::spawn(sweep(
+            tokio::spawn(upkeep::run(
                 Arc::clone(&self.inventory),
                 self.store.clone(),
                 self.upkeep,
@@ -395,73 +374,6 @@ impl Application {
         self.redis.quit().await;
         tracing::info!("stopped");
         Ok(())
-    }
-}
-
-/// The sweeper, one per replica. Every interval it expires overdue holds in batches until
-/// none is left (replicas sweeping at once take disjoint rows, `SKIP LOCKED`), then prunes
-/// events and idempotency keys past their retention.
-async fn sweep(
-    inventory: Arc<Service>,
-    store: PgStore,
-    upkeep: Upkeep,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
-) {
-    let Upkeep {
-        interval, batch, ..
-    } = upkeep;
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            _ = stopped.changed() => return,
-        }
-        loop {
-            match inventory.expire_due(batch).await {
-                Ok(expired) if expired > 0 => {
-                    tracing::info!(expired, "expired holds returned their stock");
-                    if expired < batch {
-                        break;
-                    }
-                }
-                Ok(_) => break,
-                Err(error) => {
-                    tracing::warn!(%error, "expiry sweep failed; retrying next interval");
-                    break;
-                }
-            }
-        }
-        // Pass after pass while one came back full: the backlog shrinks whatever the write
-        // rate, instead of by one batch per interval.
-        // Bounded per round, so expiring holds (which frees stock) never waits long behind a
-        // large pruning backlog; the next round carries on.
-        let budget = Instant::now() + interval / 2;
-        let mut total = Pruned::default();
-        loop {
-            match store.prune(&upkeep.retention, batch).await {
-                Ok(pruned) => {
-                    total.events += pruned.events;
-                    total.idempotency_keys += pruned.idempotency_keys;
-                    total.reservations += pruned.reservations;
-                    if !pruned.was_full(batch) || *stopped.borrow() || Instant::now() >= budget {
-                        break;
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "pruning failed; retrying next interval");
-                    break;
-                }
-            }
-        }
-        if !total.is_empty() {
-            tracing::info!(
-                events = total.events,
-                keys = total.idempotency_keys,
-                reservations = total.reservations,
-                "pruned past retention"
-            );
-        }
     }
 }
 

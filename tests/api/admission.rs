@@ -13,7 +13,7 @@ use crate::{
 #[tokio::test]
 async fn a_saturated_server_sheds_load_and_recovers() {
     let mut settings = test_settings(fresh_database().await);
-    settings.max_in_flight = 1;
+    settings.server.max_in_flight = 1;
     let app = spawn_app_with(settings).await;
     stock(&app, "SKU-1", 10).await;
 
@@ -48,8 +48,8 @@ async fn a_saturated_server_sheds_load_and_recovers() {
 async fn too_many_waiters_on_one_sku_are_refused_at_once() {
     let mut settings = test_settings(fresh_database().await);
     // LEASE_MAX_WAITERS=1 bounds both the lease waiters and the coalescing queue.
-    settings.leases.max_waiters = 1;
-    settings.coalesce.max_queued = 1;
+    settings.redis.leases.max_waiters = 1;
+    settings.inventory.coalesce.max_queued = 1;
     let app = spawn_app_with(settings).await;
     stock(&app, "HOT", 10).await;
 
@@ -85,7 +85,7 @@ async fn too_many_waiters_on_one_sku_are_refused_at_once() {
 #[tokio::test]
 async fn an_oversized_message_is_refused_and_changes_nothing() {
     let mut settings = test_settings(fresh_database().await);
-    settings.max_message_bytes = 4096;
+    settings.server.max_message_bytes = 4096;
     let mut app = spawn_app_with(settings).await;
     stock(&app, "SKU-1", 10).await;
     let before = app.row_counts().await;

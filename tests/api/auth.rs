@@ -35,7 +35,7 @@ async fn spawn_secured_app() -> TestApp {
         digest_hex(WATCHER.as_bytes()),
         digest_hex(ADMIN.as_bytes()),
     );
-    settings.auth = Authenticator::parse(&credentials).unwrap();
+    settings.auth.authenticator = Authenticator::parse(&credentials).unwrap();
     spawn_app_with(settings).await
 }
 

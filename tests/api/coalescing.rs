@@ -215,7 +215,7 @@ async fn a_multi_line_cart_and_a_queue_on_the_same_sku_share_the_stock_exactly()
 #[tokio::test]
 async fn with_coalescing_off_every_racer_commits_alone() {
     let mut settings = test_settings(fresh_database().await);
-    settings.coalesce.max_batch = 1;
+    settings.inventory.coalesce.max_batch = 1;
     let app = spawn_app_with(settings).await;
     stock(&app, "TEN", 10).await;
     let (held, refused) = race(&app, "TEN", 50).await;
@@ -231,7 +231,7 @@ async fn with_coalescing_off_every_racer_commits_alone() {
 #[tokio::test]
 async fn a_lone_request_does_not_linger() {
     let mut settings = test_settings(fresh_database().await);
-    settings.coalesce.linger = Duration::from_secs(30);
+    settings.inventory.coalesce.linger = Duration::from_secs(30);
     let app = spawn_app_with(settings).await;
     stock(&app, "SKU-1", 10).await;
     // Nobody else queued: a 30 s linger would show as a timeout here.

@@ -423,21 +423,21 @@ async fn rediss_with_an_acl_user_serves_reserve_and_a_wrong_ca_fails_at_start_up
         ..Default::default()
     };
     let mut settings = test_settings(database.clone());
-    settings.redis = inventory_redis::parse_url_with_tls(&url, &wrong).unwrap();
+    settings.redis.config = inventory_redis::parse_url_with_tls(&url, &wrong).unwrap();
     let error = format!("{:#}", Application::build(settings).await.unwrap_err());
     assert!(error.contains("Redis refused the connection"), "{error}");
 
     // A wrong password: also a configuration error, also at start-up.
     let mut settings = test_settings(database.clone());
-    settings.redis =
+    settings.redis.config =
         inventory_redis::parse_url_with_tls(&redis.url("inventory:wrong@"), &files).unwrap();
     let error = format!("{:#}", Application::build(settings).await.unwrap_err());
     assert!(error.contains("Redis refused the connection"), "{error}");
 
     // The right CA and the ACL user: Reserve works, its lease and fence under the prefix.
     let mut settings = test_settings_with_redis(database, &redis_url());
-    settings.redis = inventory_redis::parse_url_with_tls(&url, &files).unwrap();
-    settings.redis_settings.key_prefix = inventory_redis::KeyPrefix::parse(&prefix).unwrap();
+    settings.redis.config = inventory_redis::parse_url_with_tls(&url, &files).unwrap();
+    settings.redis.client.key_prefix = inventory_redis::KeyPrefix::parse(&prefix).unwrap();
     let app: TestApp = spawn_app_with(settings).await;
     app.client
         .clone()
@@ -494,7 +494,7 @@ async fn a_redis_that_demands_client_certificates_gets_one_from_the_settings() {
         ..Default::default()
     };
     let mut settings = test_settings(database.clone());
-    settings.redis = inventory_redis::parse_url_with_tls(&url, &without).unwrap();
+    settings.redis.config = inventory_redis::parse_url_with_tls(&url, &without).unwrap();
     let error = format!("{:#}", Application::build(settings).await.unwrap_err());
     assert!(error.contains("Redis refused the connection"), "{error}");
 
@@ -504,7 +504,7 @@ async fn a_redis_that_demands_client_certificates_gets_one_from_the_settings() {
         key: Some(redis.client.1.clone()),
     };
     let mut settings = test_settings(database);
-    settings.redis = inventory_redis::parse_url_with_tls(&url, &with).unwrap();
+    settings.redis.config = inventory_redis::parse_url_with_tls(&url, &with).unwrap();
     let app = spawn_app_with(settings).await;
     app.client
         .clone()

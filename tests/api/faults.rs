@@ -37,8 +37,8 @@ async fn a_holder_paused_past_its_lease_is_fenced_off_even_with_stock_to_spare()
     // Two replicas of one deployment: same database, same Redis keys. (Within one replica the
     // second request would queue behind the stalled one instead of racing it.)
     let first = test_settings(fresh_database().await);
-    let mut second = test_settings(first.database.clone());
-    second.redis_settings.key_prefix = first.redis_settings.key_prefix.clone();
+    let mut second = test_settings(first.database.config.clone());
+    second.redis.client.key_prefix = first.redis.client.key_prefix.clone();
     let app = spawn_app_with(first).await;
     let replica = spawn_app_with(second).await;
     // Plenty of stock: only the fence can stop the stale write.
@@ -313,7 +313,7 @@ async fn with_redis_down_reserve_fails_closed_and_everything_else_works() {
 #[tokio::test]
 async fn a_busy_lease_past_the_servers_wait_bound_is_aborted_with_retry_advice() {
     let mut settings = crate::helpers::test_settings(fresh_database().await);
-    settings.lease_wait = Duration::from_millis(200);
+    settings.inventory.lease_wait = Duration::from_millis(200);
     let app = spawn_app_with(settings).await;
     stock(&app, "SKU-1", 10).await;
     let mut held = app.pauses.arm(PausePoint::LeaseGranted);
@@ -407,7 +407,7 @@ async fn a_large_cart_survives_lost_counters_in_one_call() {
 async fn a_caller_that_gives_up_mid_reserve_does_not_leave_the_sku_blocked() {
     // A long lease TTL: if the abandoned call left its lease behind, the SKU would stay blocked.
     let mut settings = crate::helpers::test_settings(fresh_database().await);
-    settings.leases.ttl = Duration::from_secs(60);
+    settings.redis.leases.ttl = Duration::from_secs(60);
     let app = spawn_app_with(settings).await;
     stock(&app, "SKU-1", 10).await;
 

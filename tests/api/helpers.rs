@@ -9,12 +9,15 @@ use std::{
 };
 
 use fred::prelude::{ClientLike as _, KeysInterface as _};
-use inventory_core::{domain::Ttl, pause::PausePoints};
-use inventory_postgres::{PgConfig, PoolSettings};
+use inventory_core::{domain::Ttl, pause::PausePoints, service::InventoryConfig};
+use inventory_postgres::{PgConfig, PoolSettings, retention::Retention};
 use inventory_redis::{KeyPrefix, LeaseSettings, RedisSettings};
 use inventory_server::{
-    Service, config::Settings, proto::inventory_service_client::InventoryServiceClient,
+    Service,
+    config::{AuthSettings, DatabaseSettings, RedisConnection, ServerSettings, Settings},
+    proto::inventory_service_client::InventoryServiceClient,
     startup::Application,
+    upkeep::Upkeep,
 };
 use sha2::{Digest, Sha256};
 use tokio::{sync::oneshot, task::JoinHandle};
@@ -220,41 +223,56 @@ pub fn test_settings(database: PgConfig) -> Settings {
 /// Settings for a test server on an ephemeral port, against the Redis at `redis_url`.
 pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings {
     Settings {
-        listen_addr: "127.0.0.1:0".parse().unwrap(),
-        database,
-        pool: PoolSettings {
-            max_size: 8,
-            acquire_timeout: Duration::from_secs(2),
-            statement_timeout: Duration::from_secs(10),
+        server: ServerSettings {
+            listen_addr: "127.0.0.1:0".parse().unwrap(),
+            health_listen_addr: None,
+            admin_listen_addr: None,
+            tls: None,
+            tls_files: None,
+            max_in_flight: 1024,
+            max_watchers: 256,
+            max_message_bytes: 262_144,
+            max_connection_age: Duration::from_secs(600),
+            shutdown_grace: Duration::from_secs(5),
         },
-        redis: inventory_redis::parse_url(redis_url).expect("a valid Redis URL"),
-        redis_settings: RedisSettings {
-            key_prefix: KeyPrefix::parse(&format!("test:{}", uuid::Uuid::new_v4().simple()))
-                .unwrap(),
-            command_timeout: Duration::from_millis(250),
-            connect_timeout: Duration::from_secs(1),
+        database: DatabaseSettings {
+            config: database,
+            pool: PoolSettings {
+                max_size: 8,
+                acquire_timeout: Duration::from_secs(2),
+                statement_timeout: Duration::from_secs(10),
+            },
         },
-        leases: LeaseSettings::default(),
-        // Generous: races of a hundred callers on one SKU must end in stock outcomes, not in
-        // lease timeouts, even on a loaded two-core machine.
-        lease_wait: Duration::from_secs(20),
-        coalesce: inventory_core::coalesce::CoalesceConfig::default(),
-        max_in_flight: 1024,
-        max_watchers: 256,
-        max_message_bytes: 262_144,
-        max_connection_age: Duration::from_secs(600),
-        default_ttl: Ttl::parse(Duration::from_secs(900)).unwrap(),
-        sweep_interval: Duration::from_millis(100),
-        sweep_batch: 100,
-        event_retention: Duration::from_secs(7 * 24 * 3600),
-        idempotency_retention: Duration::from_secs(48 * 3600),
-        reservation_retention: Duration::from_secs(30 * 24 * 3600),
-        tls: None,
-        health_listen_addr: None,
-        admin_listen_addr: None,
-        auth: inventory_server::auth::Authenticator::disabled(),
-        reload: Default::default(),
-        shutdown_grace: Duration::from_secs(5),
+        redis: RedisConnection {
+            config: inventory_redis::parse_url(redis_url).expect("a valid Redis URL"),
+            client: RedisSettings {
+                key_prefix: KeyPrefix::parse(&format!("test:{}", uuid::Uuid::new_v4().simple()))
+                    .unwrap(),
+                command_timeout: Duration::from_millis(250),
+                connect_timeout: Duration::from_secs(1),
+            },
+            leases: LeaseSettings::default(),
+        },
+        inventory: InventoryConfig {
+            default_ttl: Ttl::parse(Duration::from_secs(900)).unwrap(),
+            coalesce: inventory_core::coalesce::CoalesceConfig::default(),
+            // Generous: races of a hundred callers on one SKU must end in stock outcomes, not
+            // in lease timeouts, even on a loaded two-core machine.
+            lease_wait: Duration::from_secs(20),
+        },
+        upkeep: Upkeep {
+            interval: Duration::from_millis(100),
+            batch: 100,
+            retention: Retention {
+                events: Duration::from_secs(7 * 24 * 3600),
+                idempotency_keys: Duration::from_secs(48 * 3600),
+                reservations: Duration::from_secs(30 * 24 * 3600),
+            },
+        },
+        auth: AuthSettings {
+            authenticator: inventory_server::auth::Authenticator::disabled(),
+            tokens_file: None,
+        },
     }
 }
 
@@ -264,10 +282,10 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(settings: Settings) -> TestApp {
-    let db = connect(&settings.database).await;
-    let key_prefix = settings.redis_settings.key_prefix.clone();
+    let db = connect(&settings.database.config).await;
+    let key_prefix = settings.redis.client.key_prefix.clone();
     // Bounded and reconnecting, so a test that kills its Redis never hangs on this client.
-    let redis = fred::types::Builder::from_config(settings.redis.clone())
+    let redis = fred::types::Builder::from_config(settings.redis.config.clone())
         .with_performance_config(|performance| {
             performance.default_command_timeout = Duration::from_secs(2);
         })

@@ -38,7 +38,7 @@ fn authed<T>(message: T) -> Request<T> {
 #[tokio::test]
 async fn malformed_requests_get_their_code_and_change_nothing() {
     let mut settings = test_settings(fresh_database().await);
-    settings.auth = Authenticator::parse(&format!(
+    settings.auth.authenticator = Authenticator::parse(&format!(
         "ops admin token-sha256:{}\n",
         digest_hex(ADMIN.as_bytes())
     ))

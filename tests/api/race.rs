@@ -13,7 +13,7 @@ use crate::helpers::{fresh_database, spawn_app_with, test_settings};
 
 async fn race(max_batch: usize) {
     let mut settings = test_settings(fresh_database().await);
-    settings.coalesce.max_batch = max_batch;
+    settings.inventory.coalesce.max_batch = max_batch;
     let app = spawn_app_with(settings).await;
     let database_url = app.database_url().await;
     let addr = app.addr;

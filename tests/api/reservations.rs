@@ -555,7 +555,7 @@ async fn backdate(app: &TestApp, reservation_id: &str) {
 /// An app whose background sweeper never runs during the test.
 async fn spawn_app_without_sweeper() -> TestApp {
     let mut settings = test_settings(fresh_database().await);
-    settings.sweep_interval = Duration::from_secs(3600);
+    settings.upkeep.interval = Duration::from_secs(3600);
     spawn_app_with(settings).await
 }
 

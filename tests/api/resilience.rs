@@ -47,7 +47,7 @@ fn with_timeout<T>(message: T, timeout: Duration) -> Request<T> {
 async fn calls_that_give_up_early_still_hold_their_admission_until_the_work_ends() {
     const MAX_IN_FLIGHT: usize = 4;
     let mut settings = test_settings(fresh_database().await);
-    settings.max_in_flight = MAX_IN_FLIGHT;
+    settings.server.max_in_flight = MAX_IN_FLIGHT;
     let app = spawn_app_with(settings).await;
     let skus: Vec<String> = (0..20).map(|i| format!("FLOOD-{i:02}")).collect();
     for sku in &skus {
@@ -141,7 +141,7 @@ async fn a_hold_that_waited_on_a_lock_is_dated_from_when_it_acted() {
 async fn a_confirm_that_locks_the_hold_after_it_expired_is_refused() {
     let mut settings = test_settings(fresh_database().await);
     // The sweeper stays out of the way: the confirm alone decides.
-    settings.sweep_interval = Duration::from_secs(3600);
+    settings.upkeep.interval = Duration::from_secs(3600);
     let app = spawn_app_with(settings).await;
     stock(&app, "LATE-CONFIRM", 5).await;
     let request = ReserveRequest {
@@ -207,8 +207,8 @@ async fn a_lease_granted_after_its_grant_timed_out_is_given_back() {
     let mut settings =
         crate::helpers::test_settings_with_redis(fresh_database().await, &redis.url());
     // Long enough that an unreleased lease would still be there when the test looks.
-    settings.leases.ttl = Duration::from_secs(60);
-    settings.coalesce.max_batch = 1;
+    settings.redis.leases.ttl = Duration::from_secs(60);
+    settings.inventory.coalesce.max_batch = 1;
     let app = spawn_app_with(settings).await;
     stock(&app, "LATE-GRANT", 5).await;
     // Loads the lease scripts into this fresh Redis, so the late grant is one EVALSHA.
@@ -247,7 +247,7 @@ async fn a_lease_granted_after_its_grant_timed_out_is_given_back() {
 #[tokio::test]
 async fn event_streams_have_a_cap_of_their_own() {
     let mut settings = test_settings(fresh_database().await);
-    settings.max_watchers = 2;
+    settings.server.max_watchers = 2;
     let app = spawn_app_with(settings).await;
     let watch = || {
         let mut client = app.client.clone();
@@ -279,7 +279,7 @@ async fn a_consumer_that_stops_reading_during_catch_up_does_not_hold_shutdown() 
     use tonic::transport::Endpoint;
     let grace = Duration::from_secs(3);
     let mut settings = test_settings(fresh_database().await);
-    settings.shutdown_grace = grace;
+    settings.server.shutdown_grace = grace;
     let mut app = spawn_app_with(settings).await;
     // More than the server's HTTP/2 send buffer and the watcher's queue hold together:
     // about 1,100 events of ~450 bytes (long SKUs, long reasons).
@@ -406,9 +406,9 @@ async fn a_database_that_stops_answering_costs_each_call_a_bound_and_the_replica
     .parse()
     .unwrap();
     let mut settings = test_settings(through);
-    settings.pool.statement_timeout = Duration::from_millis(500);
-    settings.pool.acquire_timeout = Duration::from_secs(1);
-    let bound = settings.pool.operation_bound();
+    settings.database.pool.statement_timeout = Duration::from_millis(500);
+    settings.database.pool.acquire_timeout = Duration::from_secs(1);
+    let bound = settings.database.pool.operation_bound();
     let app = spawn_app_with(settings).await;
     stock(&app, "HUNG-A", 5).await;
     stock(&app, "HUNG-B", 5).await;

@@ -8,10 +8,10 @@ use crate::helpers::{fresh_database, spawn_app_with, test_settings};
 #[tokio::test]
 async fn a_backlog_many_batches_deep_is_pruned_within_one_round_and_holds_are_kept() {
     let mut settings = test_settings(fresh_database().await);
-    settings.sweep_batch = 100;
+    settings.upkeep.batch = 100;
     // One round a second: one batch a round would need 30 rounds for this backlog.
-    settings.sweep_interval = Duration::from_secs(1);
-    settings.reservation_retention = Duration::from_secs(24 * 3600);
+    settings.upkeep.interval = Duration::from_secs(1);
+    settings.upkeep.retention.reservations = Duration::from_secs(24 * 3600);
     let app = spawn_app_with(settings).await;
     app.db
         .batch_execute(

@@ -78,8 +78,8 @@ async fn a_rotated_token_file_takes_effect_within_a_second_and_open_streams_go_o
     )
     .unwrap();
     let mut settings = test_settings(fresh_database().await);
-    settings.auth = Authenticator::from_file(&file).unwrap();
-    settings.reload.auth_tokens_file = Some(file.clone());
+    settings.auth.authenticator = Authenticator::from_file(&file).unwrap();
+    settings.auth.tokens_file = Some(file.clone());
     let app = spawn_app_with(settings).await;
     let mut client = app.client.clone();
     assert_eq!(read_code(&mut client, "old-admin").await, Code::NotFound);
@@ -210,8 +210,8 @@ async fn a_swapped_certificate_serves_new_connections_and_old_ones_go_on() {
     let (new_cert, new_key) = leaf(&["localhost"], &new_ca);
     let mut volume = SecretVolume::new(&old_cert, &old_key);
     let mut settings = test_settings(fresh_database().await);
-    settings.tls = Some(volume.files().read().unwrap());
-    settings.reload.tls = Some(volume.files());
+    settings.server.tls = Some(volume.files().read().unwrap());
+    settings.server.tls_files = Some(volume.files());
     let app = spawn_app_with(settings).await;
 
     let before = connect_tls(app.addr, &old_ca.pem()).await.unwrap();

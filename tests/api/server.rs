@@ -239,8 +239,8 @@ async fn postgres_down_is_unavailable_with_retry_advice() {
 async fn spawn_app_with_unreachable_database(
     settings: inventory_server::config::Settings,
 ) -> UnreachableApp {
-    let key_prefix = settings.redis_settings.key_prefix.clone();
-    let redis = fred::types::Builder::from_config(settings.redis.clone())
+    let key_prefix = settings.redis.client.key_prefix.clone();
+    let redis = fred::types::Builder::from_config(settings.redis.config.clone())
         .build()
         .unwrap();
     fred::prelude::ClientLike::init(&redis).await.unwrap();

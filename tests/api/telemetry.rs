@@ -138,7 +138,7 @@ async fn metrics_show_on_the_admin_port_after_a_contended_run() {
     )
     .unwrap();
     let mut settings = test_settings(fresh_database().await);
-    settings.admin_listen_addr = Some("127.0.0.1:0".parse().unwrap());
+    settings.server.admin_listen_addr = Some("127.0.0.1:0".parse().unwrap());
     let application = inventory_server::startup::Application::build_with_registry(
         settings,
         telemetry.registry().clone(),

@@ -53,12 +53,12 @@ fn pki() -> Pki {
 
 async fn spawn_tls_app(pki: &Pki, mutual: bool) -> (TestApp, std::net::SocketAddr) {
     let mut settings = test_settings(fresh_database().await);
-    settings.tls = Some(TlsSettings {
+    settings.server.tls = Some(TlsSettings {
         cert_pem: pki.server.0.clone().into_bytes(),
         key_pem: pki.server.1.clone().into_bytes(),
         client_ca_pem: mutual.then(|| pki.ca.clone().into_bytes()),
     });
-    settings.health_listen_addr = Some("127.0.0.1:0".parse().unwrap());
+    settings.server.health_listen_addr = Some("127.0.0.1:0".parse().unwrap());
     let app = spawn_app_with(settings).await;
     let health = app.health_addr.expect("a health listener");
     (app, health)
@@ -211,12 +211,12 @@ async fn a_pinned_client_certificate_stands_in_for_a_token() {
     let pki = pki();
     let der = CertificateDer::from_pem_slice(pki.client.0.as_bytes()).unwrap();
     let mut settings = test_settings(fresh_database().await);
-    settings.tls = Some(TlsSettings {
+    settings.server.tls = Some(TlsSettings {
         cert_pem: pki.server.0.clone().into_bytes(),
         key_pem: pki.server.1.clone().into_bytes(),
         client_ca_pem: Some(pki.ca.clone().into_bytes()),
     });
-    settings.auth = inventory_server::auth::Authenticator::parse(&format!(
+    settings.auth.authenticator = inventory_server::auth::Authenticator::parse(&format!(
         "checkout reader cert-sha256:{}\n",
         inventory_server::auth::digest_hex(der.as_ref())
     ))

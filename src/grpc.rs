@@ -1,6 +1,8 @@
-//! The `inventory.v1.InventoryService` implementation. Every unary call takes one path,
-//! [`InventoryApi::unary`]: authorize, admit, decode for the caller, run the core use case
-//! within the call's [`Budget`], encode. No rule and no protobuf type is built here.
+//! The `inventory.v1.InventoryService` implementation. Every unary call takes one path:
+//! [`InventoryApi::begin`] (authorize, admit, the call's [`Budget`], decode for the caller),
+//! the core use case within the budget (in the handler, or for `Reserve` on a task of its
+//! own), then [`respond`] (encode, or map the error). No rule and no protobuf type is built
+//! here.
 
 use std::{
     future::Future,
@@ -55,15 +57,61 @@ impl InventoryApi {
             .map_err(|_| to_status(Error::Saturated))
     }
 
-    /// The one path of every unary call.
-    ///
-    /// The use case runs on a task of its own, holding the in-flight permit: a client that
-    /// gives up (deadline, disconnect) drops this handler, and would otherwise cancel the work
-    /// midway, between a lease and its release for a `Reserve`, leaving the SKU blocked for a
-    /// whole lease TTL. The work finishes either way, and a retry with the same idempotency
-    /// key gets its outcome; a flood of calls that give up early still never runs more than
-    /// `MAX_IN_FLIGHT` at once. The caller hears `DEADLINE_EXCEEDED` when its budget ends.
+    /// What every unary call does before its use case runs: authorize, admit, set the call's
+    /// [`Budget`] from its deadline, decode the request for the caller.
+    fn begin<R: Decode>(
+        &self,
+        request: Request<R>,
+        action: Action,
+    ) -> Result<Call<R::Command>, Status> {
+        let principal = self.auth.authorize(&request, action)?;
+        let admitted = self.admit()?;
+        let budget = Budget::from_timeout(client_timeout(request.metadata()), Instant::now());
+        let command = request
+            .into_inner()
+            .into_command(&principal)
+            .map_err(to_status)?;
+        Ok(Call {
+            command,
+            budget,
+            admitted,
+        })
+    }
+
+    /// A unary call whose use case runs in the handler, within its budget: a caller that
+    /// gives up ends it (an abandoned transaction rolls back), and its permit and connection
+    /// are free at once.
     async fn unary<R, T, Fut>(
+        &self,
+        request: Request<R>,
+        action: Action,
+        call: impl FnOnce(Arc<Service>, R::Command, Budget) -> Fut,
+    ) -> Result<Response<T::Message>, Status>
+    where
+        R: Decode,
+        Fut: Future<Output = Result<T, Error>>,
+        T: Encode,
+    {
+        let Call {
+            command,
+            budget,
+            admitted,
+        } = self.begin(request, action)?;
+        let answer = budget
+            .run(call(Arc::clone(&self.inventory), command, budget))
+            .await;
+        drop(admitted);
+        respond(answer)
+    }
+
+    /// A unary call whose use case runs to completion on a task of its own, holding the
+    /// in-flight permit, whatever the caller does. A client that gives up (deadline,
+    /// disconnect) drops the handler, which would otherwise cancel a `Reserve` between a lease
+    /// and its release, leaving the SKU blocked for a whole lease TTL. The work finishes
+    /// either way, and a retry with the same idempotency key gets its outcome; a flood of
+    /// calls that give up early still never runs more than `MAX_IN_FLIGHT` at once. The caller
+    /// hears `DEADLINE_EXCEEDED` when its budget ends.
+    async fn unary_detached<R, T, Fut>(
         &self,
         request: Request<R>,
         action: Action,
@@ -74,13 +122,11 @@ impl InventoryApi {
         Fut: Future<Output = Result<T, Error>> + Send + 'static,
         T: Encode + Send + 'static,
     {
-        let principal = self.auth.authorize(&request, action)?;
-        let admitted = self.admit()?;
-        let budget = Budget::from_timeout(client_timeout(request.metadata()), Instant::now());
-        let command = request
-            .into_inner()
-            .into_command(&principal)
-            .map_err(to_status)?;
+        let Call {
+            command,
+            budget,
+            admitted,
+        } = self.begin(request, action)?;
         let work = call(Arc::clone(&self.inventory), command, budget);
         let work = tokio::spawn(
             async move {
@@ -94,10 +140,21 @@ impl InventoryApi {
                 work.await
                     .unwrap_or_else(|error| Err(Error::internal(error)))
             })
-            .await
-            .map_err(to_status)?;
-        Ok(Response::new(answer.into_message()))
+            .await;
+        respond(answer)
     }
+}
+
+/// A unary call, admitted and decoded.
+struct Call<C> {
+    command: C,
+    budget: Budget,
+    admitted: OwnedSemaphorePermit,
+}
+
+/// The use case's answer on the wire: a message, or the status its error maps to.
+fn respond<T: Encode>(answer: Result<T, Error>) -> Result<Response<T::Message>, Status> {
+    Ok(Response::new(answer.map_err(to_status)?.into_message()))
 }
 
 /// The `grpc-timeout` header (`<digits><unit>`, unit one of H M S m u n), if present and valid.
@@ -149,7 +206,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::ReserveRequest>,
     ) -> Result<Response<proto::Reservation>, Status> {
-        self.unary(
+        self.unary_detached(
             request,
             Action::Reserve,
             |inventory, command, budget| async move { inventory.reserve(&command, budget).await },

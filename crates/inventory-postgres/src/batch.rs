@@ -106,7 +106,12 @@ impl PgStore {
             .collect();
         keys.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         let skus: Vec<&str> = groups.iter().map(|g| g.sku.as_str()).collect();
+        // `biased`: polled in this order every time, so the statements reach PostgreSQL in
+        // this order even when a fresh connection must prepare them first. Keys before stock
+        // rows, like every writer, and the claim before the read of stored outcomes (read
+        // first, a key another transaction is committing would be neither claimed nor seen).
         let (mut claimed, mut stored, locked) = tokio::try_join!(
+            biased;
             idempotency::claim_many(&tx, &keys, RESERVE),
             idempotency::read_stored_many(&tx, &keys),
             stock::lock_many(&tx, &skus),
@@ -227,7 +232,9 @@ async fn write_decisions(
         .collect();
     let events: Vec<(&Reservation, &StockLevel)> =
         holds.iter().map(|h| (&h.reservation, &h.level)).collect();
+    // `biased`: sent in this order (reservations before their lines inside `insert_many`).
     let (updated, ..) = tokio::try_join!(
+        biased;
         stock::hold_many(tx, &per_sku),
         reservations::insert_many(tx, &new),
         outbox::append_held_many(tx, &events),

@@ -158,6 +158,7 @@ pub(crate) async fn insert_many(
         return Ok(0);
     }
     let (insert, insert_lines) = tokio::try_join!(
+        biased;
         tx.prepare_cached(INSERT_MANY),
         tx.prepare_cached(INSERT_LINES_MANY)
     )?;
@@ -172,7 +173,9 @@ pub(crate) async fn insert_many(
     let fences: Vec<i64> = holds.iter().map(|h| h.3.get()).collect();
     let header_params: [Param<'_>; 6] = [&ids, &order_ids, &callers, &keys, &expires, &created];
     let line_params: [Param<'_>; 4] = [&ids, &skus, &quantities, &fences];
+    // `biased`: the reservations reach PostgreSQL before the lines that reference them.
     let (inserted, _) = tokio::try_join!(
+        biased;
         tx.execute(&insert, &header_params),
         tx.execute(&insert_lines, &line_params),
     )?;

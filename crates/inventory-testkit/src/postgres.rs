@@ -175,6 +175,28 @@ pub fn url(config: &tokio_postgres::Config) -> String {
 // ---------------------------------------------------------------------------------------------
 // A throwaway cluster
 
+/// How a [`Postgres`] cluster differs from the default: loopback only, any client trusted,
+/// tuned for speed rather than durability.
+#[derive(Clone, Debug)]
+pub struct PostgresOptions {
+    /// `listen_addresses`.
+    pub listen: Vec<String>,
+    /// More `-c name=value` settings (`ssl=on`, ...).
+    pub settings: Vec<(String, String)>,
+    /// The whole of `pg_hba.conf`, replacing initdb's.
+    pub hba: Option<String>,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            listen: vec!["127.0.0.1".into()],
+            settings: Vec::new(),
+            hba: None,
+        }
+    }
+}
+
 /// A throwaway PostgreSQL cluster of the harness's own, so it can be restarted without
 /// disturbing anything else on the machine. Tuned for speed, not durability.
 #[derive(Debug)]
@@ -230,6 +252,12 @@ impl Postgres {
     /// Creates a fresh cluster in `data` (or, when the `postgres` user cannot reach it, in a
     /// folder of its own under /var/tmp) and starts it on a free port.
     pub async fn start(data: &Path) -> anyhow::Result<Self> {
+        Self::start_with(data, &PostgresOptions::default()).await
+    }
+
+    /// [`Self::start`], with `options`. Files the settings name must be readable by the
+    /// `postgres` user when the harness runs as root.
+    pub async fn start_with(data: &Path, options: &PostgresOptions) -> anyhow::Result<Self> {
         let as_postgres = output("id", &["-u"]).await?.trim() == "0";
         std::fs::create_dir_all(data)?;
         let mut data = std::fs::canonicalize(data)?;
@@ -271,12 +299,20 @@ impl Postgres {
             )
             .await
             .context("initdb")?;
-        let options = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} \
+        if let Some(hba) = &options.hba {
+            // Written by this process: readable by the server whoever owns it.
+            std::fs::write(postgres.data.join("pg_hba.conf"), hba)?;
+        }
+        let mut settings = format!(
+            "-p {} -c listen_addresses={} -c unix_socket_directories={} \
              -c max_connections=200 -c fsync=off -c synchronous_commit=off",
             postgres.port,
+            options.listen.join(","),
             postgres.data_str()
         );
+        for (name, value) in &options.settings {
+            settings.push_str(&format!(" -c {name}={value}"));
+        }
         postgres
             .run(
                 "pg_ctl",
@@ -289,12 +325,19 @@ impl Postgres {
                     "-t",
                     "60",
                     "-o",
-                    &options,
+                    &settings,
                     "start",
                 ],
             )
             .await
-            .context("pg_ctl start")?;
+            .with_context(|| {
+                let log = std::fs::read_to_string(postgres.log()).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                format!(
+                    "pg_ctl start; the end of its log:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })?;
         Ok(postgres)
     }
 
@@ -330,6 +373,10 @@ impl Postgres {
 
     pub fn addr(&self) -> SocketAddr {
         loopback(self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     pub fn url(&self, database: &str) -> String {

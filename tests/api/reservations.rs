@@ -572,15 +572,13 @@ async fn a_one_second_hold_expires_and_returns_its_stock() {
     assert_eq!(app.level("SKU-1").await, (2, 2));
 
     // The background sweeper (every 100 ms here) returns the stock once the hold is over.
-    let mut swept = false;
-    for _ in 0..100 {
-        if app.level("SKU-1").await == (2, 0) {
-            swept = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(swept, "the sweeper returned the stock");
+    inventory_testkit::eventually(
+        "the sweeper returned the stock",
+        Duration::from_secs(5),
+        || async { app.level("SKU-1").await == (2, 0) },
+    )
+    .await
+    .unwrap();
     let read = app
         .client
         .get_reservation(get(&held.reservation_id))

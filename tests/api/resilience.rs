@@ -5,10 +5,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use fred::prelude::{ClientLike as _, KeysInterface as _};
 use inventory_server::proto::{ConfirmReservationRequest, ReserveRequest};
+use inventory_testkit::{eventually, process::eventually_ok, proxy::Proxy, redis::RedisNode};
 use tonic::{Code, Request};
 
 use crate::{
-    helpers::{RedisProcess, TestApp, connect, fresh_database, spawn_app_with, test_settings},
+    helpers::{TestApp, connect, fresh_database, spawn_app_with, test_settings},
     reservations::{reserve, stock},
 };
 
@@ -29,12 +30,13 @@ async fn lock_waiters(app: &TestApp) -> i64 {
 /// Waits until `n` sessions wait for a lock: the service's statement is then blocked where
 /// the test wants it. Bounded, so a wrong expectation fails instead of hanging.
 async fn until_lock_waiters(app: &TestApp, n: i64) {
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while lock_waiters(app).await < n {
-        assert!(Instant::now() < give_up, "no session waited for the lock");
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(
+        "a session waits for the lock",
+        Duration::from_secs(20),
+        || async { lock_waiters(app).await >= n },
+    )
+    .await
+    .unwrap();
 }
 
 fn with_timeout<T>(message: T, timeout: Duration) -> Request<T> {
@@ -203,7 +205,7 @@ async fn a_confirm_that_locks_the_hold_after_it_expired_is_refused() {
 
 #[tokio::test]
 async fn a_lease_granted_after_its_grant_timed_out_is_given_back() {
-    let redis = RedisProcess::start().await;
+    let redis = RedisNode::start_scratch().await.unwrap();
     let mut settings =
         crate::helpers::test_settings_with_redis(fresh_database().await, &redis.url());
     // Long enough that an unreleased lease would still be there when the test looks.
@@ -215,7 +217,7 @@ async fn a_lease_granted_after_its_grant_timed_out_is_given_back() {
     stock(&app, "WARM-UP", 1).await;
     app.hold("warm-up", &[("WARM-UP", 1)]).await;
 
-    redis.pause();
+    redis.pause().await.unwrap();
     let status = app
         .client
         .clone()
@@ -224,22 +226,27 @@ async fn a_lease_granted_after_its_grant_timed_out_is_given_back() {
         .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     // Redis runs the grant it was sent, then the release that followed it.
-    redis.resume();
+    redis.resume().await.unwrap();
     let lease = app.lease_key("LATE-GRANT");
-    let give_up = Instant::now() + Duration::from_secs(10);
-    loop {
-        // The grant ran (the fence moved) and its lease is gone again: given back, not expired.
-        let fence: Option<i64> = app.redis.get(app.fence_key("LATE-GRANT")).await.unwrap();
-        let holder: Option<String> = app.redis.get(&lease).await.unwrap();
-        if fence == Some(1) && holder.is_none() {
-            break;
-        }
-        assert!(
-            Instant::now() < give_up,
-            "the late grant still blocks the SKU (fence {fence:?}, holder {holder:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_ok(
+        "the late grant is given back",
+        Duration::from_secs(10),
+        || async {
+            // The grant ran (the fence moved) and its lease is gone again: given back, not
+            // expired.
+            let fence: Option<i64> = app.redis.get(app.fence_key("LATE-GRANT")).await.unwrap();
+            let holder: Option<String> = app.redis.get(&lease).await.unwrap();
+            if fence == Some(1) && holder.is_none() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the late grant still blocks the SKU (fence {fence:?}, holder {holder:?})"
+                ))
+            }
+        },
+    )
+    .await
+    .unwrap();
     // And the SKU is free at once for the next caller.
     app.hold("after-late-grant", &[("LATE-GRANT", 1)]).await;
 }
@@ -266,11 +273,13 @@ async fn event_streams_have_a_cap_of_their_own() {
     stock(&app, "CAP-1", 1).await;
 
     drop(first);
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while app.events.watching() > 1 {
-        assert!(Instant::now() < give_up, "a closed stream frees its place");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        "a closed stream frees its place",
+        Duration::from_secs(10),
+        || async { app.events.watching() <= 1 },
+    )
+    .await
+    .unwrap();
     watch().await.expect("a place was freed");
 }
 
@@ -318,11 +327,13 @@ async fn a_consumer_that_stops_reading_during_catch_up_does_not_hold_shutdown() 
             .watch_events(inventory_server::proto::WatchEventsRequest { after_sequence: 0 })
             .await
             .unwrap();
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while app.events.most_queued() < inventory_server::events::WATCH_BUFFER {
-        assert!(Instant::now() < give_up, "the watcher's queue never filled");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        "the watcher's queue fills",
+        Duration::from_secs(20),
+        || async { app.events.most_queued() >= inventory_server::events::WATCH_BUFFER },
+    )
+    .await
+    .unwrap();
 
     let stopping = Instant::now();
     app.begin_stop();
@@ -397,10 +408,10 @@ async fn a_database_that_stops_answering_costs_each_call_a_bound_and_the_replica
         "127.0.0.1:{}",
         crate::helpers::admin_config().get_ports()[0]
     );
-    let proxy = crate::helpers::StallProxy::start(upstream.parse().unwrap()).await;
+    let proxy = Proxy::start(upstream.parse().unwrap()).await.unwrap();
     let through: inventory_postgres::PgConfig = format!(
         "postgres://postgres@127.0.0.1:{}/{}",
-        proxy.port,
+        proxy.addr().port(),
         direct.get_dbname().unwrap()
     )
     .parse()
@@ -419,7 +430,7 @@ async fn a_database_that_stops_answering_costs_each_call_a_bound_and_the_replica
     let stuck =
         tokio::spawn(async move { client.reserve(reserve("hung-a", &[("HUNG-A", 1)])).await });
     held.reached().await;
-    proxy.stall();
+    proxy.set_stalled(true);
     let stalled = Instant::now();
     held.resume();
 
@@ -451,23 +462,13 @@ async fn a_database_that_stops_answering_costs_each_call_a_bound_and_the_replica
     assert_eq!(read.code(), Code::Unavailable, "{read:?}");
 
     // The network comes back: the replica recovers by itself.
-    proxy.resume();
-    let give_up = Instant::now() + Duration::from_secs(20);
-    loop {
-        let retry = app
-            .client
-            .clone()
-            .reserve(reserve("hung-b", &[("HUNG-B", 1)]))
-            .await;
-        match retry {
-            Ok(_) => break,
-            Err(status) => assert!(
-                Instant::now() < give_up,
-                "the replica did not recover: {status:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    proxy.set_stalled(false);
+    eventually_ok("the replica recovers", Duration::from_secs(20), || {
+        let mut client = app.client.clone();
+        async move { client.reserve(reserve("hung-b", &[("HUNG-B", 1)])).await }
+    })
+    .await
+    .unwrap();
     // A's retry with its key settles what became of it.
     app.client
         .clone()

@@ -218,17 +218,14 @@ async fn a_swapped_certificate_serves_new_connections_and_old_ones_go_on() {
     assert!(reaches_service(before.clone()).await);
 
     volume.update(&new_cert, &new_key);
-    let changed = Instant::now();
-    let after = loop {
-        match connect_tls(app.addr, &new_ca.pem()).await {
-            Ok(channel) => break channel,
-            Err(error) => assert!(
-                changed.elapsed() < Duration::from_secs(2),
-                "the new certificate is served within two seconds: {error}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let new_ca_pem = new_ca.pem();
+    let after = inventory_testkit::process::eventually_ok(
+        "the new certificate is served",
+        Duration::from_secs(2),
+        || connect_tls(app.addr, &new_ca_pem),
+    )
+    .await
+    .unwrap();
     assert!(reaches_service(after).await);
     assert!(
         connect_tls(app.addr, &old_ca.pem()).await.is_err(),

@@ -174,14 +174,20 @@ async fn metrics_show_on_the_admin_port_after_a_contended_run() {
     let _ = client2.reserve(reserve("m0", &[("HOT", 1)])).await;
     let _ = client2.reserve(reserve("m0", &[("HOT", 2)])).await;
 
-    let mut page = String::new();
-    for _ in 0..50 {
-        page = scrape(admin).await;
-        if page.contains("inventory_reservations") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let page = inventory_testkit::process::eventually_ok(
+        "the metrics page shows inventory_reservations",
+        Duration::from_secs(5),
+        || async {
+            let page = scrape(admin).await;
+            if page.contains("inventory_reservations") {
+                Ok(page)
+            } else {
+                Err("not yet")
+            }
+        },
+    )
+    .await
+    .unwrap();
     for name in [
         "inventory_rpc_duration_seconds_count",
         "inventory_lease_acquire_duration_seconds_count",

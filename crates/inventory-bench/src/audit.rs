@@ -1,10 +1,11 @@
 //! The oversell audit: after the load, what the service reports and what PostgreSQL holds
 //! must account for every success the shoppers were told about, and never exceed the stock.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use anyhow::Context as _;
 use inventory_proto::GetStockRequest;
+use inventory_testkit::audit as rows;
 use serde::Serialize;
 
 use crate::load::{Fate, LoadConfig, Observed, Scenario, connect};
@@ -170,23 +171,17 @@ async fn database_checks(
         .await
         .context("connect to PostgreSQL for the audit")?;
     tokio::spawn(connection);
-    let rows = db
-        .query(
-            "SELECT r.reservation_id::text, r.idempotency_key, r.state, l.sku, l.quantity
-             FROM reservations r JOIN reservation_lines l USING (reservation_id)
-             WHERE r.order_id LIKE $1",
-            &[&format!("{}-order-%", config.run_id)],
-        )
-        .await?;
+    let reservations = rows::reservations(&db, Some(&format!("{}-order-", config.run_id))).await?;
+    // The load's reservations have one line each: a second is a duplicate.
     let mut stored: HashMap<String, (String, String, String, i64)> = HashMap::new();
     let mut duplicates = 0;
-    for row in &rows {
-        let id: String = row.get(0);
-        if stored
-            .insert(id, (row.get(1), row.get(2), row.get(3), row.get(4)))
-            .is_some()
-        {
-            duplicates += 1;
+    for reservation in reservations {
+        duplicates += reservation.lines.len().saturating_sub(1);
+        if let Some((sku, quantity, _)) = reservation.lines.into_iter().next() {
+            stored.insert(
+                reservation.id,
+                (reservation.key, reservation.state, sku, quantity),
+            );
         }
     }
     let mut problems = Vec::new();
@@ -248,26 +243,10 @@ async fn database_checks(
         ),
     );
 
-    let mut held_units: BTreeMap<&str, i64> = BTreeMap::new();
-    for (_, state, sku, quantity) in stored.values() {
-        if state == "HELD" {
-            *held_units.entry(sku.as_str()).or_default() += quantity;
-        }
-    }
-    let levels = db
-        .query(
-            "SELECT sku, on_hand, reserved FROM stock WHERE sku = ANY($1)",
-            &[&observed.skus],
-        )
-        .await?;
-    let off: Vec<String> = levels
+    let off: Vec<String> = rows::reserved_against_holds(&db, Some(&observed.skus))
+        .await?
         .iter()
-        .filter_map(|row| {
-            let (sku, on_hand, reserved): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
-            let rows = held_units.get(sku.as_str()).copied().unwrap_or(0);
-            (reserved != rows || reserved > on_hand)
-                .then(|| format!("{sku}: reserved {reserved}, held rows {rows}, on_hand {on_hand}"))
-        })
+        .map(ToString::to_string)
         .collect();
     audit.push(
         "stock.reserved equals the held rows",

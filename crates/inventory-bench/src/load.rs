@@ -16,6 +16,7 @@ use inventory_proto::{
     AdjustStockRequest, ConfirmReservationRequest, ReleaseReservationRequest, ReservationLine,
     ReserveRequest, inventory_service_client::InventoryServiceClient,
 };
+use inventory_testkit::outcome;
 use rand::{Rng as _, SeedableRng as _, rngs::SmallRng};
 use rand_distr::{Distribution as _, Zipf};
 use tonic::{Code, transport::Channel};
@@ -333,24 +334,12 @@ impl Shop {
                     quantity: config.quantity,
                     fate: Fate::Held,
                 }),
-                Err(status) if is_indeterminate(status.code()) => indeterminate.push(key),
+                Err(status) if outcome::is_unknown(status.code()) => indeterminate.push(key),
                 Err(_) => {}
             }
         }
         (calls, held, indeterminate)
     }
-}
-
-/// Whether a call with this status may have taken effect anyway.
-pub fn is_indeterminate(code: Code) -> bool {
-    matches!(
-        code,
-        Code::DeadlineExceeded
-            | Code::Unavailable
-            | Code::Internal
-            | Code::Unknown
-            | Code::Cancelled
-    )
 }
 
 /// `race`: confirms the first share of the holds and releases the next.

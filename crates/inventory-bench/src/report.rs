@@ -3,6 +3,7 @@
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
 use hdrhistogram::Histogram;
+use inventory_testkit::svg::{self as chart, escape, tick};
 use serde::Serialize;
 
 use crate::{
@@ -193,13 +194,10 @@ pub fn svg(result: &RunResult) -> String {
     const TOP: f64 = 40.0;
     let mut out = String::new();
     let height = TOP + 3.0 * (PANEL + 50.0);
+    chart::open(&mut out, W, height, 12);
     let _ = write!(
         out,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-family="sans-serif" font-size="12">"##
-    );
-    let _ = write!(
-        out,
-        r##"<rect width="100%" height="100%" fill="white"/><text x="{LEFT}" y="22" font-size="15">{} — {:?}, {} clients: {:.0} reservations/s, p99 {}</text>"##,
+        r##"<text x="{LEFT}" y="22" font-size="15">{} — {:?}, {} clients: {:.0} reservations/s, p99 {}</text>"##,
         escape(&result.label),
         result.scenario,
         result.clients,
@@ -290,7 +288,7 @@ pub fn svg(result: &RunResult) -> String {
         &series,
         true,
     );
-    out.push_str("</svg>\n");
+    chart::close(&mut out);
     out
 }
 
@@ -359,34 +357,18 @@ fn panel(
         );
     }
     for (n, (name, color, ys)) in series.iter().enumerate() {
-        let points: Vec<String> = xs
-            .iter()
-            .zip(ys)
-            .map(|(a, b)| format!("{:.1},{:.1}", x(*a), y(*b)))
-            .collect();
+        chart::polyline(
+            out,
+            color,
+            2.0,
+            xs.iter().zip(ys).map(|(a, b)| (x(*a), y(*b))),
+        );
         let _ = write!(
             out,
-            r##"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/><text x="{}" y="{}" fill="{color}">{}</text>"##,
-            points.join(" "),
+            r##"<text x="{}" y="{}" fill="{color}">{}</text>"##,
             LEFT + W - 200.0,
             top + 36.0 + 16.0 * n as f64,
             escape(name)
         );
     }
-}
-
-fn tick(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else if v >= 1.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }

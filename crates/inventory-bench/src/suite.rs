@@ -3,16 +3,19 @@
 //! the service as shipped, at the same concurrency, in one run; then a table of ratios.
 
 use std::{
-    net::TcpListener,
     path::{Path, PathBuf},
     process::Stdio,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context as _, bail};
-use inventory_proto::GetStockRequest;
+use inventory_testkit::{
+    free_port,
+    postgres::{PgConfig, TemplateDatabases, connect, url},
+    server::ServerProcess,
+};
 use serde::Serialize;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::{
     audit,
@@ -72,7 +75,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
     std::fs::create_dir_all(&config.out)?;
     let script = config.out.join("reserve_one.sql");
     std::fs::write(&script, RESERVE_SQL)?;
-    let admin = config.database_url.parse::<tokio_postgres::Config>()?;
+    let databases = TemplateDatabases::new(config.database_url.parse()?);
     let mut rows = Vec::new();
     let mut all_audits_passed = true;
     let mut serial = 0;
@@ -84,16 +87,20 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
             } else {
                 config.skus
             };
-            let (raw_tps, raw_latency_ms) = raw(&config, &admin, &script, serial, skus, clients)
-                .await
-                .with_context(|| format!("pgbench {scenario:?} {clients}"))?;
+            let (raw_tps, raw_latency_ms) =
+                raw(&config, &databases, &script, serial, skus, clients)
+                    .await
+                    .with_context(|| format!("pgbench {scenario:?} {clients}"))?;
             println!(
                 "raw SQL  {scenario:?} {clients:>2} clients: {raw_tps:.0} tx/s, mean {raw_latency_ms:.2} ms"
             );
             let mut measured = Vec::new();
             for (variant, max_batch) in [("lease-only", 1), ("coalesced", 64)] {
                 let label = format!("{variant}-{scenario:?}-{clients}").to_lowercase();
-                let result = service(&config, serial, &label, scenario, clients, max_batch).await?;
+                let result = service(
+                    &config, &databases, serial, &label, scenario, clients, max_batch,
+                )
+                .await?;
                 result.print();
                 all_audits_passed &= result.audit.as_ref().is_some_and(|a| a.passed);
                 measured.push(Measured::of(&result, raw_tps));
@@ -111,7 +118,16 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
         }
     }
     serial += 1;
-    let race = service(&config, serial, "coalesced-race", Scenario::Race, 64, 64).await?;
+    let race = service(
+        &config,
+        &databases,
+        serial,
+        "coalesced-race",
+        Scenario::Race,
+        64,
+        64,
+    )
+    .await?;
     race.print();
     all_audits_passed &= race.audit.as_ref().is_some_and(|a| a.passed);
 
@@ -156,39 +172,6 @@ fn table(rows: &[Row]) -> String {
     out
 }
 
-/// A fresh, migrated database named for this run.
-async fn fresh_database(
-    admin: &tokio_postgres::Config,
-    server: &Path,
-    name: &str,
-) -> anyhow::Result<tokio_postgres::Config> {
-    let (db, connection) = admin.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
-    db.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-        .await?;
-    db.batch_execute(&format!("CREATE DATABASE {name}")).await?;
-    let mut config = admin.clone();
-    config.dbname(name);
-    let status = Command::new(server)
-        .arg("migrate")
-        .env("DATABASE_URL", url(&config))
-        .env("RUST_LOG", "warn")
-        .status()
-        .await?;
-    if !status.success() {
-        bail!("migrate failed");
-    }
-    Ok(config)
-}
-
-async fn drop_database(admin: &tokio_postgres::Config, name: &str) -> anyhow::Result<()> {
-    let (db, connection) = admin.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
-    db.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await?;
-    Ok(())
-}
-
 fn host(config: &tokio_postgres::Config) -> String {
     match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
@@ -196,27 +179,18 @@ fn host(config: &tokio_postgres::Config) -> String {
     }
 }
 
-fn url(config: &tokio_postgres::Config) -> String {
-    let host = host(config);
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let user = config.get_user().unwrap_or("postgres");
-    let db = config.get_dbname().unwrap_or("postgres");
-    format!("postgres://{user}@{host}:{port}/{db}")
-}
-
 /// pgbench with the service's transaction: (transactions/s, mean latency in ms).
 async fn raw(
     config: &SuiteConfig,
-    admin: &tokio_postgres::Config,
+    databases: &TemplateDatabases,
     script: &Path,
     serial: usize,
     skus: usize,
     clients: usize,
 ) -> anyhow::Result<(f64, f64)> {
     let name = format!("bench_raw_{serial}");
-    let db_config = fresh_database(admin, &config.server, &name).await?;
-    let (db, connection) = db_config.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
+    let db_config = databases.create(&name).await?;
+    let db = connect(&db_config).await?;
     db.execute(
         "INSERT INTO stock (sku, on_hand) SELECT 'P-' || g, 1000000000 FROM generate_series(0, $1::int - 1) g",
         &[&(skus as i32)],
@@ -250,7 +224,7 @@ async fn raw(
     }
     let output = pgbench.wait_with_output().await?;
     drop(db);
-    drop_database(admin, &name).await?;
+    databases.drop_database(&name).await?;
     let text = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
         bail!("pgbench failed:\n{text}");
@@ -273,38 +247,34 @@ async fn raw(
 /// The service under load: a fresh database, its own server process, then the audit.
 async fn service(
     config: &SuiteConfig,
+    databases: &TemplateDatabases,
     serial: usize,
     label: &str,
     scenario: Scenario,
     clients: usize,
     max_batch: usize,
 ) -> anyhow::Result<RunResult> {
-    let admin = config.database_url.parse::<tokio_postgres::Config>()?;
     let name = format!("bench_service_{serial}_{max_batch}");
-    let db_config = fresh_database(&admin, &config.server, &name).await?;
-    let port = free_port()?;
-    let addr = format!("http://127.0.0.1:{port}");
+    let db_config = databases.create(&name).await?;
     let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-    let log = std::fs::File::create(config.out.join(format!("{label}.server.log")))?;
-    let mut server = Command::new(&config.server)
-        .arg("serve")
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .env("DATABASE_URL", url(&db_config))
-        .env("REDIS_URL", &config.redis_url)
-        .env("REDIS_KEY_PREFIX", format!("bench:{name}"))
-        .env("LISTEN_ADDR", format!("127.0.0.1:{port}"))
-        .env("ADMIN_LISTEN_ADDR", admin_addr.to_string())
-        .env("AUTH_DISABLED", "true")
+    let env = [
+        ("DATABASE_URL", url(&db_config)),
+        ("REDIS_URL", config.redis_url.clone()),
+        ("REDIS_KEY_PREFIX", format!("bench:{name}")),
+        ("ADMIN_LISTEN_ADDR", admin_addr.to_string()),
+        ("AUTH_DISABLED", "true".into()),
         // As many connections as pgbench gets, so the comparison is like for like.
-        .env("DATABASE_POOL_SIZE", clients.max(16).to_string())
-        .env("COALESCE_MAX_BATCH", max_batch.to_string())
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .context("start inventory-server")?;
+        ("DATABASE_POOL_SIZE", clients.max(16).to_string()),
+        ("COALESCE_MAX_BATCH", max_batch.to_string()),
+        ("RUST_LOG", "warn".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let log = config.out.join(format!("{label}.server.log"));
+    let mut server = ServerProcess::start(&config.server, env, log).await?;
+    let addr = server.addr();
     let outcome = async {
-        wait_ready(&addr, &mut server).await?;
         let load = LoadConfig {
             addr: addr.clone(),
             scenario,
@@ -350,14 +320,14 @@ async fn service(
         Ok::<_, anyhow::Error>(result)
     }
     .await;
-    stop(&mut server).await;
-    drop_database(&admin, &name).await?;
+    // SIGTERM and wait, like an orchestrator would.
+    server.stop(Duration::from_secs(30)).await;
+    databases.drop_database(&name).await?;
     outcome
 }
 
-async fn wal_position(config: &tokio_postgres::Config) -> anyhow::Result<String> {
-    let (db, connection) = config.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
+async fn wal_position(config: &PgConfig) -> anyhow::Result<String> {
+    let db = connect(config).await?;
     Ok(db
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
         .await?
@@ -367,13 +337,8 @@ async fn wal_position(config: &tokio_postgres::Config) -> anyhow::Result<String>
 /// What one reservation costs on disk after the run: every table and index it writes
 /// (reservation, lines, idempotency record, events), and the WAL the run wrote, each divided
 /// by the reservations made. The run is the cluster's only writer, so the WAL is its own.
-async fn print_storage(
-    label: &str,
-    config: &tokio_postgres::Config,
-    wal_before: &str,
-) -> anyhow::Result<()> {
-    let (db, connection) = config.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
+async fn print_storage(label: &str, config: &PgConfig, wal_before: &str) -> anyhow::Result<()> {
+    let db = connect(config).await?;
     db.batch_execute("CHECKPOINT").await?;
     let row = db
         .query_one(
@@ -394,49 +359,4 @@ async fn print_storage(
         );
     }
     Ok(())
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-async fn wait_ready(addr: &str, server: &mut Child) -> anyhow::Result<()> {
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(30) {
-        if let Some(status) = server.try_wait()? {
-            bail!("inventory-server exited during start-up: {status}");
-        }
-        if let Ok(mut client) =
-            inventory_proto::inventory_service_client::InventoryServiceClient::connect(
-                addr.to_owned(),
-            )
-            .await
-            && client
-                .get_stock(GetStockRequest {
-                    skus: vec!["READY-CHECK".into()],
-                })
-                .await
-                .is_err_and(|s| s.code() == tonic::Code::NotFound)
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    bail!("inventory-server did not become ready within 30 s")
-}
-
-/// SIGTERM and wait, like an orchestrator would.
-async fn stop(server: &mut Child) {
-    if let Some(pid) = server.id() {
-        let _ = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await;
-    }
-    if tokio::time::timeout(Duration::from_secs(30), server.wait())
-        .await
-        .is_err()
-    {
-        let _ = server.kill().await;
-    }
 }

@@ -4,19 +4,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+pub use inventory_testkit::audit::{LevelMismatch, ReservationRow};
 use serde::Serialize;
 
 use crate::history::{History, Line, Op, OpKind, Outcome, Phase, SeenEvent};
-
-/// A reservation as PostgreSQL holds it.
-#[derive(Clone, Debug, Serialize)]
-pub struct ReservationRow {
-    pub id: String,
-    pub key: String,
-    pub state: String,
-    /// (sku, quantity, fence token), by SKU.
-    pub lines: Vec<(String, i64, i64)>,
-}
 
 #[derive(Clone, Debug, Serialize)]
 pub struct StockRow {
@@ -42,6 +33,8 @@ pub struct Facts {
     pub stock: Vec<StockRow>,
     pub outbox: Vec<OutboxRow>,
     pub head: i64,
+    /// SKUs whose `reserved` column is not what their HELD rows hold (the row audit).
+    pub level_mismatches: Vec<LevelMismatch>,
 }
 
 /// A fault healed at this moment; the `Reserve` calls that must succeed again soon after are
@@ -414,21 +407,8 @@ fn stock_returned_once(stream: &[SeenEvent], facts: &Facts) -> Check {
         }
     }
     // And from the rows alone: reserved is exactly what is still held.
-    for s in &facts.stock {
-        let held: i64 = facts
-            .reservations
-            .iter()
-            .filter(|r| r.state == "HELD")
-            .flat_map(|r| r.lines.iter())
-            .filter(|(sku, _, _)| *sku == s.sku)
-            .map(|(_, q, _)| q)
-            .sum();
-        if held != s.reserved {
-            v.fail(format!(
-                "{}: reserved {} but {held} held",
-                s.sku, s.reserved
-            ));
-        }
+    for mismatch in &facts.level_mismatches {
+        v.fail(mismatch.to_string());
     }
     v.note = format!("{} level changes replayed", v.examined);
     v.done()

@@ -6,8 +6,8 @@ use std::{
     time::Instant,
 };
 
+pub use inventory_testkit::outcome::Outcome;
 use serde::{Deserialize, Serialize};
-use tonic::Code;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -16,43 +16,6 @@ pub enum OpKind {
     Confirm,
     Release,
     Adjust,
-}
-
-/// What a client can conclude from an answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Outcome {
-    Ok,
-    /// A definite refusal: nothing was written.
-    Fail,
-    /// The call may or may not have taken effect (deadline, unavailable, cut connection).
-    Unknown,
-}
-
-impl Outcome {
-    pub fn of(code: Code) -> Self {
-        match code {
-            Code::Ok => Outcome::Ok,
-            Code::DeadlineExceeded
-            | Code::Unavailable
-            | Code::Internal
-            | Code::Unknown
-            | Code::Cancelled => Outcome::Unknown,
-            _ => Outcome::Fail,
-        }
-    }
-}
-
-impl Outcome {
-    /// Whether a refusal with this code settles an idempotency key: it is a stored outcome
-    /// (out of stock), or the request itself is wrong. `ABORTED` and `RESOURCE_EXHAUSTED`
-    /// refuse only the attempt: an earlier attempt with the key may still have gone through.
-    pub fn settles(code: &str) -> bool {
-        matches!(
-            code,
-            "FailedPrecondition" | "NotFound" | "InvalidArgument" | "AlreadyExists"
-        )
-    }
 }
 
 /// When the operation was made: under load and faults, or afterwards to resolve unknowns.

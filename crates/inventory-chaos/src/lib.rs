@@ -1,10 +1,8 @@
 //! The fault suite for `inventory-server`, in the manner of Jepsen: real processes, real
 //! faults on a seeded schedule, and a checker over the recorded history.
 //!
-//! - [`procs`]: PostgreSQL, Redis (single, Sentinel, Cluster) and the server replicas, as
-//!   processes that can be paused, killed and restarted.
-//! - [`proxy`]: a TCP proxy with latency and cut-off switches, in front of PostgreSQL and a
-//!   single Redis.
+//! - `inventory-testkit` starts the processes (PostgreSQL, Redis single, Sentinel or Cluster,
+//!   the server replicas) and the TCP fault proxies in front of PostgreSQL and a single Redis.
 //! - [`schedule`]: the seeded fault schedule.
 //! - [`workload`]: shoppers, a stocker and a live event watcher, every call recorded.
 //! - [`history`]: what was recorded.
@@ -14,8 +12,6 @@
 
 pub mod checker;
 pub mod history;
-pub mod procs;
-pub mod proxy;
 pub mod report;
 pub mod run;
 pub mod schedule;

@@ -5,10 +5,8 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::Parser;
-use inventory_chaos::{
-    procs::{Postgres, Topology},
-    run::{self, RunConfig},
-};
+use inventory_chaos::run::{self, RunConfig};
+use inventory_testkit::{postgres::Postgres, redis::Topology};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -3,12 +3,12 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
+use inventory_testkit::{redis::Topology, svg};
 use serde::Serialize;
 
 use crate::{
     checker::Check,
     history::{History, OpKind, Outcome},
-    procs::Topology,
     schedule::{Fault, Planned},
 };
 
@@ -177,10 +177,7 @@ pub fn svg(report: &RunReport, history: &History) -> String {
     let lanes_top = TOP + PLOT + 40.0;
     let height = lanes_top + 2.0 * LANE + 40.0;
     let mut out = String::new();
-    let _ = write!(
-        out,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/>"##
-    );
+    svg::open(&mut out, W, height, 11);
     let _ = write!(
         out,
         r##"<text x="{LEFT}" y="22" font-size="15">chaos {} — seed {}: {}</text><text x="{LEFT}" y="40">Reserve answers per second; shaded: faults (label above each band)</text>"##,
@@ -248,22 +245,11 @@ pub fn svg(report: &RunReport, history: &History) -> String {
         ("unknown outcome", "#d62728"),
     ];
     for (s, (label, colour)) in styles.iter().enumerate() {
-        let points: Vec<String> = series[s]
+        let points = series[s]
             .iter()
             .enumerate()
-            .map(|(i, &n)| {
-                format!(
-                    "{:.1},{:.1}",
-                    x((i as f64 + 0.5) * BUCKET_MS),
-                    y(n as f64 * per_s)
-                )
-            })
-            .collect();
-        let _ = write!(
-            out,
-            r##"<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{}"/>"##,
-            points.join(" ")
-        );
+            .map(|(i, &n)| (x((i as f64 + 0.5) * BUCKET_MS), y(n as f64 * per_s)));
+        svg::polyline(&mut out, colour, 1.5, points);
         let lx = LEFT + 10.0 + s as f64 * 220.0;
         let ly = height - 15.0;
         let _ = write!(
@@ -273,7 +259,7 @@ pub fn svg(report: &RunReport, history: &History) -> String {
             lx + 16.0
         );
     }
-    out.push_str("</svg>\n");
+    svg::close(&mut out);
     out
 }
 

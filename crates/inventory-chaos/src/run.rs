@@ -8,13 +8,18 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use tokio::process::Command;
+use inventory_testkit::{
+    audit,
+    postgres::{Postgres, TemplateDatabases, connect},
+    process::{eventually, eventually_ok},
+    proxy::Proxy,
+    redis::{Redis, Topology},
+    server::ServerProcess,
+};
 
 use crate::{
-    checker::{self, Facts, Heal, Outage, OutboxRow, ReservationRow, StockRow},
+    checker::{self, Facts, Heal, Outage, OutboxRow, StockRow},
     history::{History, Op, OpKind, Outcome, Phase, Recorder},
-    procs::{Postgres, Redis, Replica, Topology},
-    proxy::Proxy,
     report::{self, Applied, RunReport},
     schedule::{self, Fault},
     workload::{self, Caller, Endpoints, WorkloadConfig},
@@ -26,6 +31,8 @@ pub const REPLICAS: usize = 3;
 pub const LEASE_TTL: Duration = Duration::from_secs(1);
 /// A client's deadline for one call.
 const CALL_TIMEOUT: Duration = Duration::from_millis(1500);
+/// How long a replica may drain when stopped at the end of a run.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -63,7 +70,7 @@ struct Targets<'a> {
     postgres: &'a Postgres,
     pg_proxy: &'a Proxy,
     redis: &'a mut Redis,
-    replicas: &'a mut [Replica],
+    replicas: &'a mut [ServerProcess],
     skus: &'a [String],
     key_prefix: &'a str,
 }
@@ -72,7 +79,8 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
     std::fs::create_dir_all(&config.out)?;
     let run_id = format!("{}{}", &config.topology.name()[..2], config.seed);
     let database = format!("chaos_{}_{}", config.topology.name(), config.seed);
-    create_database(config, postgres, &database).await?;
+    let databases = TemplateDatabases::new(postgres.admin_config()?);
+    let database_config = databases.create(&database).await?;
 
     let pg_proxy = Proxy::start(postgres.addr()).await?;
     let mut redis = Redis::start(config.topology, &config.out.join("redis")).await?;
@@ -99,9 +107,10 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
     .collect();
     let mut replicas = Vec::new();
     for i in 0..REPLICAS {
-        replicas.push(Replica::start(i, &config.server, env.clone(), &config.out).await?);
+        let log = config.out.join(format!("replica-{i}.log"));
+        replicas.push(ServerProcess::start(&config.server, env.clone(), log).await?);
     }
-    let endpoints = Endpoints::new(&replicas.iter().map(Replica::addr).collect::<Vec<_>>())?;
+    let endpoints = Endpoints::new(&replicas.iter().map(ServerProcess::addr).collect::<Vec<_>>())?;
     let skus: Vec<String> = (0..config.skus)
         .map(|i| format!("CH-{run_id}-{i}"))
         .collect();
@@ -195,7 +204,7 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
     tokio::time::sleep(LEASE_TTL + CALL_TIMEOUT + Duration::from_secs(1)).await;
     let unknown_after_load = resolve(&endpoints, &recorder).await;
 
-    let client = connect(postgres, &database).await?;
+    let client = connect(&database_config).await?;
     wait_quiet(&client).await?;
     let facts = read_facts(&client).await?;
     let stream = workload::read_stream(&endpoints, facts.head).await?;
@@ -234,11 +243,11 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
     };
     write_files(config, &report, &history, &stream, &facts)?;
     for replica in &mut replicas {
-        replica.stop().await;
+        replica.stop(STOP_GRACE).await;
     }
     drop(client);
     if passed {
-        drop_database(postgres, &database).await?;
+        databases.drop_database(&database).await?;
     }
     Ok(report)
 }
@@ -315,13 +324,13 @@ async fn apply(
         Fault::SentinelFailover { down_ms } => {
             let old = t.redis.sentinel_primary().await?;
             t.redis.nodes[old].kill().await?;
-            let promoted = Instant::now();
-            while t.redis.sentinel_primary().await.ok() == Some(old) {
-                if promoted.elapsed() > Duration::from_secs(30) {
-                    bail!("Sentinel did not promote the replica within 30 s");
-                }
-                tokio::time::sleep(ms(100)).await;
-            }
+            let redis = &*t.redis;
+            eventually(
+                "Sentinel did not promote the replica",
+                Duration::from_secs(30),
+                || async { redis.sentinel_primary().await.ok() != Some(old) },
+            )
+            .await?;
             tokio::time::sleep(ms(down_ms)).await;
             // Back empty; Sentinel turns it into a replica of the new primary.
             t.redis.nodes[old].restart().await?;
@@ -440,67 +449,27 @@ async fn resolve_key(caller: &Caller<'_>, op: &Op, deadline: Instant) {
     }
 }
 
-async fn create_database(
-    config: &RunConfig,
-    postgres: &Postgres,
-    database: &str,
-) -> anyhow::Result<()> {
-    let admin = connect(postgres, "postgres").await?;
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
-        .await?;
-    admin
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .await?;
-    let status = Command::new(&config.server)
-        .arg("migrate")
-        .env("DATABASE_URL", postgres.url(database))
-        .env("RUST_LOG", "warn")
-        .status()
-        .await?;
-    if !status.success() {
-        bail!("inventory-server migrate failed");
-    }
-    Ok(())
-}
-
-async fn drop_database(postgres: &Postgres, database: &str) -> anyhow::Result<()> {
-    let admin = connect(postgres, "postgres").await?;
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
-        .await?;
-    Ok(())
-}
-
-async fn connect(postgres: &Postgres, database: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let (client, connection) =
-        tokio_postgres::connect(&postgres.url(database), tokio_postgres::NoTls)
-            .await
-            .with_context(|| format!("connect to {database}"))?;
-    tokio::spawn(connection);
-    Ok(client)
-}
-
 /// Waits for the quiet end of a run: every hold (all last a few seconds) swept, and every
 /// event positioned. Nothing changes after that, so rows and stream can be read in turn.
 async fn wait_quiet(client: &tokio_postgres::Client) -> anyhow::Result<()> {
-    let started = Instant::now();
-    loop {
-        let row = client
-            .query_one(
-                "SELECT (SELECT count(*) FROM reservations WHERE state = 'HELD')
-                      + (SELECT count(*) FROM outbox WHERE position IS NULL)",
-                &[],
-            )
-            .await?;
-        if row.get::<_, i64>(0) == 0 {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            bail!("holds still unswept or events unpositioned after 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_ok(
+        "holds still unswept or events unpositioned",
+        Duration::from_secs(60),
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT (SELECT count(*) FROM reservations WHERE state = 'HELD')
+                          + (SELECT count(*) FROM outbox WHERE position IS NULL)",
+                    &[],
+                )
+                .await?;
+            match row.get::<_, i64>(0) {
+                0 => Ok(()),
+                left => Err(anyhow::anyhow!("{left} left")),
+            }
+        },
+    )
+    .await
 }
 
 /// The rows, all from one snapshot.
@@ -514,28 +483,11 @@ async fn read_facts(client: &tokio_postgres::Client) -> anyhow::Result<Facts> {
 }
 
 async fn read_rows(client: &tokio_postgres::Client) -> anyhow::Result<Facts> {
-    let mut facts = Facts::default();
-    let rows = client
-        .query(
-            "SELECT r.reservation_id::text, r.idempotency_key, r.state, l.sku, l.quantity, l.fence_token
-             FROM reservations r JOIN reservation_lines l USING (reservation_id)
-             ORDER BY r.reservation_id, l.sku COLLATE \"C\"",
-            &[],
-        )
-        .await?;
-    for row in rows {
-        let id: String = row.get(0);
-        let line = (row.get(3), row.get(4), row.get(5));
-        match facts.reservations.last_mut() {
-            Some(last) if last.id == id => last.lines.push(line),
-            _ => facts.reservations.push(ReservationRow {
-                id,
-                key: row.get(1),
-                state: row.get(2),
-                lines: vec![line],
-            }),
-        }
-    }
+    let mut facts = Facts {
+        reservations: audit::reservations(client, None).await?,
+        level_mismatches: audit::reserved_against_holds(client, None).await?,
+        ..Facts::default()
+    };
     for row in client
         .query(
             "SELECT sku, on_hand, reserved, version FROM stock ORDER BY sku",

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng, seq::SliceRandom as _};
 use serde::{Deserialize, Serialize};
 
-use crate::procs::Topology;
+use inventory_testkit::redis::Topology;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

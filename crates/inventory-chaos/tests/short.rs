@@ -7,10 +7,8 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use inventory_chaos::{
-    procs::{Postgres, Topology},
-    run::{self, RunConfig},
-};
+use inventory_chaos::run::{self, RunConfig};
+use inventory_testkit::{postgres::Postgres, redis::Topology};
 
 /// Fixed, so `make test` runs the same schedules everywhere.
 const SEED: u64 = 20_261_202;

@@ -1,9 +1,11 @@
-//! A TCP proxy on loopback with two switches: added latency, and cut-off.
+//! A TCP proxy on loopback with three switches: added latency, cut-off and stall.
 //!
-//! The servers reach PostgreSQL (and a single Redis) through one of these, so a fault can make
-//! the path slow or sever it without touching the process behind it. Cutting drops every open
-//! connection at once and refuses new ones until the cut is lifted, like a network partition
-//! with a firewall that answers; latency delays every chunk in both directions.
+//! Servers under test reach PostgreSQL (and a single Redis) through one of these, so a fault
+//! can make the path slow, sever it or silence it without touching the process behind it.
+//! Cutting drops every open connection at once and refuses new ones until the cut is lifted,
+//! like a network partition with a firewall that answers; latency delays every chunk in both
+//! directions; stalling keeps every connection open and holds the bytes both ways until it
+//! is lifted, as a hung database or a network that went silent does.
 
 use std::{
     net::SocketAddr,
@@ -27,6 +29,7 @@ struct Switches {
     cut: AtomicBool,
     /// Bumped on every cut, so connections opened before it end.
     generation: watch::Sender<u64>,
+    stalled: watch::Sender<bool>,
 }
 
 /// A running proxy; it stops when dropped.
@@ -46,6 +49,7 @@ impl Proxy {
             latency_us: AtomicU64::new(0),
             cut: AtomicBool::new(false),
             generation: watch::channel(0).0,
+            stalled: watch::channel(false).0,
         });
         let accept = tokio::spawn(accept_loop(listener, upstream, switches.clone()));
         Ok(Self {
@@ -72,6 +76,12 @@ impl Proxy {
         if cut {
             self.switches.generation.send_modify(|g| *g += 1);
         }
+    }
+
+    /// Holds every byte, both ways, on open connections and new ones alike (`true`), or
+    /// delivers them again, held ones first.
+    pub fn set_stalled(&self, stalled: bool) {
+        self.switches.stalled.send_replace(stalled);
     }
 }
 
@@ -115,12 +125,24 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     switches: &Switches,
 ) {
+    let mut stalled = switches.stalled.subscribe();
     let mut buffer = vec![0u8; 16 * 1024];
     loop {
-        let n = match from.read(&mut buffer).await {
+        if stalled.wait_for(|on| !*on).await.is_err() {
+            return;
+        }
+        let read = tokio::select! {
+            read = from.read(&mut buffer) => read,
+            _ = stalled.wait_for(|on| *on) => continue,
+        };
+        let n = match read {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        // Bytes read just as the stall began wait for it to end.
+        if stalled.wait_for(|on| !*on).await.is_err() {
+            return;
+        }
         let latency = switches.latency_us.load(Ordering::SeqCst);
         if latency > 0 {
             tokio::time::sleep(Duration::from_micros(latency)).await;
@@ -132,60 +154,4 @@ async fn pump(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    async fn echo_server() -> SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            loop {
-                let (mut socket, _) = listener.accept().await.unwrap();
-                tokio::spawn(async move {
-                    let mut buffer = [0u8; 64];
-                    while let Ok(n) = socket.read(&mut buffer).await {
-                        if n == 0 || socket.write_all(&buffer[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        addr
-    }
-
-    async fn round_trip(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-        stream.write_all(b"ping").await?;
-        let mut reply = [0u8; 4];
-        stream.read_exact(&mut reply).await?;
-        Ok(reply.to_vec())
-    }
-
-    #[tokio::test]
-    async fn forwards_then_cuts_then_heals() {
-        let proxy = Proxy::start(echo_server().await).await.unwrap();
-        let mut open = TcpStream::connect(proxy.addr()).await.unwrap();
-        assert_eq!(round_trip(&mut open).await.unwrap(), b"ping");
-
-        proxy.set_cut(true);
-        // The open connection is severed, and a new one gets no answer.
-        assert!(round_trip(&mut open).await.is_err());
-        let mut refused = TcpStream::connect(proxy.addr()).await.unwrap();
-        assert!(round_trip(&mut refused).await.is_err());
-
-        proxy.set_cut(false);
-        let mut healed = TcpStream::connect(proxy.addr()).await.unwrap();
-        assert_eq!(round_trip(&mut healed).await.unwrap(), b"ping");
-    }
-
-    #[tokio::test]
-    async fn latency_delays_each_direction() {
-        let proxy = Proxy::start(echo_server().await).await.unwrap();
-        proxy.set_latency(Duration::from_millis(100));
-        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
-        let started = tokio::time::Instant::now();
-        assert_eq!(round_trip(&mut stream).await.unwrap(), b"ping");
-        // Once on the way in and once on the way out: a lower bound, never flaky.
-        assert!(started.elapsed() >= Duration::from_millis(200));
-    }
-}
+mod tests;

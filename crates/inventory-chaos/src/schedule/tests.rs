@@ -1,0 +1,55 @@
+use super::*;
+
+const TTL: Duration = Duration::from_secs(1);
+
+#[test]
+fn a_seed_always_gives_the_same_schedule() {
+    let a = plan(7, Topology::Single, Duration::from_secs(120), TTL);
+    let b = plan(7, Topology::Single, Duration::from_secs(120), TTL);
+    let c = plan(8, Topology::Single, Duration::from_secs(120), TTL);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+}
+
+#[test]
+fn faults_fit_the_run_and_never_overlap() {
+    let duration = Duration::from_secs(90);
+    for topology in Topology::ALL {
+        let planned = plan(3, topology, duration, TTL);
+        assert!(!planned.is_empty());
+        for pair in planned.windows(2) {
+            assert!(pair[0].at_ms + nominal_length(&pair[0].fault) < pair[1].at_ms);
+        }
+        let last = planned.last().unwrap();
+        assert!(last.at_ms + nominal_length(&last.fault) <= 86_000);
+    }
+}
+
+#[test]
+fn a_round_covers_every_kind_the_topology_has() {
+    for topology in Topology::ALL {
+        let planned = plan(11, topology, Duration::from_secs(600), TTL);
+        let round = kinds(topology).len();
+        let mut names: Vec<_> = planned[..round].iter().map(|p| p.fault.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), round, "{topology:?}: {names:?}");
+        assert!(planned.iter().all(
+            |p| !matches!(p.fault, Fault::RedisCut { .. }) || topology == Topology::Single
+        ));
+    }
+}
+
+#[test]
+fn a_pause_outlasts_the_lease() {
+    let planned = plan(5, Topology::Cluster, Duration::from_secs(600), TTL);
+    let pauses: Vec<u64> = planned
+        .iter()
+        .filter_map(|p| match p.fault {
+            Fault::PauseReplica { for_ms, .. } => Some(for_ms),
+            _ => None,
+        })
+        .collect();
+    assert!(!pauses.is_empty());
+    assert!(pauses.iter().all(|&ms| ms > 1_000));
+}

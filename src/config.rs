@@ -161,6 +161,11 @@ pub struct ServeArgs {
     #[arg(long, env = "RESERVATION_DEFAULT_TTL", default_value = "15m", value_parser = humantime::parse_duration)]
     pub reservation_default_ttl: Duration,
 
+    /// Longest a hold may last from when it was made, extensions included (1s to 24h, at
+    /// least RESERVATION_DEFAULT_TTL).
+    #[arg(long, env = "MAX_HOLD", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub max_hold: Duration,
+
     /// How often this replica looks for expired holds to return their stock.
     #[arg(long, env = "SWEEP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
@@ -432,6 +437,11 @@ impl Settings {
         let default_ttl = Ttl::parse(args.reservation_default_ttl)
             .map_err(|problem| problems.push(format!("RESERVATION_DEFAULT_TTL {problem}")))
             .ok();
+        if let Err(problem) = Ttl::parse(args.max_hold) {
+            problems.push(format!("MAX_HOLD {problem}"));
+        } else if args.max_hold < args.reservation_default_ttl {
+            problems.push("MAX_HOLD must be at least RESERVATION_DEFAULT_TTL".into());
+        }
         for (name, value) in [
             ("DATABASE_TIMEOUT", args.database_timeout),
             (
@@ -511,6 +521,7 @@ impl Settings {
                             max_queued: args.lease_max_waiters as usize,
                         },
                         lease_wait: args.lease_wait,
+                        max_hold: args.max_hold,
                     },
                     upkeep: Upkeep {
                         interval: args.sweep_interval,

@@ -251,6 +251,19 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "ExtendReservation"))]
+    async fn extend_reservation(
+        &self,
+        request: Request<proto::ExtendReservationRequest>,
+    ) -> Result<Response<proto::Reservation>, Status> {
+        self.unary(
+            request,
+            Action::Reserve,
+            |inventory, command, _| async move { inventory.extend(&command).await },
+        )
+        .await
+    }
+
     type WatchEventsStream = EventStream;
 
     #[tracing::instrument(skip_all, fields(rpc = "WatchEvents"))]

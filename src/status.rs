@@ -93,6 +93,18 @@ pub fn to_status(error: Error) -> Status {
                 );
             Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
         }
+        Error::MaxHoldExceeded { id, latest } => {
+            let latest = humantime::format_rfc3339_micros(latest).to_string();
+            let mut details = ErrorDetails::new();
+            details
+                .add_precondition_failure_violation("MAX_HOLD", id.to_string(), error.to_string())
+                .set_error_info(
+                    "MAX_HOLD_EXCEEDED",
+                    ERROR_DOMAIN,
+                    HashMap::from([("latest_expires_at".to_string(), latest)]),
+                );
+            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
+        }
         Error::LeaseBusy { ref sku, .. } => aborted("LEASE_BUSY", sku.as_str(), &error),
         Error::TooManyWaiters { ref sku } => {
             let mut details = ErrorDetails::new();

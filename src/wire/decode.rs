@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use inventory_core::{
     Error, FieldViolation,
-    command::{AdjustStock, GetStock, ReservationRef, Reserve, WatchEvents},
+    command::{AdjustStock, ExtendReservation, GetStock, ReservationRef, Reserve, WatchEvents},
     domain::{
         IdempotencyKey, Line, MAX_LINES, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
         ReservationId, Scope, Sku, StockDelta, Ttl,
@@ -204,6 +204,29 @@ impl Decode for proto::ReleaseReservationRequest {
 
     fn into_command(self, who: &Principal) -> Result<ReservationRef, Error> {
         reservation_ref(&self.reservation_id, who.write_scope())
+    }
+}
+
+/// Extending changes the hold: only the reservations the caller may change.
+impl Decode for proto::ExtendReservationRequest {
+    type Command = ExtendReservation;
+
+    fn into_command(self, who: &Principal) -> Result<ExtendReservation, Error> {
+        let mut violations = Violations::default();
+        let id = violations.check("reservation_id", ReservationId::parse(&self.reservation_id));
+        let ttl = match self.ttl {
+            None => {
+                violations.add("ttl", "is required");
+                None
+            }
+            Some(ttl) => violations.check("ttl", parse_duration(ttl).and_then(Ttl::parse)),
+        };
+        violations.finish(|| {
+            Some(ExtendReservation {
+                target: ReservationRef::new(id?, who.write_scope()),
+                ttl: ttl?,
+            })
+        })
     }
 }
 

@@ -106,6 +106,7 @@ impl Encode for Event {
                 state,
                 lines,
                 levels,
+                expires_at,
             } => (
                 match state {
                     ReservationState::Held => proto::EventType::ReservationHeld,
@@ -119,6 +120,23 @@ impl Encode for Event {
                     state: state.into_message().into(),
                     lines: lines.into_iter().map(Encode::into_message).collect(),
                     levels: levels.into_iter().map(Encode::into_message).collect(),
+                    expires_at: expires_at.map(timestamp),
+                }),
+            ),
+            Change::ReservationExtended {
+                reservation_id,
+                order_id,
+                lines,
+                expires_at,
+            } => (
+                proto::EventType::ReservationExtended,
+                Subject::ReservationId(reservation_id.to_string()),
+                Payload::ReservationChanged(proto::ReservationChanged {
+                    order_id: order_id.as_str().to_owned(),
+                    state: proto::ReservationState::Held.into(),
+                    lines: lines.into_iter().map(Encode::into_message).collect(),
+                    levels: Vec::new(),
+                    expires_at: Some(timestamp(expires_at)),
                 }),
             ),
         };

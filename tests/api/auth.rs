@@ -3,8 +3,8 @@
 use inventory_server::{
     auth::{Authenticator, digest_hex},
     proto::{
-        AdjustStockRequest, ConfirmReservationRequest, GetReservationRequest, GetStockRequest,
-        ReleaseReservationRequest, WatchEventsRequest,
+        AdjustStockRequest, ConfirmReservationRequest, ExtendReservationRequest,
+        GetReservationRequest, GetStockRequest, ReleaseReservationRequest, WatchEventsRequest,
         inventory_service_client::InventoryServiceClient,
     },
 };
@@ -100,6 +100,19 @@ async fn codes(
         ))
         .await
         .map(|_| ());
+    let extend = client
+        .extend_reservation(with_token(
+            ExtendReservationRequest {
+                reservation_id: reservation.into(),
+                ttl: Some(prost_types::Duration {
+                    seconds: 600,
+                    nanos: 0,
+                }),
+            },
+            token,
+        ))
+        .await
+        .map(|_| ());
     let release = client
         .release_reservation(with_token(
             ReleaseReservationRequest {
@@ -127,6 +140,7 @@ async fn codes(
         get_stock,
         reserve_call,
         get,
+        extend,
         release,
         confirm,
         watch,
@@ -162,19 +176,23 @@ async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
 
     let before = app.row_counts().await;
     let mut client = app.client.clone();
-    assert_eq!(codes(&mut client, None, &id).await, [NoAuth; 7]);
+    assert_eq!(codes(&mut client, None, &id).await, [NoAuth; 8]);
     assert_eq!(
         codes(&mut client, Some("wrong-token"), &id).await,
-        [NoAuth; 7]
+        [NoAuth; 8]
     );
     // The event stream shows every caller's orders: only watcher and admin may follow it.
     assert_eq!(
         codes(&mut client, Some(READER), &id).await,
-        [Denied, Allowed, Denied, Allowed, Denied, Denied, Denied]
+        [
+            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Denied
+        ]
     );
     assert_eq!(
         codes(&mut client, Some(WATCHER), &id).await,
-        [Denied, Allowed, Denied, Allowed, Denied, Denied, Allowed]
+        [
+            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed
+        ]
     );
     assert_eq!(
         app.row_counts().await,
@@ -184,9 +202,11 @@ async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
 
     assert_eq!(
         codes(&mut client, Some(RESERVER), &id).await,
-        [Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Denied]
+        [
+            Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Denied
+        ]
     );
-    assert_eq!(codes(&mut client, Some(ADMIN), &id).await, [Allowed; 7]);
+    assert_eq!(codes(&mut client, Some(ADMIN), &id).await, [Allowed; 8]);
 }
 
 /// The status a caller gets for `id`, with the id itself masked, so a stranger's
@@ -270,8 +290,21 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
                 Some(OTHER_RESERVER),
             ))
             .await;
+        let extend = client
+            .extend_reservation(with_token(
+                ExtendReservationRequest {
+                    reservation_id: target.clone(),
+                    ttl: Some(prost_types::Duration {
+                        seconds: 600,
+                        nanos: 0,
+                    }),
+                },
+                Some(OTHER_RESERVER),
+            ))
+            .await;
         assert_eq!(masked(release, target).0, Code::NotFound);
         assert_eq!(masked(confirm, target).0, Code::NotFound);
+        assert_eq!(masked(extend, target).0, Code::NotFound);
     }
     assert_eq!(
         masked(

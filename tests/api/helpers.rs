@@ -177,6 +177,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
             // Generous: races of a hundred callers on one SKU must end in stock outcomes, not
             // in lease timeouts, even on a loaded two-core machine.
             lease_wait: Duration::from_secs(20),
+            max_hold: Duration::from_secs(24 * 3600),
         },
         upkeep: Upkeep {
             interval: Duration::from_millis(100),

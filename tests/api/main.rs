@@ -13,6 +13,7 @@ mod config;
 mod datastore_tls;
 mod deploy;
 mod events;
+mod extend;
 mod faults;
 mod helpers;
 mod hostile;

@@ -163,6 +163,13 @@ impl ReservationRef {
     }
 }
 
+/// Move a live hold's expiry to `ttl` after the moment the change is made.
+#[derive(Clone, Debug)]
+pub struct ExtendReservation {
+    pub target: ReservationRef,
+    pub ttl: Ttl,
+}
+
 /// Follow the event stream from a cursor.
 #[derive(Clone, Copy, Debug)]
 pub struct WatchEvents {

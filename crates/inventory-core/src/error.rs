@@ -4,7 +4,7 @@
 
 use std::{fmt, sync::Arc};
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::domain::{ReservationId, ReservationState, Sku};
 
@@ -78,6 +78,14 @@ pub enum Error {
         id: ReservationId,
         state: ReservationState,
         action: &'static str,
+    },
+
+    /// The hold would end more than `MAX_HOLD` after it was made; nothing changed.
+    #[error("reservation {id} may be held for at most MAX_HOLD from when it was made")]
+    MaxHoldExceeded {
+        id: ReservationId,
+        /// `created_at + MAX_HOLD`.
+        latest: SystemTime,
     },
 
     /// No lease for the SKU could be obtained within the request's budget; nothing changed.

@@ -33,6 +33,16 @@ pub enum Change {
         state: ReservationState,
         lines: Vec<Line>,
         levels: Vec<StockLevel>,
+        /// When a hold expires; `None` for other states and for events stored before it was
+        /// recorded.
+        expires_at: Option<SystemTime>,
+    },
+    /// A hold's expiry moved; no stock changed.
+    ReservationExtended {
+        reservation_id: ReservationId,
+        order_id: OrderId,
+        lines: Vec<Line>,
+        expires_at: SystemTime,
     },
 }
 

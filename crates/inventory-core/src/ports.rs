@@ -1,10 +1,13 @@
 //! What the core needs from the outside world. Adapters implement these traits; the core never
 //! names a driver.
 
-use std::{future::Future, time::Instant};
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
 
 use crate::{
-    command::{AdjustStock, GetStock, ReservationRef, Reserve},
+    command::{AdjustStock, ExtendReservation, GetStock, ReservationRef, Reserve},
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
     events::{Event, StreamBounds},
@@ -115,6 +118,14 @@ pub trait ReservationStore: Send + Sync + 'static {
     fn get_reservation(
         &self,
         target: ReservationRef,
+    ) -> impl Future<Output = Result<Reservation, Error>> + Send;
+
+    /// Moves a live hold's expiry to `ttl` after now by the store's clock, as
+    /// [`rules::extend`](crate::rules::extend) decides, and records the event.
+    fn extend(
+        &self,
+        command: &ExtendReservation,
+        max_hold: Duration,
     ) -> impl Future<Output = Result<Reservation, Error>> + Send;
 
     /// Expires up to `batch` holds past their `expires_at`, returning their stock; safe to run

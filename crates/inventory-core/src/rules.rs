@@ -141,7 +141,7 @@ pub fn judge_lines(refusals: Vec<LineRefusal>) -> LinesVerdict {
 /// A new hold made at `now` for `ttl`. Times are kept to the microsecond, as storage keeps
 /// them, so what is answered is exactly what a later read returns.
 pub fn new_hold(command: &Reserve, lines: Vec<Line>, now: SystemTime, ttl: Ttl) -> Reservation {
-    let ttl = Duration::from_micros(u64::try_from(ttl.get().as_micros()).unwrap_or(u64::MAX));
+    let ttl = to_micros(ttl.get());
     Reservation {
         id: ReservationId::new_random(),
         order_id: command.order_id.clone(),
@@ -266,6 +266,57 @@ pub fn decide_group(
         });
     }
     Ok(GroupVerdict::Decided(decided))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Extend
+
+/// A duration as storage keeps it: to the microsecond.
+fn to_micros(duration: Duration) -> Duration {
+    Duration::from_micros(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// A new hold may not be asked to last longer than `max_hold`.
+pub fn within_max_hold(ttl: Ttl, max_hold: Duration) -> Result<(), Error> {
+    if ttl.get() > max_hold {
+        return Err(Error::InvalidArgument(vec![crate::FieldViolation::new(
+            "ttl",
+            format!("must be at most {}s (MAX_HOLD)", max_hold.as_secs()),
+        )]));
+    }
+    Ok(())
+}
+
+/// The new expiry of `reservation` (as read, in its effective state) extended at `now` by
+/// `ttl`: only a live hold may be extended, and never to end more than `max_hold` after it
+/// was made. The new expiry may be earlier than the old one: the caller says how long from
+/// now, not how much longer.
+pub fn extend(
+    reservation: &Reservation,
+    now: SystemTime,
+    ttl: Ttl,
+    max_hold: Duration,
+) -> Result<SystemTime, Error> {
+    let state = match reservation.state {
+        ReservationState::Held if reservation.expires_at <= now => ReservationState::Expired,
+        state => state,
+    };
+    if state != ReservationState::Held {
+        return Err(Error::WrongState {
+            id: reservation.id,
+            state,
+            action: "extend",
+        });
+    }
+    let expires_at = now + to_micros(ttl.get());
+    let latest = reservation.created_at + max_hold;
+    if expires_at > latest {
+        return Err(Error::MaxHoldExceeded {
+            id: reservation.id,
+            latest,
+        });
+    }
+    Ok(expires_at)
 }
 
 // ---------------------------------------------------------------------------------------------

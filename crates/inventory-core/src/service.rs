@@ -12,13 +12,14 @@ use crate::{
         CoalesceConfig, CommitTurn, CommitWait, Committer, GroupOutcome, Joined, Leadership,
         MAX_GROUPS, Queued, Queues, Submitted, Turn, TurnWait, Writing,
     },
-    command::{AdjustStock, GetStock, ReservationRef, Reserve},
+    command::{AdjustStock, ExtendReservation, GetStock, ReservationRef, Reserve},
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
     pause::{PausePoint, PausePoints},
     ports::{
         Lease, LeaseService, ReservationStore, ReserveGroup, StockStore, UnknownSkus, WriteOutcome,
     },
+    rules,
 };
 
 /// How many times one `Reserve` raises lagging fence counters and tries again before giving
@@ -33,6 +34,8 @@ pub struct InventoryConfig {
     pub coalesce: CoalesceConfig,
     /// Longest a `Reserve` waits for busy leases, whatever the caller's deadline.
     pub lease_wait: Duration,
+    /// Longest a hold may last from when it was made, extensions included.
+    pub max_hold: Duration,
 }
 
 #[derive(Debug)]
@@ -115,6 +118,7 @@ where
         deadline: Instant,
     ) -> Result<Reservation, Error> {
         let ttl = command.ttl.unwrap_or(self.config.default_ttl);
+        rules::within_max_hold(ttl, self.config.max_hold)?;
         if let [line] = command.lines()
             && self.config.coalesce.max_batch > 1
         {
@@ -362,6 +366,11 @@ where
 
     pub async fn get_reservation(&self, target: ReservationRef) -> Result<Reservation, Error> {
         self.store.get_reservation(target).await
+    }
+
+    /// Moves a live hold's expiry (see [`rules::extend`]). Needs no lease: no stock moves.
+    pub async fn extend(&self, command: &ExtendReservation) -> Result<Reservation, Error> {
+        self.store.extend(command, self.config.max_hold).await
     }
 
     /// One sweep: expires up to `batch` overdue holds.

@@ -163,6 +163,9 @@ struct ReservationPayload {
     state: String,
     lines: Vec<LinePayload>,
     levels: Vec<LevelPayload>,
+    /// A hold's expiry; absent in other states and in events written before it was kept.
+    #[serde(default)]
+    expires_at_micros: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -205,33 +208,47 @@ fn event(row: &Row) -> Result<Event, Error> {
         let id = id.ok_or_else(|| invalid("no reservation id".into()))?;
         let payload: ReservationPayload =
             serde_json::from_value(payload).map_err(Error::internal)?;
-        Change::Reservation {
-            reservation_id: ReservationId::from_uuid(id),
-            order_id: OrderId::parse(&payload.order_id).map_err(invalid)?,
-            state: ReservationState::parse(&payload.state)
-                .ok_or_else(|| invalid(format!("state {:?}", payload.state)))?,
-            lines: payload
-                .lines
-                .into_iter()
-                .map(|line| {
-                    Ok(Line {
-                        sku: Sku::parse(&line.sku).map_err(invalid)?,
-                        quantity: Quantity::parse(line.quantity).map_err(invalid)?,
-                    })
+        let reservation_id = ReservationId::from_uuid(id);
+        let order_id = OrderId::parse(&payload.order_id).map_err(invalid)?;
+        let lines = payload
+            .lines
+            .into_iter()
+            .map(|line| {
+                Ok(Line {
+                    sku: Sku::parse(&line.sku).map_err(invalid)?,
+                    quantity: Quantity::parse(line.quantity).map_err(invalid)?,
                 })
-                .collect::<Result<_, Error>>()?,
-            levels: payload
-                .levels
-                .into_iter()
-                .map(|level| {
-                    Ok(StockLevel {
-                        sku: Sku::parse(&level.sku).map_err(invalid)?,
-                        on_hand: level.on_hand,
-                        reserved: level.reserved,
-                        version: level.version,
+            })
+            .collect::<Result<_, Error>>()?;
+        let expires_at = payload.expires_at_micros.map(crate::outcome::from_micros);
+        if event_type == crate::outbox::RESERVATION_EXTENDED {
+            Change::ReservationExtended {
+                reservation_id,
+                order_id,
+                lines,
+                expires_at: expires_at.ok_or_else(|| invalid("no expiry".into()))?,
+            }
+        } else {
+            Change::Reservation {
+                reservation_id,
+                order_id,
+                state: ReservationState::parse(&payload.state)
+                    .ok_or_else(|| invalid(format!("state {:?}", payload.state)))?,
+                lines,
+                levels: payload
+                    .levels
+                    .into_iter()
+                    .map(|level| {
+                        Ok(StockLevel {
+                            sku: Sku::parse(&level.sku).map_err(invalid)?,
+                            on_hand: level.on_hand,
+                            reserved: level.reserved,
+                            version: level.version,
+                        })
                     })
-                })
-                .collect::<Result<_, Error>>()?,
+                    .collect::<Result<_, Error>>()?,
+                expires_at,
+            }
         }
     };
     Ok(Event {

@@ -18,6 +18,7 @@ const APPEND_HELD_MANY: &str = "
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS u(event_id, reservation_id, payload)";
 
 pub(crate) const STOCK_ADJUSTED: &str = "STOCK_ADJUSTED";
+pub(crate) const RESERVATION_EXTENDED: &str = "RESERVATION_EXTENDED";
 
 /// The event type recording a reservation's move to `state`.
 pub(crate) fn reservation_event(state: ReservationState) -> &'static str {
@@ -36,13 +37,36 @@ pub(crate) async fn append_reservation_event(
     reservation: &Reservation,
     levels: &[StockLevel],
 ) -> Result<(), tokio_postgres::Error> {
+    append_event_of(
+        tx,
+        reservation_event(reservation.state),
+        reservation,
+        levels,
+    )
+    .await
+}
+
+/// Appends the event of a hold whose expiry moved: no stock changed, so no levels.
+pub(crate) async fn append_extended_event(
+    tx: &Transaction<'_>,
+    reservation: &Reservation,
+) -> Result<(), tokio_postgres::Error> {
+    append_event_of(tx, RESERVATION_EXTENDED, reservation, &[]).await
+}
+
+async fn append_event_of(
+    tx: &Transaction<'_>,
+    event_type: &str,
+    reservation: &Reservation,
+    levels: &[StockLevel],
+) -> Result<(), tokio_postgres::Error> {
     let payload = reservation_payload(reservation, levels);
     let statement = tx.prepare_cached(APPEND_RESERVATION_EVENT).await?;
     tx.execute(
         &statement,
         &[
             &Uuid::new_v4(),
-            &reservation_event(reservation.state),
+            &event_type,
             &reservation.id.as_uuid(),
             &payload,
         ],
@@ -52,12 +76,12 @@ pub(crate) async fn append_reservation_event(
 }
 
 /// The payload of a reservation event: the reservation as it now is and its SKUs' levels
-/// right after the change.
+/// right after the change; a hold's expiry as microseconds since the epoch.
 pub(crate) fn reservation_payload(
     reservation: &Reservation,
     levels: &[StockLevel],
 ) -> serde_json::Value {
-    json!({
+    let mut payload = json!({
         "order_id": reservation.order_id.as_str(),
         "state": reservation.state.as_str(),
         "lines": reservation.lines.iter().map(|line| json!({
@@ -70,7 +94,11 @@ pub(crate) fn reservation_payload(
             "reserved": level.reserved,
             "version": level.version,
         })).collect::<Vec<_>>(),
-    })
+    });
+    if reservation.state == ReservationState::Held {
+        payload["expires_at_micros"] = json!(crate::outcome::micros(reservation.expires_at));
+    }
+    payload
 }
 
 pub(crate) async fn append_sku_event(

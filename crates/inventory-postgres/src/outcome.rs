@@ -120,12 +120,12 @@ impl ReserveOutcome {
     }
 }
 
-fn micros(time: SystemTime) -> i64 {
+pub(crate) fn micros(time: SystemTime) -> i64 {
     time.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
-fn from_micros(micros: i64) -> SystemTime {
+pub(crate) fn from_micros(micros: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64)
 }
 

@@ -62,6 +62,11 @@ const SETTLE_HOLD: &str = "
     UPDATE reservations SET state = $2, updated_at = clock_timestamp()
     WHERE reservation_id = $1 AND state = 'HELD' AND expires_at > clock_timestamp()";
 
+/// Moves a live hold's expiry; judged by its row count, like `SETTLE_HOLD`.
+const EXTEND_HOLD: &str = "
+    UPDATE reservations SET expires_at = $2, updated_at = clock_timestamp()
+    WHERE reservation_id = $1 AND state = 'HELD' AND expires_at > clock_timestamp()";
+
 /// Holds past their expiry, oldest first. `SKIP LOCKED` lets several sweepers (one per
 /// replica) take disjoint batches at the same moment instead of queueing on each other.
 const LOCK_DUE: &str = "
@@ -90,6 +95,8 @@ pub(crate) struct Header {
     pub state: ReservationState,
     pub created_at: SystemTime,
     pub expires_at: SystemTime,
+    /// PostgreSQL's clock when the row was read (and locked, if it was).
+    pub read_at: SystemTime,
 }
 
 impl Header {
@@ -191,7 +198,7 @@ pub(crate) async fn header(
     for_update: bool,
 ) -> Result<Option<Header>, Error> {
     let sql = format!(
-        "SELECT order_id, state, {EFFECTIVE_STATE}, created_at, expires_at
+        "SELECT order_id, state, {EFFECTIVE_STATE}, created_at, expires_at, clock_timestamp()
          FROM reservations WHERE reservation_id = $1 AND ($2::text IS NULL OR caller = $2){}",
         if for_update { " FOR UPDATE" } else { "" }
     );
@@ -213,6 +220,7 @@ pub(crate) async fn header(
             state: state(&row, 2)?,
             created_at: row.try_get(3).map_err(Error::internal)?,
             expires_at: row.try_get(4).map_err(Error::internal)?,
+            read_at: row.try_get(5).map_err(Error::internal)?,
         })
     })
     .transpose()
@@ -248,6 +256,19 @@ pub(crate) async fn settle_hold(
 
 /// Locks up to `batch` overdue holds (skipping ones another transaction holds) and returns
 /// them with their lines.
+/// Sets a live hold's expiry; `false` if it is no longer a live hold at this very moment.
+pub(crate) async fn extend_hold(
+    tx: &Transaction<'_>,
+    id: ReservationId,
+    expires_at: SystemTime,
+) -> Result<bool, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(EXTEND_HOLD).await?;
+    let changed = tx
+        .execute(&statement, &[&id.as_uuid(), &expires_at])
+        .await?;
+    Ok(changed == 1)
+}
+
 pub(crate) async fn lock_due(tx: &Transaction<'_>, batch: i64) -> Result<Vec<Reservation>, Error> {
     let statement = tx
         .prepare_cached(LOCK_DUE)

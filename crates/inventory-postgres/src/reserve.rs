@@ -1,10 +1,12 @@
 //! The reservation use cases of [`PgStore`](crate::PgStore): each is one transaction that
 //! reads, asks the core ([`rules`]) and writes what it decided.
 
+use std::time::Duration;
+
 use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
-    command::{ReservationRef, Reserve},
+    command::{ExtendReservation, ReservationRef, Reserve},
     domain::{
         FenceToken, Line, Reservation, ReservationId, ReservationState, Sku, StockLevel, Ttl,
     },
@@ -183,6 +185,45 @@ impl ReservationStore for PgStore {
                 .ok_or(Error::UnknownReservation(target.id))?;
             let lines = reservations::lines(&client, target.id).await?;
             Ok(header.with_lines(lines))
+        })
+        .await
+    }
+
+    #[tracing::instrument(name = "sql.extend", skip_all, fields(reservation_id = %command.target.id))]
+    async fn extend(
+        &self,
+        command: &ExtendReservation,
+        max_hold: Duration,
+    ) -> Result<Reservation, Error> {
+        self.bounded(async {
+            let target = &command.target;
+            let mut client = self.pool().get().await.map_err(from_pool)?;
+            let tx = client.transaction().await.map_err(from_db)?;
+            let header = reservations::header(&tx, target, true)
+                .await?
+                .ok_or(Error::UnknownReservation(target.id))?;
+            let lines = reservations::lines(&tx, target.id).await?;
+            let now = header.read_at;
+            let mut reservation = header.with_lines(lines);
+            let expires_at = rules::extend(&reservation, now, command.ttl, max_hold)?;
+            // Judged again by the statement: the hold may have run out since it was read.
+            if !reservations::extend_hold(&tx, target.id, expires_at)
+                .await
+                .map_err(from_db)?
+            {
+                return Err(Error::WrongState {
+                    id: target.id,
+                    state: ReservationState::Expired,
+                    action: "extend",
+                });
+            }
+            reservation.expires_at = expires_at;
+            outbox::append_extended_event(&tx, &reservation)
+                .await
+                .map_err(from_db)?;
+            tx.commit().await.map_err(from_db)?;
+            self.outbox_written();
+            Ok(reservation)
         })
         .await
     }

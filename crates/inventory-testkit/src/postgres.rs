@@ -63,8 +63,8 @@ impl TemplateDatabases {
         config
     }
 
-    /// The template's name: it changes whenever a migration does, so a stale template is
-    /// never used. Away from the source tree (a binary copied elsewhere), it is named for the
+    /// The template's name: it changes whenever a migration or the embedded schema version
+    /// does, so a stale template is never used. Away from the source tree (a binary copied elsewhere), it is named for the
     /// newest migration the binary embeds instead.
     pub fn template_name() -> anyhow::Result<String> {
         let Ok(entries) = std::fs::read_dir(MIGRATIONS) else {
@@ -84,7 +84,12 @@ impl TemplateDatabases {
         }
         let digest = hash.finalize();
         let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-        Ok(format!("inventory_template_{hex}"))
+        // With the version this binary embeds: a binary built before a migration was added
+        // must not name (and fill) the template of the newer schema.
+        Ok(format!(
+            "inventory_template_v{}_{hex}",
+            inventory_postgres::migrate::expected_version()
+        ))
     }
 
     /// Creates the migrated template once (under a lock, since every test process may try),

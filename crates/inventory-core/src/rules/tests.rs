@@ -306,3 +306,82 @@ fn a_hold_that_expired_while_waited_for_is_released_but_not_confirmed() {
         })
     ));
 }
+
+fn held(created_secs: u64, expires_secs: u64) -> Reservation {
+    let (command, _) = reserve("k", 1);
+    Reservation {
+        created_at: SystemTime::UNIX_EPOCH + Duration::from_secs(created_secs),
+        expires_at: SystemTime::UNIX_EPOCH + Duration::from_secs(expires_secs),
+        ..new_hold(
+            &command,
+            command.lines().to_vec(),
+            SystemTime::UNIX_EPOCH,
+            reserve("k", 1).1,
+        )
+    }
+}
+
+fn at(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+fn ttl(secs: u64) -> Ttl {
+    Ttl::parse(Duration::from_secs(secs)).unwrap()
+}
+
+#[test]
+fn a_live_hold_is_extended_from_now_within_the_max_hold() {
+    let hold = held(1_000, 1_900);
+    let day = Duration::from_secs(24 * 3600);
+    assert_eq!(extend(&hold, at(1_500), ttl(600), day).unwrap(), at(2_100));
+    // Shorter than what is left is allowed: the caller says how long from now.
+    assert_eq!(extend(&hold, at(1_500), ttl(60), day).unwrap(), at(1_560));
+    // Up to exactly created_at + MAX_HOLD, not a microsecond more.
+    let max = Duration::from_secs(3_600);
+    assert_eq!(
+        extend(&hold, at(1_500), ttl(3_100), max).unwrap(),
+        at(4_600)
+    );
+    assert!(matches!(
+        extend(&hold, at(1_500), ttl(3_101), max),
+        Err(Error::MaxHoldExceeded { latest, .. }) if latest == at(4_600)
+    ));
+}
+
+#[test]
+fn only_a_live_hold_is_extended() {
+    let day = Duration::from_secs(24 * 3600);
+    let overdue = held(1_000, 1_900);
+    assert!(matches!(
+        extend(&overdue, at(1_900), ttl(60), day),
+        Err(Error::WrongState {
+            state: ReservationState::Expired,
+            action: "extend",
+            ..
+        })
+    ));
+    for state in [
+        ReservationState::Confirmed,
+        ReservationState::Released,
+        ReservationState::Expired,
+    ] {
+        let settled = Reservation {
+            state,
+            ..held(1_000, 1_900)
+        };
+        assert!(matches!(
+            extend(&settled, at(1_500), ttl(60), day),
+            Err(Error::WrongState { state: s, .. }) if s == state
+        ));
+    }
+}
+
+#[test]
+fn a_new_hold_may_not_ask_for_more_than_the_max_hold() {
+    let hour = Duration::from_secs(3_600);
+    assert!(within_max_hold(ttl(3_600), hour).is_ok());
+    assert!(matches!(
+        within_max_hold(ttl(3_601), hour),
+        Err(Error::InvalidArgument(v)) if v[0].field == "ttl"
+    ));
+}

@@ -3,8 +3,12 @@ use super::*;
 #[test]
 fn the_template_is_named_for_the_migrations() {
     let name = TemplateDatabases::template_name().unwrap();
-    assert!(name.starts_with("inventory_template_"), "{name}");
-    assert_eq!(name.len(), "inventory_template_".len() + 12);
+    let prefix = format!(
+        "inventory_template_v{}_",
+        inventory_postgres::migrate::expected_version()
+    );
+    assert!(name.starts_with(&prefix), "{name}");
+    assert_eq!(name.len(), prefix.len() + 12);
     assert_eq!(name, TemplateDatabases::template_name().unwrap());
 }
 

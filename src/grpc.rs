@@ -264,6 +264,17 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "ListReservations"))]
+    async fn list_reservations(
+        &self,
+        request: Request<proto::ListReservationsRequest>,
+    ) -> Result<Response<proto::ListReservationsResponse>, Status> {
+        self.unary(request, Action::Read, |inventory, query, _| async move {
+            inventory.list_reservations(&query).await
+        })
+        .await
+    }
+
     type WatchEventsStream = EventStream;
 
     #[tracing::instrument(skip_all, fields(rpc = "WatchEvents"))]

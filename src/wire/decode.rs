@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use inventory_core::{
     Error, FieldViolation,
-    command::{AdjustStock, ExtendReservation, GetStock, ReservationRef, Reserve, WatchEvents},
+    command::{
+        AdjustStock, DEFAULT_PAGE_SIZE, ExtendReservation, GetStock, ListReservations,
+        MAX_PAGE_SIZE, ReservationFilter, ReservationRef, Reserve, WatchEvents, page_token,
+    },
     domain::{
         IdempotencyKey, Line, MAX_LINES, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
-        ReservationId, Scope, Sku, StockDelta, Ttl,
+        ReservationId, ReservationState, Scope, Sku, StockDelta, Ttl,
     },
 };
 
@@ -225,6 +228,67 @@ impl Decode for proto::ExtendReservationRequest {
             Some(ExtendReservation {
                 target: ReservationRef::new(id?, who.write_scope()),
                 ttl: ttl?,
+            })
+        })
+    }
+}
+
+/// Listing reads: the reservations the caller may see.
+impl Decode for proto::ListReservationsRequest {
+    type Command = ListReservations;
+
+    fn into_command(self, who: &Principal) -> Result<ListReservations, Error> {
+        let mut violations = Violations::default();
+        let order_id = match self.order_id.as_str() {
+            "" => Some(None),
+            raw => violations.check("order_id", OrderId::parse(raw)).map(Some),
+        };
+        let sku = match self.sku.as_str() {
+            "" => Some(None),
+            raw => violations.check("sku", Sku::parse(raw)).map(Some),
+        };
+        let state = match proto::ReservationState::try_from(self.state) {
+            Ok(proto::ReservationState::Unspecified) => Some(None),
+            Ok(proto::ReservationState::Held) => Some(Some(ReservationState::Held)),
+            Ok(proto::ReservationState::Confirmed) => Some(Some(ReservationState::Confirmed)),
+            Ok(proto::ReservationState::Released) => Some(Some(ReservationState::Released)),
+            Ok(proto::ReservationState::Expired) => Some(Some(ReservationState::Expired)),
+            Err(_) => {
+                violations.add("state", "is not a reservation state");
+                None
+            }
+        };
+        let page_size = match usize::try_from(self.page_size) {
+            Ok(0) => Some(DEFAULT_PAGE_SIZE),
+            Ok(size) => Some(size.min(MAX_PAGE_SIZE)),
+            Err(_) => {
+                violations.add("page_size", "must not be negative");
+                None
+            }
+        };
+        let scope = who.read_scope();
+        let filter = match (order_id, state, sku) {
+            (Some(order_id), Some(state), Some(sku)) => Some(ReservationFilter {
+                order_id,
+                state,
+                sku,
+            }),
+            _ => None,
+        };
+        let after = match (&filter, self.page_token.as_str()) {
+            (_, "") => Some(None),
+            (Some(filter), token) => violations
+                .check("page_token", page_token::decode(token, filter, &scope))
+                .map(Some),
+            // The filters are invalid: the token cannot be judged against them.
+            (None, _) => None,
+        };
+        violations.finish(|| {
+            Some(ListReservations {
+                scope,
+                filter: filter?,
+                page_size: page_size?,
+                after: after?,
             })
         })
     }

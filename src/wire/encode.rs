@@ -3,6 +3,7 @@
 use std::time::SystemTime;
 
 use inventory_core::{
+    command::ReservationList,
     domain::{Line, Reservation, ReservationState, StockLevel},
     events::{Change, Event},
 };
@@ -76,6 +77,21 @@ impl Encode for Reservation {
             lines: self.lines.into_iter().map(Encode::into_message).collect(),
             created_at: Some(timestamp(self.created_at)),
             expires_at: Some(timestamp(self.expires_at)),
+        }
+    }
+}
+
+impl Encode for ReservationList {
+    type Message = proto::ListReservationsResponse;
+
+    fn into_message(self) -> proto::ListReservationsResponse {
+        proto::ListReservationsResponse {
+            reservations: self
+                .reservations
+                .into_iter()
+                .map(Encode::into_message)
+                .collect(),
+            next_page_token: self.next_page_token,
         }
     }
 }

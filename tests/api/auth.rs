@@ -4,8 +4,8 @@ use inventory_server::{
     auth::{Authenticator, digest_hex},
     proto::{
         AdjustStockRequest, ConfirmReservationRequest, ExtendReservationRequest,
-        GetReservationRequest, GetStockRequest, ReleaseReservationRequest, WatchEventsRequest,
-        inventory_service_client::InventoryServiceClient,
+        GetReservationRequest, GetStockRequest, ListReservationsRequest, ReleaseReservationRequest,
+        WatchEventsRequest, inventory_service_client::InventoryServiceClient,
     },
 };
 use tonic::{Code, Request, Status, transport::Channel};
@@ -131,6 +131,10 @@ async fn codes(
         ))
         .await
         .map(|_| ());
+    let list = client
+        .list_reservations(with_token(ListReservationsRequest::default(), token))
+        .await
+        .map(|_| ());
     let watch = client
         .watch_events(with_token(WatchEventsRequest { after_sequence: 0 }, token))
         .await
@@ -143,6 +147,7 @@ async fn codes(
         extend,
         release,
         confirm,
+        list,
         watch,
     ]
     .into_iter()
@@ -176,22 +181,22 @@ async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
 
     let before = app.row_counts().await;
     let mut client = app.client.clone();
-    assert_eq!(codes(&mut client, None, &id).await, [NoAuth; 8]);
+    assert_eq!(codes(&mut client, None, &id).await, [NoAuth; 9]);
     assert_eq!(
         codes(&mut client, Some("wrong-token"), &id).await,
-        [NoAuth; 8]
+        [NoAuth; 9]
     );
     // The event stream shows every caller's orders: only watcher and admin may follow it.
     assert_eq!(
         codes(&mut client, Some(READER), &id).await,
         [
-            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Denied
+            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed, Denied
         ]
     );
     assert_eq!(
         codes(&mut client, Some(WATCHER), &id).await,
         [
-            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed
+            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed, Allowed
         ]
     );
     assert_eq!(
@@ -203,10 +208,10 @@ async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
     assert_eq!(
         codes(&mut client, Some(RESERVER), &id).await,
         [
-            Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Denied
+            Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Denied
         ]
     );
-    assert_eq!(codes(&mut client, Some(ADMIN), &id).await, [Allowed; 8]);
+    assert_eq!(codes(&mut client, Some(ADMIN), &id).await, [Allowed; 9]);
 }
 
 /// The status a caller gets for `id`, with the id itself masked, so a stranger's
@@ -243,6 +248,20 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
     let id = hold.reservation_id.clone();
     let missing = uuid::Uuid::new_v4().to_string();
     let before = app.row_counts().await;
+
+    // Listing the order shows B nothing, the owner and the admin its reservation.
+    let order = ListReservationsRequest {
+        order_id: hold.order_id.clone(),
+        ..ListReservationsRequest::default()
+    };
+    for (token, expected) in [(OTHER_RESERVER, 0), (READER, 0), (RESERVER, 1), (ADMIN, 1)] {
+        let listed = client
+            .list_reservations(with_token(order.clone(), Some(token)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(listed.reservations.len(), expected, "{token}");
+    }
 
     // B, another reserver, tries everything on A's hold: each answer is the one a missing id
     // gets, word for word, so B cannot even learn that it exists.

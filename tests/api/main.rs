@@ -17,6 +17,7 @@ mod extend;
 mod faults;
 mod helpers;
 mod hostile;
+mod list;
 mod migrations;
 mod race;
 mod reservations;

@@ -1,10 +1,13 @@
 //! Parsed requests. Each mutating command carries the fingerprint that idempotency compares:
 //! a key replayed with a request of a different fingerprint is refused, never executed.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use sha2::{Digest, Sha256};
 
 use crate::domain::{
-    Caller, IdempotencyKey, Line, OrderId, Reason, ReservationId, Scope, Sku, StockDelta, Ttl,
+    Caller, IdempotencyKey, Line, OrderId, Reason, Reservation, ReservationId, ReservationState,
+    Scope, Sku, StockDelta, Ttl,
 };
 
 /// SHA-256 over a canonical encoding of a command (operation name and every field that
@@ -168,6 +171,132 @@ impl ReservationRef {
 pub struct ExtendReservation {
     pub target: ReservationRef,
     pub ttl: Ttl,
+}
+
+/// The default and the largest page of `ListReservations`.
+pub const DEFAULT_PAGE_SIZE: usize = 50;
+pub const MAX_PAGE_SIZE: usize = 500;
+
+/// Which reservations a `ListReservations` asks for: every filter set must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReservationFilter {
+    pub order_id: Option<OrderId>,
+    /// The state as every reader sees it (a hold past its expiry is `Expired`).
+    pub state: Option<ReservationState>,
+    /// Reservations with a line of this SKU.
+    pub sku: Option<Sku>,
+}
+
+impl ReservationFilter {
+    /// What a page token is bound to: the filters, and whose reservations they reach.
+    fn fingerprint(&self, scope: &Scope) -> [u8; 8] {
+        let mut builder = FingerprintBuilder::new("ListReservations");
+        let text = |value: Option<&str>| value.unwrap_or("\u{0}").as_bytes().to_vec();
+        builder
+            .field(&text(scope.owner().map(Caller::as_str)))
+            .field(&text(self.order_id.as_ref().map(OrderId::as_str)))
+            .field(&text(self.state.map(|s| s.as_str())))
+            .field(&text(self.sku.as_ref().map(Sku::as_str)));
+        let full = builder.finish();
+        let mut short = [0; 8];
+        short.copy_from_slice(&full.as_bytes()[..8]);
+        short
+    }
+}
+
+/// Where a page ended: the last reservation listed, in listing order (creation, then id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    pub created_at: SystemTime,
+    pub id: ReservationId,
+}
+
+/// A page of reservations, in creation order (then id), and where the next one starts.
+#[derive(Clone, Debug)]
+pub struct ListReservations {
+    pub scope: Scope,
+    pub filter: ReservationFilter,
+    /// 1 to [`MAX_PAGE_SIZE`].
+    pub page_size: usize,
+    /// `None`: from the first.
+    pub after: Option<Cursor>,
+}
+
+/// One page, and the cursor to ask for the next with (`None`: this was the last).
+#[derive(Clone, Debug)]
+pub struct ReservationPage {
+    pub reservations: Vec<Reservation>,
+    pub next: Option<Cursor>,
+}
+
+/// A page as the caller gets it: the token of the next page is empty on the last one.
+#[derive(Clone, Debug)]
+pub struct ReservationList {
+    pub reservations: Vec<Reservation>,
+    pub next_page_token: String,
+}
+
+/// Opaque page tokens: the cursor, bound to the filters and scope it was issued for, with a
+/// checksum, so a token of other filters, a made-up one or a damaged one is refused rather
+/// than silently listing something else.
+pub mod page_token {
+    use super::*;
+
+    const VERSION: u8 = 1;
+    const LEN: usize = 1 + 8 + 16 + 8 + 8;
+
+    pub fn encode(cursor: &Cursor, filter: &ReservationFilter, scope: &Scope) -> String {
+        let micros = cursor
+            .created_at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let mut bytes = Vec::with_capacity(LEN);
+        bytes.push(VERSION);
+        bytes.extend_from_slice(&micros.to_be_bytes());
+        bytes.extend_from_slice(cursor.id.as_uuid().as_bytes());
+        bytes.extend_from_slice(&filter.fingerprint(scope));
+        let checksum = checksum(&bytes);
+        bytes.extend_from_slice(&checksum);
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The cursor of a token issued for these filters and scope.
+    pub fn decode(
+        token: &str,
+        filter: &ReservationFilter,
+        scope: &Scope,
+    ) -> Result<Cursor, String> {
+        const INVALID: &str = "is not a page token issued for this request";
+        if token.len() != LEN * 2 || !token.is_ascii() {
+            return Err(INVALID.into());
+        }
+        let bytes: Vec<u8> = (0..LEN)
+            .map(|i| u8::from_str_radix(&token[2 * i..2 * i + 2], 16))
+            .collect::<Result<_, _>>()
+            .map_err(|_| INVALID.to_string())?;
+        let (body, sum) = bytes.split_at(LEN - 8);
+        if sum != checksum(body) || body[0] != VERSION {
+            return Err(INVALID.into());
+        }
+        if body[25..33] != filter.fingerprint(scope) {
+            return Err("belongs to a request with other filters".into());
+        }
+        let micros = i64::from_be_bytes(body[1..9].try_into().expect("8 bytes"));
+        let id = uuid::Uuid::from_slice(&body[9..25]).map_err(|_| INVALID.to_string())?;
+        Ok(Cursor {
+            created_at: UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64),
+            id: ReservationId::from_uuid(id),
+        })
+    }
+
+    fn checksum(body: &[u8]) -> [u8; 8] {
+        let mut builder = FingerprintBuilder::new("PageToken");
+        builder.field(body);
+        let full = builder.finish();
+        let mut short = [0; 8];
+        short.copy_from_slice(&full.as_bytes()[..8]);
+        short
+    }
 }
 
 /// Follow the event stream from a cursor.

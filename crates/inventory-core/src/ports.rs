@@ -7,7 +7,10 @@ use std::{
 };
 
 use crate::{
-    command::{AdjustStock, ExtendReservation, GetStock, ReservationRef, Reserve},
+    command::{
+        AdjustStock, ExtendReservation, GetStock, ListReservations, ReservationPage,
+        ReservationRef, Reserve,
+    },
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
     events::{Event, StreamBounds},
@@ -119,6 +122,12 @@ pub trait ReservationStore: Send + Sync + 'static {
         &self,
         target: ReservationRef,
     ) -> impl Future<Output = Result<Reservation, Error>> + Send;
+
+    /// One page of the reservations `query` names, in creation order (then id).
+    fn list_reservations(
+        &self,
+        query: &ListReservations,
+    ) -> impl Future<Output = Result<ReservationPage, Error>> + Send;
 
     /// Moves a live hold's expiry to `ttl` after now by the store's clock, as
     /// [`rules::extend`](crate::rules::extend) decides, and records the event.

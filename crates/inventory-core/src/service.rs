@@ -12,7 +12,10 @@ use crate::{
         CoalesceConfig, CommitTurn, CommitWait, Committer, GroupOutcome, Joined, Leadership,
         MAX_GROUPS, Queued, Queues, Submitted, Turn, TurnWait, Writing,
     },
-    command::{AdjustStock, ExtendReservation, GetStock, ReservationRef, Reserve},
+    command::{
+        AdjustStock, ExtendReservation, GetStock, ListReservations, ReservationList,
+        ReservationRef, Reserve, page_token,
+    },
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
     pause::{PausePoint, PausePoints},
@@ -366,6 +369,21 @@ where
 
     pub async fn get_reservation(&self, target: ReservationRef) -> Result<Reservation, Error> {
         self.store.get_reservation(target).await
+    }
+
+    /// A page of reservations, with the token of the next one bound to the same filters.
+    pub async fn list_reservations(
+        &self,
+        query: &ListReservations,
+    ) -> Result<ReservationList, Error> {
+        let page = self.store.list_reservations(query).await?;
+        Ok(ReservationList {
+            next_page_token: page
+                .next
+                .map(|cursor| page_token::encode(&cursor, &query.filter, &query.scope))
+                .unwrap_or_default(),
+            reservations: page.reservations,
+        })
     }
 
     /// Moves a live hold's expiry (see [`rules::extend`]). Needs no lease: no stock moves.

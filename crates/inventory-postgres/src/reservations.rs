@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use deadpool_postgres::{GenericClient, Transaction};
 use inventory_core::{
     Error,
-    command::ReservationRef,
+    command::{Cursor, ListReservations, ReservationPage, ReservationRef},
     domain::{
         Caller, FenceToken, Line, OrderId, Quantity, Reservation, ReservationId, ReservationState,
         Sku, Ttl,
@@ -25,6 +25,10 @@ type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync + 'a);
 /// The state every reader sees: a hold past its expiry is expired, swept or not.
 const EFFECTIVE_STATE: &str =
     "CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp() THEN 'EXPIRED' ELSE state END";
+
+/// [`EFFECTIVE_STATE`] of the row aliased `r`.
+const EFFECTIVE_STATE_OF_R: &str = "CASE WHEN r.state = 'HELD' AND r.expires_at <= clock_timestamp() \
+     THEN 'EXPIRED' ELSE r.state END";
 
 const INSERT: &str = "
     INSERT INTO reservations
@@ -339,4 +343,108 @@ fn state(row: &Row, index: usize) -> Result<ReservationState, Error> {
 /// A stored value that fails its own parser means the schema and the code disagree.
 fn stored<T>(parsed: Result<T, String>) -> Result<T, Error> {
     parsed.map_err(|problem| Error::internal(format!("stored value is invalid: {problem}")))
+}
+
+/// One page of the reservations `query` names, in creation order (then id), with their lines.
+/// The statement is built for the filters set (each combination prepared once per
+/// connection), so every one can use its index: `reservations_by_order` with an order,
+/// `reservations_by_caller` otherwise.
+pub(crate) async fn list(
+    client: &impl GenericClient,
+    query: &ListReservations,
+) -> Result<ReservationPage, Error> {
+    let mut conditions: Vec<String> = Vec::new();
+    let mut params: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> = Vec::new();
+    let mut bind = |value: Box<dyn tokio_postgres::types::ToSql + Sync + Send>| {
+        params.push(value);
+        format!("${}", params.len())
+    };
+    if let Some(owner) = query.scope.owner() {
+        let p = bind(Box::new(owner.as_str().to_owned()));
+        conditions.push(format!("r.caller = {p}"));
+    }
+    if let Some(order_id) = &query.filter.order_id {
+        let p = bind(Box::new(order_id.as_str().to_owned()));
+        conditions.push(format!("r.order_id = {p}"));
+    }
+    if let Some(state) = query.filter.state {
+        let p = bind(Box::new(state.as_str()));
+        conditions.push(format!("({EFFECTIVE_STATE_OF_R}) = {p}"));
+    }
+    if let Some(sku) = &query.filter.sku {
+        let p = bind(Box::new(sku.as_str().to_owned()));
+        conditions.push(format!(
+            "EXISTS (SELECT 1 FROM reservation_lines l \
+             WHERE l.reservation_id = r.reservation_id AND l.sku = {p})"
+        ));
+    }
+    if let Some(after) = query.after {
+        let created = bind(Box::new(after.created_at));
+        let id = bind(Box::new(after.id.as_uuid()));
+        conditions.push(format!(
+            "(r.created_at, r.reservation_id) > ({created}, {id})"
+        ));
+    }
+    // One more than a page: whether there is a next page, without another query.
+    let limit = bind(Box::new(
+        i64::try_from(query.page_size + 1).unwrap_or(i64::MAX),
+    ));
+    let filter = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conditions.join(" AND "))
+    };
+    let sql = format!(
+        "SELECT r.reservation_id, r.order_id, {EFFECTIVE_STATE_OF_R}, r.created_at, r.expires_at \
+         FROM reservations r {filter} ORDER BY r.created_at, r.reservation_id LIMIT {limit}"
+    );
+    let statement = client
+        .prepare_cached(&sql)
+        .await
+        .map_err(crate::error::from_db)?;
+    let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+        .iter()
+        .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect();
+    let rows = client
+        .query(&statement, &refs)
+        .await
+        .map_err(crate::error::from_db)?;
+    let mut reservations = Vec::with_capacity(rows.len().min(query.page_size));
+    for row in rows.iter().take(query.page_size) {
+        let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
+        reservations.push(Reservation {
+            id: ReservationId::from_uuid(uuid),
+            order_id: stored(OrderId::parse(row.try_get(1).map_err(Error::internal)?))?,
+            state: state(row, 2)?,
+            lines: Vec::new(),
+            created_at: row.try_get(3).map_err(Error::internal)?,
+            expires_at: row.try_get(4).map_err(Error::internal)?,
+        });
+    }
+    let next = (rows.len() > query.page_size)
+        .then(|| reservations.last())
+        .flatten()
+        .map(|last| Cursor {
+            created_at: last.created_at,
+            id: last.id,
+        });
+    if !reservations.is_empty() {
+        let ids: Vec<uuid::Uuid> = reservations.iter().map(|r| r.id.as_uuid()).collect();
+        let statement = client
+            .prepare_cached(LINES_OF_MANY)
+            .await
+            .map_err(crate::error::from_db)?;
+        let rows = client
+            .query(&statement, &[&ids])
+            .await
+            .map_err(crate::error::from_db)?;
+        for row in &rows {
+            let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
+            if let Some(reservation) = reservations.iter_mut().find(|r| r.id.as_uuid() == uuid) {
+                reservation.lines.push(line(row, 1)?);
+            }
+        }
+    }
+    Ok(ReservationPage { reservations, next })
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
-    command::{ExtendReservation, ReservationRef, Reserve},
+    command::{ExtendReservation, ListReservations, ReservationPage, ReservationRef, Reserve},
     domain::{
         FenceToken, Line, Reservation, ReservationId, ReservationState, Sku, StockLevel, Ttl,
     },
@@ -185,6 +185,15 @@ impl ReservationStore for PgStore {
                 .ok_or(Error::UnknownReservation(target.id))?;
             let lines = reservations::lines(&client, target.id).await?;
             Ok(header.with_lines(lines))
+        })
+        .await
+    }
+
+    #[tracing::instrument(name = "sql.list_reservations", skip_all, fields(page_size = query.page_size))]
+    async fn list_reservations(&self, query: &ListReservations) -> Result<ReservationPage, Error> {
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            reservations::list(&client, query).await
         })
         .await
     }

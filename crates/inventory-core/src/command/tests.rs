@@ -72,3 +72,51 @@ fn lines_are_locked_in_sku_order() {
         .collect();
     assert_eq!(order, ["A", "B", "C"]);
 }
+
+fn cursor() -> Cursor {
+    Cursor {
+        created_at: UNIX_EPOCH + Duration::from_micros(1_796_000_000_123_456),
+        id: ReservationId::new_random(),
+    }
+}
+
+fn by_order(order: &str) -> ReservationFilter {
+    ReservationFilter {
+        order_id: Some(OrderId::parse(order).unwrap()),
+        ..ReservationFilter::default()
+    }
+}
+
+#[test]
+fn a_page_token_gives_back_its_cursor_for_the_same_filters_and_scope() {
+    let scope = Scope::Own(Caller::parse("shop").unwrap());
+    let at = cursor();
+    let token = page_token::encode(&at, &by_order("o-1"), &scope);
+    assert_eq!(page_token::decode(&token, &by_order("o-1"), &scope), Ok(at));
+}
+
+#[test]
+fn a_page_token_is_refused_for_other_filters_another_scope_or_when_damaged() {
+    let scope = Scope::Own(Caller::parse("shop").unwrap());
+    let token = page_token::encode(&cursor(), &by_order("o-1"), &scope);
+    let other_filters = page_token::decode(&token, &by_order("o-2"), &scope).unwrap_err();
+    assert!(other_filters.contains("other filters"), "{other_filters}");
+    let with_state = ReservationFilter {
+        state: Some(ReservationState::Held),
+        ..by_order("o-1")
+    };
+    assert!(page_token::decode(&token, &with_state, &scope).is_err());
+    let other_caller = Scope::Own(Caller::parse("other").unwrap());
+    assert!(page_token::decode(&token, &by_order("o-1"), &other_caller).is_err());
+    assert!(page_token::decode(&token, &by_order("o-1"), &Scope::All).is_err());
+    // One flipped character, a cut token, junk.
+    let mut damaged = token.clone().into_bytes();
+    damaged[20] = if damaged[20] == b'0' { b'1' } else { b'0' };
+    let damaged = String::from_utf8(damaged).unwrap();
+    for bad in [damaged.as_str(), &token[..40], "not-a-token", "é", ""] {
+        assert!(
+            page_token::decode(bad, &by_order("o-1"), &scope).is_err(),
+            "{bad:?}"
+        );
+    }
+}

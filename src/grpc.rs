@@ -275,6 +275,19 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "CancelOrder"))]
+    async fn cancel_order(
+        &self,
+        request: Request<proto::CancelOrderRequest>,
+    ) -> Result<Response<proto::CancelOrderResponse>, Status> {
+        self.unary(
+            request,
+            Action::Reserve,
+            |inventory, command, _| async move { inventory.cancel_order(&command).await },
+        )
+        .await
+    }
+
     type WatchEventsStream = EventStream;
 
     #[tracing::instrument(skip_all, fields(rpc = "WatchEvents"))]

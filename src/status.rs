@@ -93,6 +93,21 @@ pub fn to_status(error: Error) -> Status {
                 );
             Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
         }
+        Error::OrderCancelled { ref order_id } => {
+            let mut details = ErrorDetails::new();
+            details
+                .add_precondition_failure_violation(
+                    "ORDER_CANCELLED",
+                    order_id.as_str(),
+                    error.to_string(),
+                )
+                .set_error_info(
+                    "ORDER_CANCELLED",
+                    ERROR_DOMAIN,
+                    HashMap::from([("order_id".to_string(), order_id.as_str().to_owned())]),
+                );
+            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
+        }
         Error::MaxHoldExceeded { id, latest } => {
             let latest = humantime::format_rfc3339_micros(latest).to_string();
             let mut details = ErrorDetails::new();

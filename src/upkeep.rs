@@ -69,6 +69,7 @@ pub async fn run(
                     total.events += pruned.events;
                     total.idempotency_keys += pruned.idempotency_keys;
                     total.reservations += pruned.reservations;
+                    total.cancelled_orders += pruned.cancelled_orders;
                     if !pruned.was_full(batch) || *stopped.borrow() || Instant::now() >= budget {
                         break;
                     }
@@ -83,6 +84,7 @@ pub async fn run(
             tracing::info!(
                 events = total.events,
                 keys = total.idempotency_keys,
+                cancelled_orders = total.cancelled_orders,
                 reservations = total.reservations,
                 "pruned past retention"
             );

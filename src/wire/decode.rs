@@ -8,7 +8,7 @@ use std::time::Duration;
 use inventory_core::{
     Error, FieldViolation,
     command::{
-        AdjustStock, DEFAULT_PAGE_SIZE, ExtendReservation, GetStock, ListReservations,
+        AdjustStock, CancelOrder, DEFAULT_PAGE_SIZE, ExtendReservation, GetStock, ListReservations,
         MAX_PAGE_SIZE, ReservationFilter, ReservationRef, Reserve, WatchEvents, page_token,
     },
     domain::{
@@ -228,6 +228,30 @@ impl Decode for proto::ExtendReservationRequest {
             Some(ExtendReservation {
                 target: ReservationRef::new(id?, who.write_scope()),
                 ttl: ttl?,
+            })
+        })
+    }
+}
+
+/// Cancelling changes reservations: the caller's own orders (the admin's scope is all).
+impl Decode for proto::CancelOrderRequest {
+    type Command = CancelOrder;
+
+    fn into_command(self, who: &Principal) -> Result<CancelOrder, Error> {
+        let mut violations = Violations::default();
+        let order_id = violations.check("order_id", OrderId::parse(&self.order_id));
+        let idempotency_key = violations.check(
+            "idempotency_key",
+            IdempotencyKey::parse(&self.idempotency_key),
+        );
+        let reason = violations.check("reason", Reason::parse(&self.reason));
+        violations.finish(|| {
+            Some(CancelOrder {
+                scope: who.write_scope(),
+                caller: who.caller().clone(),
+                order_id: order_id?,
+                idempotency_key: idempotency_key?,
+                reason: reason?,
             })
         })
     }

@@ -81,6 +81,17 @@ impl Encode for Reservation {
     }
 }
 
+/// The reservations of a cancelled order.
+impl Encode for Vec<Reservation> {
+    type Message = proto::CancelOrderResponse;
+
+    fn into_message(self) -> proto::CancelOrderResponse {
+        proto::CancelOrderResponse {
+            reservations: self.into_iter().map(Encode::into_message).collect(),
+        }
+    }
+}
+
 impl Encode for ReservationList {
     type Message = proto::ListReservationsResponse;
 

@@ -3,9 +3,10 @@
 use inventory_server::{
     auth::{Authenticator, digest_hex},
     proto::{
-        AdjustStockRequest, ConfirmReservationRequest, ExtendReservationRequest,
-        GetReservationRequest, GetStockRequest, ListReservationsRequest, ReleaseReservationRequest,
-        WatchEventsRequest, inventory_service_client::InventoryServiceClient,
+        AdjustStockRequest, CancelOrderRequest, ConfirmReservationRequest,
+        ExtendReservationRequest, GetReservationRequest, GetStockRequest, ListReservationsRequest,
+        ReleaseReservationRequest, WatchEventsRequest,
+        inventory_service_client::InventoryServiceClient,
     },
 };
 use tonic::{Code, Request, Status, transport::Channel};
@@ -135,6 +136,17 @@ async fn codes(
         .list_reservations(with_token(ListReservationsRequest::default(), token))
         .await
         .map(|_| ());
+    let cancel = client
+        .cancel_order(with_token(
+            CancelOrderRequest {
+                order_id: "codes-order".into(),
+                idempotency_key: format!("cancel-{}", uuid::Uuid::new_v4()),
+                reason: String::new(),
+            },
+            token,
+        ))
+        .await
+        .map(|_| ());
     let watch = client
         .watch_events(with_token(WatchEventsRequest { after_sequence: 0 }, token))
         .await
@@ -148,6 +160,7 @@ async fn codes(
         release,
         confirm,
         list,
+        cancel,
         watch,
     ]
     .into_iter()
@@ -181,22 +194,22 @@ async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
 
     let before = app.row_counts().await;
     let mut client = app.client.clone();
-    assert_eq!(codes(&mut client, None, &id).await, [NoAuth; 9]);
+    assert_eq!(codes(&mut client, None, &id).await, [NoAuth; 10]);
     assert_eq!(
         codes(&mut client, Some("wrong-token"), &id).await,
-        [NoAuth; 9]
+        [NoAuth; 10]
     );
     // The event stream shows every caller's orders: only watcher and admin may follow it.
     assert_eq!(
         codes(&mut client, Some(READER), &id).await,
         [
-            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed, Denied
+            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed, Denied, Denied
         ]
     );
     assert_eq!(
         codes(&mut client, Some(WATCHER), &id).await,
         [
-            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed, Allowed
+            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed, Denied, Allowed
         ]
     );
     assert_eq!(
@@ -208,10 +221,10 @@ async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
     assert_eq!(
         codes(&mut client, Some(RESERVER), &id).await,
         [
-            Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Denied
+            Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Denied
         ]
     );
-    assert_eq!(codes(&mut client, Some(ADMIN), &id).await, [Allowed; 9]);
+    assert_eq!(codes(&mut client, Some(ADMIN), &id).await, [Allowed; 10]);
 }
 
 /// The status a caller gets for `id`, with the id itself masked, so a stranger's

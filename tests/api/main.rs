@@ -8,6 +8,7 @@
 
 mod admission;
 mod auth;
+mod cancel;
 mod coalescing;
 mod config;
 mod datastore_tls;

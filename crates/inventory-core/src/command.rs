@@ -166,6 +166,29 @@ impl ReservationRef {
     }
 }
 
+/// Cancel an order for good: release every held unit of its reservations and refuse every
+/// later `Reserve` for it, including one already in flight.
+#[derive(Clone, Debug)]
+pub struct CancelOrder {
+    /// Whose order: the caller's own, or for `Scope::All` (admin) every caller's.
+    pub scope: Scope,
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
+    pub order_id: OrderId,
+    pub idempotency_key: IdempotencyKey,
+    pub reason: Reason,
+}
+
+impl CancelOrder {
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new("CancelOrder");
+        builder
+            .field(self.order_id.as_str().as_bytes())
+            .field(self.reason.as_str().as_bytes());
+        builder.finish()
+    }
+}
+
 /// Move a live hold's expiry to `ttl` after the moment the change is made.
 #[derive(Clone, Debug)]
 pub struct ExtendReservation {

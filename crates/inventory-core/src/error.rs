@@ -6,7 +6,7 @@ use std::{fmt, sync::Arc};
 
 use std::time::{Duration, SystemTime};
 
-use crate::domain::{ReservationId, ReservationState, Sku};
+use crate::domain::{OrderId, ReservationId, ReservationState, Sku};
 
 /// A line that could not be held: what was asked and what was left.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +79,10 @@ pub enum Error {
         state: ReservationState,
         action: &'static str,
     },
+
+    /// The order was cancelled (`CancelOrder`): no stock is held for it any more.
+    #[error("order {} was cancelled", order_id.as_str())]
+    OrderCancelled { order_id: OrderId },
 
     /// The hold would end more than `MAX_HOLD` after it was made; nothing changed.
     #[error("reservation {id} may be held for at most MAX_HOLD from when it was made")]

@@ -22,6 +22,9 @@ pub enum PausePoint {
     /// A claim found its idempotency key taken by a committed record; reading that record is
     /// next (retention may prune it in between).
     KeyTaken,
+    /// A `Reserve` transaction found its order not cancelled (and holds the order's lock, so
+    /// no cancel can commit until it does); its stock writes are next.
+    OrderChecked,
 }
 
 /// The pause points of one service instance.

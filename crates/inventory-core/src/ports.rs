@@ -8,7 +8,7 @@ use std::{
 
 use crate::{
     command::{
-        AdjustStock, ExtendReservation, GetStock, ListReservations, ReservationPage,
+        AdjustStock, CancelOrder, ExtendReservation, GetStock, ListReservations, ReservationPage,
         ReservationRef, Reserve,
     },
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
@@ -122,6 +122,15 @@ pub trait ReservationStore: Send + Sync + 'static {
         &self,
         target: ReservationRef,
     ) -> impl Future<Output = Result<Reservation, Error>> + Send;
+
+    /// In one transaction: claims the key (or replays), records the order's tombstone under
+    /// the order's lock (so a `Reserve` of the order in flight either committed before, and is
+    /// released here, or sees the tombstone), releases every live hold of the order, and
+    /// returns all of the order's reservations as they now are.
+    fn cancel_order(
+        &self,
+        command: &CancelOrder,
+    ) -> impl Future<Output = Result<Vec<Reservation>, Error>> + Send;
 
     /// One page of the reservations `query` names, in creation order (then id).
     fn list_reservations(

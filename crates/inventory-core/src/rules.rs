@@ -198,11 +198,14 @@ pub enum GroupVerdict {
 
 /// Decides every request of one SKU's group in batch order, each the way it would have gone
 /// alone after the ones before it: replay, refusal or hold. `earlier` reports what each
-/// request's key held (asked once per request, in batch order).
+/// request's key held (asked once per request, in batch order); `cancelled`, whether its
+/// order was cancelled (a stored refusal: replays of keys used before the cancel still
+/// replay what they got).
 pub fn decide_group(
     group: &ReserveGroup,
     stock: Option<&LockedStock>,
     mut earlier: impl FnMut(&Reserve) -> Result<Earlier, Error>,
+    cancelled: impl Fn(&Reserve) -> bool,
 ) -> Result<GroupVerdict, Error> {
     if let Some(stock) = stock
         && stock.fence >= group.fence
@@ -237,6 +240,13 @@ pub fn decide_group(
                 continue;
             }
             Earlier::Claimed => {}
+        }
+        if cancelled(command) {
+            let refusal = Error::OrderCancelled {
+                order_id: command.order_id.clone(),
+            };
+            decided.push(answer(Err(refusal), true));
+            continue;
         }
         let line = &command.lines()[0];
         debug_assert_eq!(line.sku, group.sku, "a group holds one SKU");

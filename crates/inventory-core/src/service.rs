@@ -13,7 +13,7 @@ use crate::{
         MAX_GROUPS, Queued, Queues, Submitted, Turn, TurnWait, Writing,
     },
     command::{
-        AdjustStock, ExtendReservation, GetStock, ListReservations, ReservationList,
+        AdjustStock, CancelOrder, ExtendReservation, GetStock, ListReservations, ReservationList,
         ReservationRef, Reserve, page_token,
     },
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
@@ -369,6 +369,12 @@ where
 
     pub async fn get_reservation(&self, target: ReservationRef) -> Result<Reservation, Error> {
         self.store.get_reservation(target).await
+    }
+
+    /// Cancels an order for good (see [`ReservationStore::cancel_order`]). Needs no lease:
+    /// it only lowers `reserved`, like a release.
+    pub async fn cancel_order(&self, command: &CancelOrder) -> Result<Vec<Reservation>, Error> {
+        self.store.cancel_order(command).await
     }
 
     /// A page of reservations, with the token of the next one bound to the same filters.

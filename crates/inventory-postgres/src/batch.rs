@@ -7,10 +7,10 @@
 //! connection) and every per-request statement is one array statement (`unnest`):
 //!
 //! 1. `BEGIN`
-//! 2. claim every idempotency key, read the outcomes stored for keys already used, lock the
-//!    stock rows (`FOR UPDATE`, in SKU order) — in this order, the same order as the
-//!    one-request path (keys, then stock), with keys sorted, so two transactions never wait on
-//!    each other in a cycle;
+//! 2. claim every idempotency key, read the outcomes stored for keys already used, take the
+//!    orders' locks (shared) and read which were cancelled, lock the stock rows (`FOR UPDATE`,
+//!    in SKU order) — in this order, the same order as the one-request path (keys, orders,
+//!    then stock), with keys sorted, so two transactions never wait on each other in a cycle;
 //! 3. decide each group in memory (fenced groups have their claims deleted again), then
 //!    write: one conditional update per SKU guarded by its group's fence, the reservations,
 //!    their lines, their outbox events and every executed request's outcome;
@@ -31,7 +31,7 @@ use crate::{
     PgStore,
     error::{from_db, from_pool},
     idempotency::{self, Key, Stored},
-    outbox,
+    orders, outbox,
     outcome::{RESERVE, ReserveOutcome},
     reservations, stock,
 };
@@ -107,15 +107,28 @@ impl PgStore {
         keys.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         let skus: Vec<&str> = groups.iter().map(|g| g.sku.as_str()).collect();
         // `biased`: polled in this order every time, so the statements reach PostgreSQL in
-        // this order even when a fresh connection must prepare them first. Keys before stock
-        // rows, like every writer, and the claim before the read of stored outcomes (read
-        // first, a key another transaction is committing would be neither claimed nor seen).
-        let (mut claimed, mut stored, locked) = tokio::try_join!(
+        // this order even when a fresh connection must prepare them first. Keys, then order
+        // locks, then stock rows, like every writer; the claim before the read of stored
+        // outcomes (read first, a key another transaction is committing would be neither
+        // claimed nor seen); the tombstones read once the order locks are held.
+        let orders: Vec<(&str, &str)> = groups
+            .iter()
+            .flat_map(|g| &g.batch)
+            .map(|(c, _)| (c.caller.as_str(), c.order_id.as_str()))
+            .collect();
+        let (mut claimed, mut stored, cancelled, locked) = tokio::try_join!(
             biased;
             idempotency::claim_many(&tx, &keys, RESERVE),
             idempotency::read_stored_many(&tx, &keys),
+            orders::lock_and_read_cancelled(&tx, &orders),
             stock::lock_many(&tx, &skus),
         )?;
+        let is_cancelled = |command: &Reserve| {
+            cancelled.contains(&(
+                command.caller.as_str().to_owned(),
+                command.order_id.as_str().to_owned(),
+            ))
+        };
 
         // Step 3: decide.
         let metrics = crate::metrics::store();
@@ -124,9 +137,12 @@ impl PgStore {
         let mut unclaim: Vec<(&str, &str)> = Vec::new();
         let mut records: Vec<(&str, &str, serde_json::Value)> = Vec::new();
         for group in groups {
-            let verdict = rules::decide_group(group, locked.get(group.sku.as_str()), |command| {
-                earlier(command, &mut claimed, &mut stored)
-            })?;
+            let verdict = rules::decide_group(
+                group,
+                locked.get(group.sku.as_str()),
+                |command| earlier(command, &mut claimed, &mut stored),
+                is_cancelled,
+            )?;
             let decided = match verdict {
                 GroupVerdict::Fenced(stored_fence) => {
                     metrics.fence_rejected.add(1, &[]);

@@ -17,12 +17,16 @@
 //!   release, read): read, let `inventory_core::rules` decide, write.
 //! - `outcome` — the stored outcome of each request, replayed for a retried key.
 //! - `expiry` — the sweeper's transaction: overdue holds expired, their stock returned.
+//! - `cancel` — `CancelOrder`: the order's tombstone under its lock, its live holds released.
+//! - `orders` — tombstones of cancelled orders and the order locks a cancel and a `Reserve`
+//!   exclude each other with.
 //! - `stock`, `reservations`, `idempotency`, `outbox` — the SQL, one module per table, each
 //!   statement in the module of the table it writes.
 //! - [`retention`] — pruning events, idempotency keys and final reservations past retention.
 //! - `error` — driver errors classified as unavailable or internal.
 
 mod batch;
+mod cancel;
 pub mod connect;
 mod error;
 pub mod events;
@@ -30,6 +34,7 @@ mod expiry;
 mod idempotency;
 mod metrics;
 pub mod migrate;
+mod orders;
 mod outbox;
 mod outcome;
 mod reservations;

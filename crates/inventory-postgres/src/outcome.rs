@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 /// The operation names idempotency records carry.
 pub(crate) const RESERVE: &str = "Reserve";
 pub(crate) const ADJUST_STOCK: &str = "AdjustStock";
+pub(crate) const CANCEL_ORDER: &str = "CancelOrder";
 
 /// The stored outcome of a `Reserve`: what a retry with the same key gets back.
 #[derive(Debug, Serialize, Deserialize)]
@@ -29,6 +30,7 @@ pub(crate) enum ReserveOutcome {
     Held { reservation: StoredReservation },
     UnknownSkus { skus: Vec<String> },
     InsufficientStock { shortfalls: Vec<StoredShortfall> },
+    OrderCancelled { order_id: String },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -76,6 +78,9 @@ impl ReserveOutcome {
                     })
                     .collect(),
             },
+            Err(Error::OrderCancelled { order_id }) => Self::OrderCancelled {
+                order_id: order_id.as_str().to_owned(),
+            },
             Err(other) => unreachable!("only final outcomes are stored, not {other:?}"),
         }
     }
@@ -104,6 +109,9 @@ impl ReserveOutcome {
             Self::UnknownSkus { skus } => Err(Error::UnknownSkus(
                 skus.into_iter().map(sku).collect::<Result<_, _>>()?,
             )),
+            Self::OrderCancelled { order_id } => Err(Error::OrderCancelled {
+                order_id: OrderId::parse(&order_id).map_err(Error::internal)?,
+            }),
             Self::InsufficientStock { shortfalls } => Err(Error::InsufficientStock(
                 shortfalls
                     .into_iter()

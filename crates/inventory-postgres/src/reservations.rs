@@ -84,9 +84,28 @@ const LINES_OF_MANY: &str = "
     SELECT reservation_id, sku, quantity FROM reservation_lines
     WHERE reservation_id = ANY($1) ORDER BY reservation_id, sku COLLATE \"C\"";
 
-const EXPIRE_MANY: &str = "
-    UPDATE reservations SET state = 'EXPIRED', updated_at = clock_timestamp()
-    WHERE reservation_id = ANY($1)";
+/// Ends locked holds (expired or released), by id.
+const END_MANY: &str = "
+    UPDATE reservations SET state = $2, updated_at = clock_timestamp()
+    WHERE reservation_id = ANY($1) AND state = 'HELD'";
+
+/// An order's live holds, of the given callers, locked; in id order.
+const LOCK_LIVE_OF_ORDER: &str = "
+    SELECT reservation_id, order_id, created_at, expires_at FROM reservations
+    WHERE order_id = $1 AND caller = ANY($2) AND state = 'HELD'
+      AND expires_at > clock_timestamp()
+    ORDER BY reservation_id
+    FOR UPDATE";
+
+/// An order's reservations among some callers', oldest first.
+const ALL_OF_ORDER: &str = "
+    SELECT reservation_id, CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp()
+                                THEN 'EXPIRED' ELSE state END, created_at, expires_at
+    FROM reservations WHERE order_id = $1 AND caller = ANY($2)
+    ORDER BY created_at, reservation_id";
+
+/// The callers that have reservations of an order.
+const CALLERS_OF_ORDER: &str = "SELECT DISTINCT caller FROM reservations WHERE order_id = $1";
 
 /// A reservation row, before its lines are attached.
 #[derive(Debug)]
@@ -294,35 +313,89 @@ pub(crate) async fn lock_due(tx: &Transaction<'_>, batch: i64) -> Result<Vec<Res
             expires_at: row.try_get(3).map_err(Error::internal)?,
         });
     }
-    if due.is_empty() {
-        return Ok(due);
-    }
-    let ids: Vec<uuid::Uuid> = due.iter().map(|r| r.id.as_uuid()).collect();
+    attach_lines(tx, &mut due).await?;
+    Ok(due)
+}
+
+pub(crate) async fn end_many(
+    tx: &Transaction<'_>,
+    ids: &[uuid::Uuid],
+    state: ReservationState,
+) -> Result<(), tokio_postgres::Error> {
+    let statement = tx.prepare_cached(END_MANY).await?;
+    tx.execute(&statement, &[&ids, &state.as_str()]).await?;
+    Ok(())
+}
+
+/// The callers with reservations of `order_id`, in byte order.
+pub(crate) async fn callers_of_order(
+    tx: &Transaction<'_>,
+    order_id: &OrderId,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(CALLERS_OF_ORDER).await?;
+    let mut callers: Vec<String> = tx
+        .query(&statement, &[&order_id.as_str()])
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    callers.sort();
+    Ok(callers)
+}
+
+/// The live holds of `order_id` among `callers`' reservations, locked, with their lines.
+pub(crate) async fn lock_live_of_order(
+    tx: &Transaction<'_>,
+    order_id: &OrderId,
+    callers: &[&str],
+) -> Result<Vec<Reservation>, Error> {
     let statement = tx
-        .prepare_cached(LINES_OF_MANY)
+        .prepare_cached(LOCK_LIVE_OF_ORDER)
         .await
         .map_err(crate::error::from_db)?;
     let rows = tx
+        .query(&statement, &[&order_id.as_str(), &callers])
+        .await
+        .map_err(crate::error::from_db)?;
+    let mut holds = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
+        holds.push(Reservation {
+            id: ReservationId::from_uuid(uuid),
+            order_id: stored(OrderId::parse(row.try_get(1).map_err(Error::internal)?))?,
+            state: ReservationState::Held,
+            lines: Vec::new(),
+            created_at: row.try_get(2).map_err(Error::internal)?,
+            expires_at: row.try_get(3).map_err(Error::internal)?,
+        });
+    }
+    attach_lines(tx, &mut holds).await?;
+    Ok(holds)
+}
+
+/// Reads the lines of `reservations` into them.
+async fn attach_lines(
+    client: &impl GenericClient,
+    reservations: &mut [Reservation],
+) -> Result<(), Error> {
+    if reservations.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<uuid::Uuid> = reservations.iter().map(|r| r.id.as_uuid()).collect();
+    let statement = client
+        .prepare_cached(LINES_OF_MANY)
+        .await
+        .map_err(crate::error::from_db)?;
+    let rows = client
         .query(&statement, &[&ids])
         .await
         .map_err(crate::error::from_db)?;
     for row in &rows {
         let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
-        let reservation = due
-            .iter_mut()
-            .find(|r| r.id.as_uuid() == uuid)
-            .expect("lines belong to a locked reservation");
-        reservation.lines.push(line(row, 1)?);
+        if let Some(reservation) = reservations.iter_mut().find(|r| r.id.as_uuid() == uuid) {
+            reservation.lines.push(line(row, 1)?);
+        }
     }
-    Ok(due)
-}
-
-pub(crate) async fn mark_expired(
-    tx: &Transaction<'_>,
-    ids: &[uuid::Uuid],
-) -> Result<(), tokio_postgres::Error> {
-    let statement = tx.prepare_cached(EXPIRE_MANY).await?;
-    tx.execute(&statement, &[&ids]).await?;
     Ok(())
 }
 
@@ -429,22 +502,37 @@ pub(crate) async fn list(
             created_at: last.created_at,
             id: last.id,
         });
-    if !reservations.is_empty() {
-        let ids: Vec<uuid::Uuid> = reservations.iter().map(|r| r.id.as_uuid()).collect();
-        let statement = client
-            .prepare_cached(LINES_OF_MANY)
-            .await
-            .map_err(crate::error::from_db)?;
-        let rows = client
-            .query(&statement, &[&ids])
-            .await
-            .map_err(crate::error::from_db)?;
-        for row in &rows {
-            let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
-            if let Some(reservation) = reservations.iter_mut().find(|r| r.id.as_uuid() == uuid) {
-                reservation.lines.push(line(row, 1)?);
-            }
-        }
-    }
+    attach_lines(client, &mut reservations).await?;
     Ok(ReservationPage { reservations, next })
+}
+
+/// Every reservation of `order_id` among `callers`' reservations, oldest first (an order has
+/// a handful), as every reader sees them.
+pub(crate) async fn all_of_order(
+    client: &impl GenericClient,
+    order_id: &OrderId,
+    callers: &[&str],
+) -> Result<Vec<Reservation>, Error> {
+    let statement = client
+        .prepare_cached(ALL_OF_ORDER)
+        .await
+        .map_err(crate::error::from_db)?;
+    let rows = client
+        .query(&statement, &[&order_id.as_str(), &callers])
+        .await
+        .map_err(crate::error::from_db)?;
+    let mut all = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
+        all.push(Reservation {
+            id: ReservationId::from_uuid(uuid),
+            order_id: order_id.clone(),
+            state: state(row, 1)?,
+            lines: Vec::new(),
+            created_at: row.try_get(2).map_err(Error::internal)?,
+            expires_at: row.try_get(3).map_err(Error::internal)?,
+        });
+    }
+    attach_lines(client, &mut all).await?;
+    Ok(all)
 }

@@ -6,10 +6,13 @@ use std::time::Duration;
 use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
-    command::{ExtendReservation, ListReservations, ReservationPage, ReservationRef, Reserve},
+    command::{
+        CancelOrder, ExtendReservation, ListReservations, ReservationPage, ReservationRef, Reserve,
+    },
     domain::{
         FenceToken, Line, Reservation, ReservationId, ReservationState, Sku, StockLevel, Ttl,
     },
+    pause::PausePoint,
     ports::{Answers, ReservationStore, ReserveGroup, WriteOutcome},
     rules::{self, LineRefusal, LinesVerdict, Settle, SettleStep},
 };
@@ -17,7 +20,7 @@ use inventory_core::{
 use crate::{
     PgStore,
     error::{from_db, from_pool},
-    idempotency, outbox,
+    idempotency, orders, outbox,
     outcome::{RESERVE, ReserveOutcome},
     reservations::{self, NewReservation},
     stock,
@@ -91,50 +94,63 @@ impl ReservationStore for PgStore {
                 return Ok(WriteOutcome::Answered(outcome.into_result()?));
             }
 
-            // The line updates run under a savepoint: a refusal undoes them but keeps the claim,
-            // so the refusal itself is stored and replayed.
-            let savepoint = tx.savepoint("lines").await.map_err(from_db)?;
-            let (verdict, levels) = hold_lines(&savepoint, &lines).await?;
-            let result = match verdict {
-                LinesVerdict::Fenced(lines) => {
-                    // Dropping the transaction rolls back the claim too: a lost lease is
-                    // transient and must not be stored.
-                    return Ok(WriteOutcome::Fenced(lines));
-                }
-                LinesVerdict::Refused(error) => {
-                    savepoint.rollback().await.map_err(from_db)?;
-                    Err(error)
-                }
-                LinesVerdict::Held => {
-                    savepoint.commit().await.map_err(from_db)?;
-                    let id = ReservationId::new_random();
-                    let (created_at, expires_at) = reservations::insert(
-                        &tx,
-                        &NewReservation {
+            // The order's lock (shared) before any stock row: a cancel of this order either
+            // committed already (its tombstone is read here) or waits for this commit.
+            let order = [(command.caller.as_str(), command.order_id.as_str())];
+            let cancelled = !orders::lock_and_read_cancelled(&tx, &order)
+                .await?
+                .is_empty();
+            self.pauses.reach(PausePoint::OrderChecked).await;
+            let result = if cancelled {
+                Err(Error::OrderCancelled {
+                    order_id: command.order_id.clone(),
+                })
+            } else {
+                // The line updates run under a savepoint: a refusal undoes them but keeps the
+                // claim, so the refusal itself is stored and replayed.
+                let savepoint = tx.savepoint("lines").await.map_err(from_db)?;
+                let (verdict, levels) = hold_lines(&savepoint, &lines).await?;
+                match verdict {
+                    LinesVerdict::Fenced(lines) => {
+                        // Dropping the transaction rolls back the claim too: a lost lease is
+                        // transient and must not be stored.
+                        return Ok(WriteOutcome::Fenced(lines));
+                    }
+                    LinesVerdict::Refused(error) => {
+                        savepoint.rollback().await.map_err(from_db)?;
+                        Err(error)
+                    }
+                    LinesVerdict::Held => {
+                        savepoint.commit().await.map_err(from_db)?;
+                        let id = ReservationId::new_random();
+                        let (created_at, expires_at) = reservations::insert(
+                            &tx,
+                            &NewReservation {
+                                id,
+                                order_id: &command.order_id,
+                                caller: command.caller.as_str(),
+                                idempotency_key: command.idempotency_key.as_str(),
+                                ttl,
+                            },
+                        )
+                        .await
+                        .map_err(from_db)?;
+                        reservations::insert_lines(&tx, id, &lines)
+                            .await
+                            .map_err(from_db)?;
+                        let reservation = Reservation {
                             id,
-                            order_id: &command.order_id,
-                            caller: command.caller.as_str(),
-                            idempotency_key: command.idempotency_key.as_str(),
-                            ttl,
-                        },
-                    )
-                    .await
-                    .map_err(from_db)?;
-                    reservations::insert_lines(&tx, id, &lines)
-                        .await
-                        .map_err(from_db)?;
-                    let reservation = Reservation {
-                        id,
-                        order_id: command.order_id.clone(),
-                        state: ReservationState::Held,
-                        lines: lines.iter().map(|(line, _)| (*line).clone()).collect(),
-                        created_at,
-                        expires_at,
-                    };
-                    outbox::append_reservation_event(&tx, &reservation, &levels)
-                        .await
-                        .map_err(from_db)?;
-                    Ok(reservation)
+                            order_id: command.order_id.clone(),
+                            state: ReservationState::Held,
+                            lines: lines.iter().map(|(line, _)| (*line).clone()).collect(),
+                            created_at,
+                            expires_at,
+                        };
+                        outbox::append_reservation_event(&tx, &reservation, &levels)
+                            .await
+                            .map_err(from_db)?;
+                        Ok(reservation)
+                    }
                 }
             };
             let outcome =
@@ -235,6 +251,10 @@ impl ReservationStore for PgStore {
             Ok(reservation)
         })
         .await
+    }
+
+    async fn cancel_order(&self, command: &CancelOrder) -> Result<Vec<Reservation>, Error> {
+        self.cancel(command).await
     }
 
     async fn expire_due(&self, batch: usize) -> Result<usize, Error> {

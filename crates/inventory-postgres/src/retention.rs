@@ -30,13 +30,18 @@ pub struct Pruned {
     pub events: u64,
     pub idempotency_keys: u64,
     pub reservations: u64,
+    /// Tombstones of cancelled orders, kept as long as final reservations.
+    pub cancelled_orders: u64,
 }
 
 impl Pruned {
     /// Whether any table had a full batch: more may be waiting.
     pub fn was_full(&self, batch: usize) -> bool {
         let batch = batch as u64;
-        self.events >= batch || self.idempotency_keys >= batch || self.reservations >= batch
+        self.events >= batch
+            || self.idempotency_keys >= batch
+            || self.reservations >= batch
+            || self.cancelled_orders >= batch
     }
 
     pub fn is_empty(&self) -> bool {
@@ -78,6 +83,14 @@ const PRUNE_RESERVATIONS: &str = "
         WHERE state <> 'HELD' AND updated_at < clock_timestamp() - make_interval(secs => $1)
         ORDER BY updated_at LIMIT $2)";
 
+/// Tombstones live as long as final reservations (at least as long as idempotency keys, which
+/// the configuration checks): a retried `Reserve` with a new key stays refused that long.
+const PRUNE_CANCELLED_ORDERS: &str = "
+    DELETE FROM cancelled_orders WHERE (caller, order_id) IN (
+        SELECT caller, order_id FROM cancelled_orders
+        WHERE cancelled_at < clock_timestamp() - make_interval(secs => $1)
+        ORDER BY cancelled_at LIMIT $2)";
+
 impl PgStore {
     /// One pass: up to `batch` of each kind of row past its retention.
     pub async fn prune(&self, retention: &Retention, batch: usize) -> Result<Pruned, Error> {
@@ -106,10 +119,19 @@ impl PgStore {
                 .execute(&statement, &[&retention.reservations.as_secs_f64(), &limit])
                 .await
                 .map_err(from_db)?;
+            let statement = client
+                .prepare_cached(PRUNE_CANCELLED_ORDERS)
+                .await
+                .map_err(from_db)?;
+            let cancelled_orders = client
+                .execute(&statement, &[&retention.reservations.as_secs_f64(), &limit])
+                .await
+                .map_err(from_db)?;
             Ok(Pruned {
                 events: u64::try_from(events).unwrap_or(0),
                 idempotency_keys,
                 reservations,
+                cancelled_orders,
             })
         })
         .await

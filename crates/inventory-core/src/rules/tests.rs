@@ -171,7 +171,8 @@ fn a_group_decides_each_request_as_if_alone_after_the_ones_before() {
         ],
     );
     let stock = locked(7, 0, 9);
-    let decisions = decided(decide_group(&g, Some(&stock), |_| Ok(Earlier::Claimed)).unwrap());
+    let decisions =
+        decided(decide_group(&g, Some(&stock), |_| Ok(Earlier::Claimed), |_| false).unwrap());
     let held: Vec<bool> = decisions.iter().map(|d| d.answer.is_ok()).collect();
     // 7 units: 3 + 3 + 1 fit, the last 5 do not.
     assert_eq!(held, [true, true, true, false]);
@@ -195,10 +196,15 @@ fn a_group_decides_each_request_as_if_alone_after_the_ones_before() {
 fn a_stale_fence_writes_nothing_of_the_group() {
     let g = group(9, vec![reserve("a", 1)]);
     let mut asked = 0;
-    let verdict = decide_group(&g, Some(&locked(5, 0, 9)), |_| {
-        asked += 1;
-        Ok(Earlier::Claimed)
-    })
+    let verdict = decide_group(
+        &g,
+        Some(&locked(5, 0, 9)),
+        |_| {
+            asked += 1;
+            Ok(Earlier::Claimed)
+        },
+        |_| false,
+    )
     .unwrap();
     assert!(matches!(verdict, GroupVerdict::Fenced(f) if f == FenceToken::new(9)));
     assert_eq!(asked, 0, "no key is judged for a fenced group");
@@ -216,14 +222,19 @@ fn replays_conflicts_and_vanished_keys_take_no_stock() {
         ],
     );
     let decisions = decided(
-        decide_group(&g, Some(&locked(2, 0, 1)), |command| {
-            Ok(match command.idempotency_key.as_str() {
-                "replayed" => Earlier::Replay(Err(Error::UnknownSkus(vec![sku("A")]))),
-                "reused" => Earlier::KeyReused,
-                "gone" => Earlier::Vanished,
-                _ => Earlier::Claimed,
-            })
-        })
+        decide_group(
+            &g,
+            Some(&locked(2, 0, 1)),
+            |command| {
+                Ok(match command.idempotency_key.as_str() {
+                    "replayed" => Earlier::Replay(Err(Error::UnknownSkus(vec![sku("A")]))),
+                    "reused" => Earlier::KeyReused,
+                    "gone" => Earlier::Vanished,
+                    _ => Earlier::Claimed,
+                })
+            },
+            |_| false,
+        )
         .unwrap(),
     );
     assert!(matches!(decisions[0].answer, Err(Error::UnknownSkus(_))));
@@ -243,7 +254,7 @@ fn replays_conflicts_and_vanished_keys_take_no_stock() {
 #[test]
 fn an_unknown_sku_is_a_stored_refusal_for_every_request() {
     let g = group(1, vec![reserve("a", 1), reserve("b", 1)]);
-    let decisions = decided(decide_group(&g, None, |_| Ok(Earlier::Claimed)).unwrap());
+    let decisions = decided(decide_group(&g, None, |_| Ok(Earlier::Claimed), |_| false).unwrap());
     assert!(
         decisions
             .iter()
@@ -384,4 +395,28 @@ fn a_new_hold_may_not_ask_for_more_than_the_max_hold() {
         within_max_hold(ttl(3_601), hour),
         Err(Error::InvalidArgument(v)) if v[0].field == "ttl"
     ));
+}
+
+#[test]
+fn a_cancelled_order_is_a_stored_refusal_that_takes_no_stock() {
+    let mut cancelled = reserve("c", 1);
+    cancelled.0.order_id = OrderId::parse("gone").unwrap();
+    let g = group(10, vec![cancelled, reserve("live", 2)]);
+    let decisions = decided(
+        decide_group(
+            &g,
+            Some(&locked(2, 0, 1)),
+            |_| Ok(Earlier::Claimed),
+            |c| c.order_id.as_str() == "gone",
+        )
+        .unwrap(),
+    );
+    assert!(matches!(
+        &decisions[0].answer,
+        Err(Error::OrderCancelled { order_id }) if order_id.as_str() == "gone"
+    ));
+    assert!(decisions[0].executed, "stored with its key");
+    assert!(decisions[0].level_after.is_none());
+    // Both units were left for the live order.
+    assert_eq!(decisions[1].level_after.as_ref().unwrap().reserved, 2);
 }

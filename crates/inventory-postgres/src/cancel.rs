@@ -1,0 +1,107 @@
+//! `CancelOrder`, one transaction: claim the key (or replay), take the order's lock
+//! exclusively and write its tombstone (see `orders`), release every live hold of the order,
+//! store the outcome, and answer every reservation of the order as it now is.
+
+use inventory_core::{
+    Error,
+    command::CancelOrder,
+    domain::{Reservation, ReservationState, Scope},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    PgStore,
+    error::{from_db, from_pool},
+    expiry::end_holds,
+    idempotency, orders,
+    outcome::CANCEL_ORDER,
+    reservations,
+};
+
+/// The stored outcome of a `CancelOrder`: its reservations are read again on a replay (they
+/// may have moved on since, which a replay then shows).
+#[derive(Debug, Serialize, Deserialize)]
+struct CancelOutcome {
+    callers: Vec<String>,
+}
+
+impl PgStore {
+    #[tracing::instrument(name = "sql.cancel_order", skip_all, fields(order_id = command.order_id.as_str()))]
+    pub(crate) async fn cancel(&self, command: &CancelOrder) -> Result<Vec<Reservation>, Error> {
+        self.bounded(async {
+            let mut client = self.pool().get().await.map_err(from_pool)?;
+            let tx = client.transaction().await.map_err(from_db)?;
+            if let idempotency::Claim::Replay(outcome) = idempotency::claim(
+                &tx,
+                &self.pauses,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                CANCEL_ORDER,
+                &command.fingerprint(),
+            )
+            .await?
+            {
+                let outcome: CancelOutcome =
+                    serde_json::from_value(outcome).map_err(Error::internal)?;
+                return self.order_now(&tx, command, &outcome.callers).await;
+            }
+            // Whose order: the caller's own; for the admin, every caller that has
+            // reservations of it, and the admin itself.
+            let callers: Vec<String> = match &command.scope {
+                Scope::Own(caller) => vec![caller.as_str().to_owned()],
+                Scope::All => {
+                    let mut callers = reservations::callers_of_order(&tx, &command.order_id)
+                        .await
+                        .map_err(from_db)?;
+                    callers.push(command.caller.as_str().to_owned());
+                    callers.sort();
+                    callers.dedup();
+                    callers
+                }
+            };
+            let names: Vec<&str> = callers.iter().map(String::as_str).collect();
+            orders::cancel(&tx, &names, &command.order_id, command.reason.as_str())
+                .await
+                .map_err(from_db)?;
+            let mut live = reservations::lock_live_of_order(&tx, &command.order_id, &names).await?;
+            if !live.is_empty() {
+                end_holds(&tx, &mut live, ReservationState::Released).await?;
+            }
+            let outcome = serde_json::to_value(CancelOutcome {
+                callers: callers.clone(),
+            })
+            .map_err(Error::internal)?;
+            idempotency::record_outcome(
+                &tx,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                &outcome,
+            )
+            .await
+            .map_err(from_db)?;
+            let answer = self.order_now(&tx, command, &callers).await?;
+            tx.commit().await.map_err(from_db)?;
+            if !live.is_empty() {
+                self.outbox_written();
+                let metrics = crate::metrics::store();
+                metrics.reservations.add(
+                    live.len() as u64,
+                    &[opentelemetry::KeyValue::new("outcome", "RELEASED")],
+                );
+            }
+            Ok(answer)
+        })
+        .await
+    }
+
+    /// Every reservation of the order among `callers`', oldest first.
+    async fn order_now(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        command: &CancelOrder,
+        callers: &[String],
+    ) -> Result<Vec<Reservation>, Error> {
+        let names: Vec<&str> = callers.iter().map(String::as_str).collect();
+        reservations::all_of_order(tx, &command.order_id, &names).await
+    }
+}

@@ -74,7 +74,7 @@ const EXTEND_HOLD: &str = "
 /// Holds past their expiry, oldest first. `SKIP LOCKED` lets several sweepers (one per
 /// replica) take disjoint batches at the same moment instead of queueing on each other.
 const LOCK_DUE: &str = "
-    SELECT reservation_id, order_id, created_at, expires_at FROM reservations
+    SELECT reservation_id, order_id, 'HELD', created_at, expires_at FROM reservations
     WHERE state = 'HELD' AND expires_at <= clock_timestamp()
     ORDER BY expires_at
     LIMIT $1
@@ -91,7 +91,7 @@ const END_MANY: &str = "
 
 /// An order's live holds, of the given callers, locked; in id order.
 const LOCK_LIVE_OF_ORDER: &str = "
-    SELECT reservation_id, order_id, created_at, expires_at FROM reservations
+    SELECT reservation_id, order_id, 'HELD', created_at, expires_at FROM reservations
     WHERE order_id = $1 AND caller = ANY($2) AND state = 'HELD'
       AND expires_at > clock_timestamp()
     ORDER BY reservation_id
@@ -99,8 +99,8 @@ const LOCK_LIVE_OF_ORDER: &str = "
 
 /// An order's reservations among some callers', oldest first.
 const ALL_OF_ORDER: &str = "
-    SELECT reservation_id, CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp()
-                                THEN 'EXPIRED' ELSE state END, created_at, expires_at
+    SELECT reservation_id, order_id, CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp()
+                                          THEN 'EXPIRED' ELSE state END, created_at, expires_at
     FROM reservations WHERE order_id = $1 AND caller = ANY($2)
     ORDER BY created_at, reservation_id";
 
@@ -293,28 +293,7 @@ pub(crate) async fn extend_hold(
 }
 
 pub(crate) async fn lock_due(tx: &Transaction<'_>, batch: i64) -> Result<Vec<Reservation>, Error> {
-    let statement = tx
-        .prepare_cached(LOCK_DUE)
-        .await
-        .map_err(crate::error::from_db)?;
-    let rows = tx
-        .query(&statement, &[&batch])
-        .await
-        .map_err(crate::error::from_db)?;
-    let mut due = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
-        due.push(Reservation {
-            id: ReservationId::from_uuid(uuid),
-            order_id: stored(OrderId::parse(row.try_get(1).map_err(Error::internal)?))?,
-            state: ReservationState::Held,
-            lines: Vec::new(),
-            created_at: row.try_get(2).map_err(Error::internal)?,
-            expires_at: row.try_get(3).map_err(Error::internal)?,
-        });
-    }
-    attach_lines(tx, &mut due).await?;
-    Ok(due)
+    read_reservations(tx, LOCK_DUE, &[&batch]).await
 }
 
 pub(crate) async fn end_many(
@@ -349,28 +328,38 @@ pub(crate) async fn lock_live_of_order(
     order_id: &OrderId,
     callers: &[&str],
 ) -> Result<Vec<Reservation>, Error> {
-    let statement = tx
-        .prepare_cached(LOCK_LIVE_OF_ORDER)
+    read_reservations(tx, LOCK_LIVE_OF_ORDER, &[&order_id.as_str(), &callers]).await
+}
+
+/// The reservations a statement selects as `(reservation_id, order_id, state, created_at,
+/// expires_at)`, with their lines.
+async fn read_reservations(
+    client: &impl GenericClient,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<Reservation>, Error> {
+    let statement = client
+        .prepare_cached(sql)
         .await
         .map_err(crate::error::from_db)?;
-    let rows = tx
-        .query(&statement, &[&order_id.as_str(), &callers])
+    let rows = client
+        .query(&statement, params)
         .await
         .map_err(crate::error::from_db)?;
-    let mut holds = Vec::with_capacity(rows.len());
+    let mut reservations = Vec::with_capacity(rows.len());
     for row in &rows {
         let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
-        holds.push(Reservation {
+        reservations.push(Reservation {
             id: ReservationId::from_uuid(uuid),
             order_id: stored(OrderId::parse(row.try_get(1).map_err(Error::internal)?))?,
-            state: ReservationState::Held,
+            state: state(row, 2)?,
             lines: Vec::new(),
-            created_at: row.try_get(2).map_err(Error::internal)?,
-            expires_at: row.try_get(3).map_err(Error::internal)?,
+            created_at: row.try_get(3).map_err(Error::internal)?,
+            expires_at: row.try_get(4).map_err(Error::internal)?,
         });
     }
-    attach_lines(tx, &mut holds).await?;
-    Ok(holds)
+    attach_lines(client, &mut reservations).await?;
+    Ok(reservations)
 }
 
 /// Reads the lines of `reservations` into them.
@@ -471,38 +460,21 @@ pub(crate) async fn list(
         "SELECT r.reservation_id, r.order_id, {EFFECTIVE_STATE_OF_R}, r.created_at, r.expires_at \
          FROM reservations r {filter} ORDER BY r.created_at, r.reservation_id LIMIT {limit}"
     );
-    let statement = client
-        .prepare_cached(&sql)
-        .await
-        .map_err(crate::error::from_db)?;
     let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
         .iter()
         .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
         .collect();
-    let rows = client
-        .query(&statement, &refs)
-        .await
-        .map_err(crate::error::from_db)?;
-    let mut reservations = Vec::with_capacity(rows.len().min(query.page_size));
-    for row in rows.iter().take(query.page_size) {
-        let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
-        reservations.push(Reservation {
-            id: ReservationId::from_uuid(uuid),
-            order_id: stored(OrderId::parse(row.try_get(1).map_err(Error::internal)?))?,
-            state: state(row, 2)?,
-            lines: Vec::new(),
-            created_at: row.try_get(3).map_err(Error::internal)?,
-            expires_at: row.try_get(4).map_err(Error::internal)?,
-        });
-    }
-    let next = (rows.len() > query.page_size)
+    let mut reservations = read_reservations(client, &sql, &refs).await?;
+    // The row past the page only tells that there is a next page.
+    let more = reservations.len() > query.page_size;
+    reservations.truncate(query.page_size);
+    let next = more
         .then(|| reservations.last())
         .flatten()
         .map(|last| Cursor {
             created_at: last.created_at,
             id: last.id,
         });
-    attach_lines(client, &mut reservations).await?;
     Ok(ReservationPage { reservations, next })
 }
 
@@ -513,26 +485,5 @@ pub(crate) async fn all_of_order(
     order_id: &OrderId,
     callers: &[&str],
 ) -> Result<Vec<Reservation>, Error> {
-    let statement = client
-        .prepare_cached(ALL_OF_ORDER)
-        .await
-        .map_err(crate::error::from_db)?;
-    let rows = client
-        .query(&statement, &[&order_id.as_str(), &callers])
-        .await
-        .map_err(crate::error::from_db)?;
-    let mut all = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
-        all.push(Reservation {
-            id: ReservationId::from_uuid(uuid),
-            order_id: order_id.clone(),
-            state: state(row, 1)?,
-            lines: Vec::new(),
-            created_at: row.try_get(2).map_err(Error::internal)?,
-            expires_at: row.try_get(3).map_err(Error::internal)?,
-        });
-    }
-    attach_lines(client, &mut all).await?;
-    Ok(all)
+    read_reservations(client, ALL_OF_ORDER, &[&order_id.as_str(), &callers]).await
 }

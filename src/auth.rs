@@ -4,9 +4,9 @@
 //!
 //! | role | may call | reservations it sees |
 //! |---|---|---|
-//! | `reader` | `GetStock`, `GetReservation` | its own |
-//! | `reserver` | the above, `Reserve`, `ConfirmReservation`, `ReleaseReservation` | its own |
-//! | `watcher` | `GetStock`, `GetReservation`, `WatchEvents` | every caller's (read only) |
+//! | `reader` | `GetStock`, `GetReservation`, `ListReservations` | its own |
+//! | `reserver` | the above, `Reserve`, `ExtendReservation`, `ConfirmReservation`, `ReleaseReservation`, `CancelOrder` | its own |
+//! | `watcher` | `GetStock`, `GetReservation`, `ListReservations`, `WatchEvents` | every caller's (read only) |
 //! | `admin` | every call | every caller's |
 //!
 //! A reservation outside what a caller sees answers `NOT_FOUND`, exactly like one that does

@@ -570,3 +570,91 @@ fn bearer_tokens_never_travel_in_the_clear_unless_told_to() {
     assert!(settings(&["--listen-addr", "0.0.0.0:50051", "--allow-plaintext-tokens"]).is_ok());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn a_cancel_stops_only_the_cancelling_callers_order_unless_the_admin_cancels() {
+    let app = spawn_secured_app().await;
+    let mut client = app.client.clone();
+    client
+        .adjust_stock(with_token(
+            AdjustStockRequest {
+                sku: "SKU-1".into(),
+                delta: 10,
+                idempotency_key: "seed".into(),
+                reason: String::new(),
+            },
+            Some(ADMIN),
+        ))
+        .await
+        .unwrap();
+    let mut request = reserve("a-1", &[("SKU-1", 2)]);
+    request.order_id = "shared-id".into();
+    let held = client
+        .reserve(with_token(request, Some(RESERVER)))
+        .await
+        .unwrap()
+        .into_inner();
+    let cancel = |key: &str| CancelOrderRequest {
+        order_id: "shared-id".into(),
+        idempotency_key: key.into(),
+        reason: String::new(),
+    };
+
+    // B's order of the same id is B's: A's hold and A's next Reserve are untouched.
+    let answer = client
+        .cancel_order(with_token(cancel("b-cancel"), Some(OTHER_RESERVER)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.reservations.is_empty());
+    let mut again = reserve("a-2", &[("SKU-1", 1)]);
+    again.order_id = "shared-id".into();
+    client
+        .reserve(with_token(again, Some(RESERVER)))
+        .await
+        .unwrap();
+    assert_eq!(app.level("SKU-1").await, (10, 3));
+
+    // The admin's cancel reaches every caller's order of that id, including a first Reserve
+    // still in flight for a caller who has none committed yet.
+    let mut paused = app
+        .pauses
+        .arm(inventory_core::pause::PausePoint::LeaseGranted);
+    let mut other = client.clone();
+    let in_flight = tokio::spawn(async move {
+        let mut request = reserve("b-1", &[("SKU-1", 1)]);
+        request.order_id = "shared-id".into();
+        other
+            .reserve(with_token(request, Some(OTHER_RESERVER)))
+            .await
+    });
+    paused.reached().await;
+    let answer = client
+        .cancel_order(with_token(cancel("admin-cancel"), Some(ADMIN)))
+        .await
+        .unwrap()
+        .into_inner();
+    paused.resume();
+    assert_eq!(answer.reservations.len(), 2, "A's two holds");
+    assert!(
+        answer
+            .reservations
+            .iter()
+            .all(|r| r.state() == inventory_server::proto::ReservationState::Released)
+    );
+    let refused = in_flight.await.unwrap().unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(crate::helpers::error_reason(&refused), "ORDER_CANCELLED");
+    let mut late = reserve("a-3", &[("SKU-1", 1)]);
+    late.order_id = "shared-id".into();
+    let refused = client
+        .reserve(with_token(late, Some(RESERVER)))
+        .await
+        .unwrap_err();
+    assert_eq!(crate::helpers::error_reason(&refused), "ORDER_CANCELLED");
+    assert_eq!(app.level("SKU-1").await, (10, 0));
+    assert_eq!(
+        held.state(),
+        inventory_server::proto::ReservationState::Held
+    );
+}

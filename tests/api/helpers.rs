@@ -113,6 +113,7 @@ impl TestApp {
             "reservations",
             "reservation_lines",
             "outbox",
+            "cancelled_orders",
         ] {
             let row = self
                 .db

@@ -260,8 +260,9 @@ pub struct ReservationList {
 }
 
 /// Opaque page tokens: the cursor, bound to the filters and scope it was issued for, with a
-/// checksum, so a token of other filters, a made-up one or a damaged one is refused rather
-/// than silently listing something else.
+/// checksum, so a token of other filters, or a damaged or made-up one, is refused rather than
+/// silently listing something else. Not secret (the checksum has no key): a forged token can
+/// only move where the caller's own listing starts.
 pub mod page_token {
     use super::*;
 

@@ -23,6 +23,7 @@ use inventory_core::{
     Error,
     command::Reserve,
     domain::{FenceToken, Reservation, StockLevel},
+    pause::PausePoint,
     ports::{Answers, ReserveGroup, WriteOutcome},
     rules::{self, Earlier, GroupVerdict},
 };
@@ -123,6 +124,7 @@ impl PgStore {
             orders::lock_and_read_cancelled(&tx, &orders),
             stock::lock_many(&tx, &skus),
         )?;
+        self.pauses.reach(PausePoint::OrderChecked).await;
         let is_cancelled = |command: &Reserve| {
             cancelled.contains(&(
                 command.caller.as_str().to_owned(),

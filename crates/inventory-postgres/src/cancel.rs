@@ -45,24 +45,28 @@ impl PgStore {
                     serde_json::from_value(outcome).map_err(Error::internal)?;
                 return self.order_now(&tx, command, &outcome.callers).await;
             }
-            // Whose order: the caller's own; for the admin, every caller that has
-            // reservations of it, and the admin itself.
+            // Whose order: the caller's own; for the admin, every caller's, read once the
+            // order's lock is held (a Reserve in flight has committed by then, or will read
+            // the admin's tombstone).
+            let tombstone_of = match &command.scope {
+                Scope::Own(caller) => caller.as_str(),
+                Scope::All => orders::EVERY_CALLER,
+            };
+            orders::cancel(
+                &tx,
+                tombstone_of,
+                &command.order_id,
+                command.reason.as_str(),
+            )
+            .await
+            .map_err(from_db)?;
             let callers: Vec<String> = match &command.scope {
                 Scope::Own(caller) => vec![caller.as_str().to_owned()],
-                Scope::All => {
-                    let mut callers = reservations::callers_of_order(&tx, &command.order_id)
-                        .await
-                        .map_err(from_db)?;
-                    callers.push(command.caller.as_str().to_owned());
-                    callers.sort();
-                    callers.dedup();
-                    callers
-                }
+                Scope::All => reservations::callers_of_order(&tx, &command.order_id)
+                    .await
+                    .map_err(from_db)?,
             };
             let names: Vec<&str> = callers.iter().map(String::as_str).collect();
-            orders::cancel(&tx, &names, &command.order_id, command.reason.as_str())
-                .await
-                .map_err(from_db)?;
             let mut live = reservations::lock_live_of_order(&tx, &command.order_id, &names).await?;
             if !live.is_empty() {
                 end_holds(&tx, &mut live, ReservationState::Released).await?;

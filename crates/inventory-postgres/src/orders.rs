@@ -1,14 +1,17 @@
 //! SQL for the `cancelled_orders` table, and the order locks that make a cancel and a
 //! `Reserve` of the same order exclude each other.
 //!
-//! The lock is a transaction-scoped advisory lock on a hash of `(caller, order_id)`: every
-//! `Reserve` takes it shared (reserves of one order never wait on each other) before it reads
-//! the tombstone and before it locks any stock row; `CancelOrder` takes it exclusive before it
-//! writes the tombstone. So a `Reserve` either committed before the cancel took the lock (and
-//! the cancel releases its hold) or reads the tombstone the cancel committed (and is refused):
-//! no hold can appear after a cancel, whatever order the calls arrive in. No row exists per
-//! live order, so nothing grows with orders that are never cancelled. Two orders whose hashes
-//! collide only wait on each other's cancels.
+//! The lock is a transaction-scoped advisory lock on a hash of the order id (whoever's it is):
+//! every `Reserve` takes it shared (reserves of one order never wait on each other) before it
+//! reads the tombstones and before it locks any stock row; `CancelOrder` takes it exclusive
+//! before it writes its tombstone. So a `Reserve` either committed before the cancel took the
+//! lock (and the cancel releases its hold) or reads the tombstone the cancel committed (and is
+//! refused): no hold can appear after a cancel, whatever order the calls arrive in. A caller's
+//! cancel writes `(caller, order_id)`; the admin's writes `('*', order_id)`, which every
+//! caller's `Reserve` of that order id reads (no caller name can be `*`), so it also stops a
+//! caller whose first `Reserve` of the order is still in flight. No row exists per live order,
+//! so nothing grows with orders that are never cancelled; order ids that are equal across
+//! callers, or whose hashes collide, only wait on each other's cancels.
 //!
 //! Lock order, as everywhere: idempotency keys, then order locks (by key value), then rows.
 
@@ -23,18 +26,23 @@ use crate::error::from_db;
 const LOCK_SHARED: &str = "SELECT pg_advisory_xact_lock_shared($1)";
 const LOCK_EXCLUSIVE: &str = "SELECT pg_advisory_xact_lock($1)";
 
+/// The tombstones that stop these `(caller, order_id)` pairs: their own, or the admin's.
 const CANCELLED_AMONG: &str = "
-    SELECT c.caller, c.order_id FROM cancelled_orders c
-    JOIN unnest($1::text[], $2::text[]) AS u(caller, order_id) USING (caller, order_id)";
+    SELECT u.caller, u.order_id FROM unnest($1::text[], $2::text[]) AS u(caller, order_id)
+    WHERE EXISTS (SELECT 1 FROM cancelled_orders c
+                  WHERE c.order_id = u.order_id AND c.caller IN (u.caller, '*'))";
+
+/// The caller name of the admin's tombstones: it stops every caller's orders of that id.
+pub(crate) const EVERY_CALLER: &str = "*";
 
 const TOMBSTONE: &str = "
     INSERT INTO cancelled_orders (caller, order_id, reason) VALUES ($1, $2, $3)
     ON CONFLICT (caller, order_id) DO NOTHING";
 
-/// The advisory lock key of an order.
-pub(crate) fn lock_key(caller: &str, order_id: &str) -> i64 {
+/// The advisory lock key of an order id.
+pub(crate) fn lock_key(order_id: &str) -> i64 {
     let mut hash = Sha256::new();
-    for part in ["inventory.order", caller, order_id] {
+    for part in ["inventory.order", order_id] {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part.as_bytes());
     }
@@ -48,11 +56,17 @@ pub(crate) async fn lock_and_read_cancelled(
     tx: &Transaction<'_>,
     orders: &[(&str, &str)],
 ) -> Result<HashSet<(String, String)>, Error> {
-    let mut keys: Vec<i64> = orders.iter().map(|(c, o)| lock_key(c, o)).collect();
+    let mut keys: Vec<i64> = orders.iter().map(|(_, o)| lock_key(o)).collect();
     keys.sort_unstable();
     keys.dedup();
-    let lock = tx.prepare_cached(LOCK_SHARED).await.map_err(from_db)?;
-    let read = tx.prepare_cached(CANCELLED_AMONG).await.map_err(from_db)?;
+    // Both prepared at once, in one round: the locks then go out in the same poll as the
+    // other step-2 statements of a batch, before its stock rows are locked.
+    let (lock, read) = tokio::try_join!(
+        biased;
+        tx.prepare_cached(LOCK_SHARED),
+        tx.prepare_cached(CANCELLED_AMONG),
+    )
+    .map_err(from_db)?;
     // One statement per order, pipelined: they run (and take their locks) in key order.
     let params: Vec<[&(dyn tokio_postgres::types::ToSql + Sync); 1]> =
         keys.iter().map(|key| [key as _]).collect();
@@ -71,27 +85,18 @@ pub(crate) async fn lock_and_read_cancelled(
         .map_err(Error::internal)
 }
 
-/// Takes the exclusive lock of each of `callers`' order `order_id` (in key order) and
-/// writes their tombstones.
+/// Takes the order's lock exclusively, then writes the tombstone of `caller` (a caller name,
+/// or [`EVERY_CALLER`]).
 pub(crate) async fn cancel(
     tx: &Transaction<'_>,
-    callers: &[&str],
+    caller: &str,
     order_id: &OrderId,
     reason: &str,
 ) -> Result<(), tokio_postgres::Error> {
-    let mut keyed: Vec<(i64, &str)> = callers
-        .iter()
-        .map(|caller| (lock_key(caller, order_id.as_str()), *caller))
-        .collect();
-    keyed.sort_unstable();
     let lock = tx.prepare_cached(LOCK_EXCLUSIVE).await?;
-    for (key, _) in &keyed {
-        tx.query_one(&lock, &[key]).await?;
-    }
+    tx.query_one(&lock, &[&lock_key(order_id.as_str())]).await?;
     let tombstone = tx.prepare_cached(TOMBSTONE).await?;
-    for (_, caller) in &keyed {
-        tx.execute(&tombstone, &[caller, &order_id.as_str(), &reason])
-            .await?;
-    }
+    tx.execute(&tombstone, &[&caller, &order_id.as_str(), &reason])
+        .await?;
     Ok(())
 }

@@ -277,8 +277,6 @@ pub(crate) async fn settle_hold(
     Ok(changed == 1)
 }
 
-/// Locks up to `batch` overdue holds (skipping ones another transaction holds) and returns
-/// them with their lines.
 /// Sets a live hold's expiry; `false` if it is no longer a live hold at this very moment.
 pub(crate) async fn extend_hold(
     tx: &Transaction<'_>,
@@ -292,6 +290,8 @@ pub(crate) async fn extend_hold(
     Ok(changed == 1)
 }
 
+/// Locks up to `batch` overdue holds (skipping ones another transaction holds) and returns
+/// them with their lines.
 pub(crate) async fn lock_due(tx: &Transaction<'_>, batch: i64) -> Result<Vec<Reservation>, Error> {
     read_reservations(tx, LOCK_DUE, &[&batch]).await
 }

@@ -429,9 +429,21 @@ pub(crate) async fn list(
         let p = bind(Box::new(order_id.as_str().to_owned()));
         conditions.push(format!("r.order_id = {p}"));
     }
-    if let Some(state) = query.filter.state {
-        let p = bind(Box::new(state.as_str()));
-        conditions.push(format!("({EFFECTIVE_STATE_OF_R}) = {p}"));
+    // The state as reads show it, spelled out on the stored columns so the planner can use
+    // them (a hold past its expiry is EXPIRED, swept or not).
+    match query.filter.state {
+        None => {}
+        Some(ReservationState::Held) => {
+            conditions.push("r.state = 'HELD' AND r.expires_at > clock_timestamp()".into())
+        }
+        Some(ReservationState::Expired) => conditions.push(
+            "(r.state = 'EXPIRED' OR (r.state = 'HELD' AND r.expires_at <= clock_timestamp()))"
+                .into(),
+        ),
+        Some(settled) => {
+            let p = bind(Box::new(settled.as_str()));
+            conditions.push(format!("r.state = {p}"));
+        }
     }
     if let Some(sku) = &query.filter.sku {
         let p = bind(Box::new(sku.as_str().to_owned()));

@@ -71,18 +71,16 @@ impl PgStore {
             if !live.is_empty() {
                 end_holds(&tx, &mut live, ReservationState::Released).await?;
             }
-            let outcome = serde_json::to_value(CancelOutcome {
+            let outcome = CancelOutcome {
                 callers: callers.clone(),
-            })
-            .map_err(Error::internal)?;
-            idempotency::record_outcome(
+            };
+            idempotency::record(
                 &tx,
                 command.caller.as_str(),
                 &command.idempotency_key,
                 &outcome,
             )
-            .await
-            .map_err(from_db)?;
+            .await?;
             let answer = self.order_now(&tx, command, &callers).await?;
             tx.commit().await.map_err(from_db)?;
             if !live.is_empty() {

@@ -59,7 +59,7 @@ pub(crate) type Stored = (Vec<u8>, serde_json::Value);
 /// What claiming a key came to.
 #[derive(Debug)]
 pub(crate) enum Claim {
-    /// The key was free: this transaction executes, then must [`record_outcome`].
+    /// The key was free: this transaction executes, then must [`record`].
     Claimed,
     /// The same request already ran: its stored outcome, to replay.
     Replay(serde_json::Value),
@@ -122,15 +122,18 @@ pub(crate) async fn claim(
     Ok(Claim::Replay(row.try_get(1).map_err(Error::internal)?))
 }
 
-pub(crate) async fn record_outcome(
+/// Stores `outcome` on the key this transaction claimed: what a retry with the key gets back.
+pub(crate) async fn record(
     tx: &Transaction<'_>,
     caller: &str,
     key: &IdempotencyKey,
-    outcome: &serde_json::Value,
-) -> Result<(), tokio_postgres::Error> {
-    let statement = tx.prepare_cached(RECORD_OUTCOME).await?;
-    tx.execute(&statement, &[&caller, &key.as_str(), outcome])
-        .await?;
+    outcome: &impl serde::Serialize,
+) -> Result<(), Error> {
+    let outcome = serde_json::to_value(outcome).map_err(Error::internal)?;
+    let statement = tx.prepare_cached(RECORD_OUTCOME).await.map_err(from_db)?;
+    tx.execute(&statement, &[&caller, &key.as_str(), &outcome])
+        .await
+        .map_err(from_db)?;
     Ok(())
 }
 

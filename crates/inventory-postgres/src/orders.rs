@@ -67,18 +67,19 @@ pub(crate) async fn lock_and_read_cancelled(
         tx.prepare_cached(CANCELLED_AMONG),
     )
     .map_err(from_db)?;
-    // One statement per order, pipelined: they run (and take their locks) in key order.
+    // One statement per order, then the read, all sent in one go: PostgreSQL runs them in
+    // order, so the locks are taken in key order and the read sees every cancel that held one.
     let params: Vec<[&(dyn tokio_postgres::types::ToSql + Sync); 1]> =
         keys.iter().map(|key| [key as _]).collect();
-    futures::future::try_join_all(params.iter().map(|p| tx.query_one(&lock, p)))
-        .await
-        .map_err(from_db)?;
     let callers: Vec<&str> = orders.iter().map(|(c, _)| *c).collect();
     let order_ids: Vec<&str> = orders.iter().map(|(_, o)| *o).collect();
-    let rows = tx
-        .query(&read, &[&callers, &order_ids])
-        .await
-        .map_err(from_db)?;
+    let read_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&callers, &order_ids];
+    let (_, rows) = tokio::try_join!(
+        biased;
+        futures::future::try_join_all(params.iter().map(|p| tx.query_one(&lock, p))),
+        tx.query(&read, &read_params),
+    )
+    .map_err(from_db)?;
     rows.iter()
         .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
         .collect::<Result<_, tokio_postgres::Error>>()

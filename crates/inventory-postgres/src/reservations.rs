@@ -22,13 +22,14 @@ use tokio_postgres::Row;
 
 type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync + 'a);
 
-/// The state every reader sees: a hold past its expiry is expired, swept or not.
-const EFFECTIVE_STATE: &str =
-    "CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp() THEN 'EXPIRED' ELSE state END";
-
-/// [`EFFECTIVE_STATE`] of the row aliased `r`.
-const EFFECTIVE_STATE_OF_R: &str = "CASE WHEN r.state = 'HELD' AND r.expires_at <= clock_timestamp() \
-     THEN 'EXPIRED' ELSE r.state END";
+/// The state every reader sees: a hold past its expiry is expired, swept or not. A macro so
+/// that constant statements can include it (`concat!`).
+macro_rules! effective_state {
+    () => {
+        "CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp() THEN 'EXPIRED' ELSE state END"
+    };
+}
+const EFFECTIVE_STATE: &str = effective_state!();
 
 const INSERT: &str = "
     INSERT INTO reservations
@@ -98,11 +99,13 @@ const LOCK_LIVE_OF_ORDER: &str = "
     FOR UPDATE";
 
 /// An order's reservations among some callers', oldest first.
-const ALL_OF_ORDER: &str = "
-    SELECT reservation_id, order_id, CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp()
-                                          THEN 'EXPIRED' ELSE state END, created_at, expires_at
-    FROM reservations WHERE order_id = $1 AND caller = ANY($2)
-    ORDER BY created_at, reservation_id";
+const ALL_OF_ORDER: &str = concat!(
+    "SELECT reservation_id, order_id, ",
+    effective_state!(),
+    ", created_at, expires_at
+     FROM reservations WHERE order_id = $1 AND caller = ANY($2)
+     ORDER BY created_at, reservation_id"
+);
 
 /// The callers that have reservations of an order.
 const CALLERS_OF_ORDER: &str = "SELECT DISTINCT caller FROM reservations WHERE order_id = $1";
@@ -423,41 +426,38 @@ pub(crate) async fn list(
     };
     if let Some(owner) = query.scope.owner() {
         let p = bind(Box::new(owner.as_str().to_owned()));
-        conditions.push(format!("r.caller = {p}"));
+        conditions.push(format!("caller = {p}"));
     }
     if let Some(order_id) = &query.filter.order_id {
         let p = bind(Box::new(order_id.as_str().to_owned()));
-        conditions.push(format!("r.order_id = {p}"));
+        conditions.push(format!("order_id = {p}"));
     }
     // The state as reads show it, spelled out on the stored columns so the planner can use
     // them (a hold past its expiry is EXPIRED, swept or not).
     match query.filter.state {
         None => {}
         Some(ReservationState::Held) => {
-            conditions.push("r.state = 'HELD' AND r.expires_at > clock_timestamp()".into())
+            conditions.push("state = 'HELD' AND expires_at > clock_timestamp()".into())
         }
         Some(ReservationState::Expired) => conditions.push(
-            "(r.state = 'EXPIRED' OR (r.state = 'HELD' AND r.expires_at <= clock_timestamp()))"
-                .into(),
+            "(state = 'EXPIRED' OR (state = 'HELD' AND expires_at <= clock_timestamp()))".into(),
         ),
         Some(settled) => {
             let p = bind(Box::new(settled.as_str()));
-            conditions.push(format!("r.state = {p}"));
+            conditions.push(format!("state = {p}"));
         }
     }
     if let Some(sku) = &query.filter.sku {
         let p = bind(Box::new(sku.as_str().to_owned()));
         conditions.push(format!(
             "EXISTS (SELECT 1 FROM reservation_lines l \
-             WHERE l.reservation_id = r.reservation_id AND l.sku = {p})"
+             WHERE l.reservation_id = reservations.reservation_id AND l.sku = {p})"
         ));
     }
     if let Some(after) = query.after {
         let created = bind(Box::new(after.created_at));
         let id = bind(Box::new(after.id.as_uuid()));
-        conditions.push(format!(
-            "(r.created_at, r.reservation_id) > ({created}, {id})"
-        ));
+        conditions.push(format!("(created_at, reservation_id) > ({created}, {id})"));
     }
     // One more than a page: whether there is a next page, without another query.
     let limit = bind(Box::new(
@@ -469,8 +469,8 @@ pub(crate) async fn list(
         format!("WHERE {}", conditions.join(" AND "))
     };
     let sql = format!(
-        "SELECT r.reservation_id, r.order_id, {EFFECTIVE_STATE_OF_R}, r.created_at, r.expires_at \
-         FROM reservations r {filter} ORDER BY r.created_at, r.reservation_id LIMIT {limit}"
+        "SELECT reservation_id, order_id, {EFFECTIVE_STATE}, created_at, expires_at \
+         FROM reservations {filter} ORDER BY created_at, reservation_id LIMIT {limit}"
     );
     let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
         .iter()

@@ -153,16 +153,13 @@ impl ReservationStore for PgStore {
                     }
                 }
             };
-            let outcome =
-                serde_json::to_value(ReserveOutcome::of(&result)).map_err(Error::internal)?;
-            idempotency::record_outcome(
+            idempotency::record(
                 &tx,
                 command.caller.as_str(),
                 &command.idempotency_key,
-                &outcome,
+                &ReserveOutcome::of(&result),
             )
-            .await
-            .map_err(from_db)?;
+            .await?;
             tx.commit().await.map_err(from_db)?;
             if result.is_ok() {
                 self.outbox_written();

@@ -119,15 +119,13 @@ impl StockStore for PgStore {
                     .await
                     .map_err(from_db)?;
             }
-            let outcome = serde_json::to_value(outcome).map_err(Error::internal)?;
-            idempotency::record_outcome(
+            idempotency::record(
                 &tx,
                 command.caller.as_str(),
                 &command.idempotency_key,
                 &outcome,
             )
-            .await
-            .map_err(from_db)?;
+            .await?;
             tx.commit().await.map_err(from_db)?;
             if result.is_ok() {
                 self.outbox_written();

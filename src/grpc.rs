@@ -222,7 +222,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         self.unary(
             request,
             Action::Reserve,
-            |inventory, target, _| async move { inventory.confirm(target).await },
+            |inventory, command, _| async move { inventory.settle(&command).await },
         )
         .await
     }
@@ -235,7 +235,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         self.unary(
             request,
             Action::Reserve,
-            |inventory, target, _| async move { inventory.release(target).await },
+            |inventory, command, _| async move { inventory.settle(&command).await },
         )
         .await
     }

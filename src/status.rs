@@ -93,6 +93,37 @@ pub fn to_status(error: Error) -> Status {
                 );
             Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
         }
+        Error::NotHeld { id, ref lines } => {
+            let mut details = ErrorDetails::new();
+            for line in lines {
+                let description = match line.held {
+                    Some(held) => format!(
+                        "asks for {} units of {}; {held} held",
+                        line.requested, line.sku
+                    ),
+                    None => format!("{} is not a line of the reservation", line.sku),
+                };
+                details.add_precondition_failure_violation(
+                    "NOT_HELD",
+                    format!("lines[{}]", line.index),
+                    description,
+                );
+            }
+            let skus = lines
+                .iter()
+                .map(|line| line.sku.as_str())
+                .collect::<Vec<_>>()
+                .join(",");
+            details.set_error_info(
+                "NOT_HELD",
+                ERROR_DOMAIN,
+                HashMap::from([
+                    ("reservation_id".to_string(), id.to_string()),
+                    ("skus".to_string(), skus),
+                ]),
+            );
+            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
+        }
         Error::OrderCancelled { ref order_id } => {
             let mut details = ErrorDetails::new();
             details

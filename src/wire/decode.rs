@@ -9,7 +9,8 @@ use inventory_core::{
     Error, FieldViolation,
     command::{
         AdjustStock, CancelOrder, DEFAULT_PAGE_SIZE, ExtendReservation, GetStock, ListReservations,
-        MAX_PAGE_SIZE, ReservationFilter, ReservationRef, Reserve, WatchEvents, page_token,
+        MAX_PAGE_SIZE, ReservationFilter, ReservationRef, Reserve, Settle, SettleReservation,
+        WatchEvents, page_token,
     },
     domain::{
         IdempotencyKey, Line, MAX_LINES, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
@@ -131,30 +132,9 @@ impl Decode for proto::ReserveRequest {
         if request.lines.is_empty() {
             violations.add("lines", "must have at least one line");
         }
-        if request.lines.len() > MAX_LINES {
-            violations.add("lines", format!("must have at most {MAX_LINES} lines"));
+        let Some(lines) = parse_lines(&request.lines, &mut violations) else {
             return violations.finish(|| None);
-        }
-        let mut lines = Vec::with_capacity(request.lines.len());
-        let mut first_seen: HashMap<&str, usize> = HashMap::new();
-        for (index, line) in request.lines.iter().enumerate() {
-            let sku = violations.check(format!("lines[{index}].sku"), Sku::parse(&line.sku));
-            let quantity = violations.check(
-                format!("lines[{index}].quantity"),
-                Quantity::parse(line.quantity),
-            );
-            if let Some(first) = first_seen.get(line.sku.as_str()) {
-                violations.add(
-                    format!("lines[{index}].sku"),
-                    format!("duplicates lines[{first}].sku"),
-                );
-                continue;
-            }
-            first_seen.insert(&line.sku, index);
-            if let (Some(sku), Some(quantity)) = (sku, quantity) {
-                lines.push(Line { sku, quantity });
-            }
-        }
+        };
         violations.finish(|| {
             Some(Reserve::new(
                 who.caller().clone(),
@@ -165,6 +145,37 @@ impl Decode for proto::ReserveRequest {
             ))
         })
     }
+}
+
+/// The `sku` and `quantity` of at most [`MAX_LINES`] lines with distinct SKUs (the units a
+/// line asks for; a line's other fields are output only and ignored). `None` for an oversized
+/// list, which is not even looked into.
+fn parse_lines(raw: &[proto::ReservationLine], violations: &mut Violations) -> Option<Vec<Line>> {
+    if raw.len() > MAX_LINES {
+        violations.add("lines", format!("must have at most {MAX_LINES} lines"));
+        return None;
+    }
+    let mut lines = Vec::with_capacity(raw.len());
+    let mut first_seen: HashMap<&str, usize> = HashMap::new();
+    for (index, line) in raw.iter().enumerate() {
+        let sku = violations.check(format!("lines[{index}].sku"), Sku::parse(&line.sku));
+        let quantity = violations.check(
+            format!("lines[{index}].quantity"),
+            Quantity::parse(line.quantity),
+        );
+        if let Some(first) = first_seen.get(line.sku.as_str()) {
+            violations.add(
+                format!("lines[{index}].sku"),
+                format!("duplicates lines[{first}].sku"),
+            );
+            continue;
+        }
+        first_seen.insert(&line.sku, index);
+        if let (Some(sku), Some(quantity)) = (sku, quantity) {
+            lines.push(Line { sku, quantity });
+        }
+    }
+    Some(lines)
 }
 
 /// A protobuf `Duration`, if it is a valid non-negative one.
@@ -195,19 +206,68 @@ impl Decode for proto::GetReservationRequest {
 
 /// Settling reaches only the reservations the caller may change.
 impl Decode for proto::ConfirmReservationRequest {
-    type Command = ReservationRef;
+    type Command = SettleReservation;
 
-    fn into_command(self, who: &Principal) -> Result<ReservationRef, Error> {
-        reservation_ref(&self.reservation_id, who.write_scope())
+    fn into_command(self, who: &Principal) -> Result<SettleReservation, Error> {
+        settle(
+            Settle::Confirm,
+            &self.reservation_id,
+            &self.lines,
+            &self.idempotency_key,
+            who,
+        )
     }
 }
 
 impl Decode for proto::ReleaseReservationRequest {
-    type Command = ReservationRef;
+    type Command = SettleReservation;
 
-    fn into_command(self, who: &Principal) -> Result<ReservationRef, Error> {
-        reservation_ref(&self.reservation_id, who.write_scope())
+    fn into_command(self, who: &Principal) -> Result<SettleReservation, Error> {
+        settle(
+            Settle::Release,
+            &self.reservation_id,
+            &self.lines,
+            &self.idempotency_key,
+            who,
+        )
     }
+}
+
+/// A confirm or release: of every held unit, or (with a key) of `lines` only.
+fn settle(
+    settle: Settle,
+    reservation_id: &str,
+    lines: &[proto::ReservationLine],
+    idempotency_key: &str,
+    who: &Principal,
+) -> Result<SettleReservation, Error> {
+    let mut violations = Violations::default();
+    let id = violations.check("reservation_id", ReservationId::parse(reservation_id));
+    let idempotency_key = match idempotency_key {
+        "" if !lines.is_empty() => {
+            violations.add(
+                "idempotency_key",
+                "is required with lines: a repeated partial call would act twice",
+            );
+            None
+        }
+        "" => Some(None),
+        raw => violations
+            .check("idempotency_key", IdempotencyKey::parse(raw))
+            .map(Some),
+    };
+    let Some(lines) = parse_lines(lines, &mut violations) else {
+        return violations.finish(|| None);
+    };
+    violations.finish(|| {
+        Some(SettleReservation {
+            target: ReservationRef::new(id?, who.write_scope()),
+            settle,
+            lines,
+            idempotency_key: idempotency_key?,
+            caller: who.caller().clone(),
+        })
+    })
 }
 
 /// Extending changes the hold: only the reservations the caller may change.

@@ -4,8 +4,8 @@ use std::time::SystemTime;
 
 use inventory_core::{
     command::ReservationList,
-    domain::{Line, Reservation, ReservationState, StockLevel},
-    events::{Change, Event},
+    domain::{Reservation, ReservationLine, ReservationState, StockLevel},
+    events::{Change, Event, ReservationEvent},
 };
 
 use crate::proto;
@@ -55,13 +55,16 @@ impl Encode for ReservationState {
     }
 }
 
-impl Encode for Line {
+impl Encode for ReservationLine {
     type Message = proto::ReservationLine;
 
     fn into_message(self) -> proto::ReservationLine {
         proto::ReservationLine {
             sku: self.sku.as_str().to_owned(),
             quantity: self.quantity.get(),
+            held: self.held,
+            confirmed: self.confirmed,
+            released: self.released,
         }
     }
 }
@@ -130,16 +133,23 @@ impl Encode for Event {
             Change::Reservation {
                 reservation_id,
                 order_id,
+                what,
                 state,
                 lines,
                 levels,
                 expires_at,
             } => (
-                match state {
-                    ReservationState::Held => proto::EventType::ReservationHeld,
-                    ReservationState::Confirmed => proto::EventType::ReservationConfirmed,
-                    ReservationState::Released => proto::EventType::ReservationReleased,
-                    ReservationState::Expired => proto::EventType::ReservationExpired,
+                match what {
+                    ReservationEvent::Held => proto::EventType::ReservationHeld,
+                    ReservationEvent::Confirmed => proto::EventType::ReservationConfirmed,
+                    ReservationEvent::Released => proto::EventType::ReservationReleased,
+                    ReservationEvent::Expired => proto::EventType::ReservationExpired,
+                    ReservationEvent::PartiallyConfirmed => {
+                        proto::EventType::ReservationPartiallyConfirmed
+                    }
+                    ReservationEvent::PartiallyReleased => {
+                        proto::EventType::ReservationPartiallyReleased
+                    }
                 },
                 Subject::ReservationId(reservation_id.to_string()),
                 Payload::ReservationChanged(proto::ReservationChanged {

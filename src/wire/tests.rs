@@ -86,6 +86,7 @@ fn line(sku: &str, quantity: i64) -> proto::ReservationLine {
     proto::ReservationLine {
         sku: sku.into(),
         quantity,
+        ..Default::default()
     }
 }
 
@@ -194,17 +195,19 @@ fn a_reference_reaches_what_its_caller_may_see_or_change() {
         );
         let confirm = proto::ConfirmReservationRequest {
             reservation_id: reservation_id(),
+            ..Default::default()
         };
         assert_eq!(
-            confirm.into_command(&who).unwrap().scope,
+            confirm.into_command(&who).unwrap().target.scope,
             write,
             "{role:?} confirms"
         );
         let release = proto::ReleaseReservationRequest {
             reservation_id: reservation_id(),
+            ..Default::default()
         };
         assert_eq!(
-            release.into_command(&who).unwrap().scope,
+            release.into_command(&who).unwrap().target.scope,
             write,
             "{role:?} releases"
         );
@@ -293,7 +296,7 @@ mod hostile {
                 order_id: order,
                 lines: lines
                     .into_iter()
-                    .map(|(sku, quantity)| proto::ReservationLine { sku, quantity })
+                    .map(|(sku, quantity)| proto::ReservationLine { sku, quantity, ..Default::default() })
                     .collect(),
                 ttl: ttl.map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
             };
@@ -330,4 +333,52 @@ mod hostile {
             }
         }
     }
+}
+
+#[test]
+fn partial_settling_needs_a_key_and_checks_its_lines_like_reserve() {
+    let id = "0190a4d2-58c4-7c1e-9f2a-3b4c5d6e7f80";
+    let confirm =
+        |lines: Vec<proto::ReservationLine>, key: &str| proto::ConfirmReservationRequest {
+            reservation_id: id.into(),
+            lines,
+            idempotency_key: key.into(),
+        };
+    // Without lines: the whole hold, with or without a key.
+    let whole = decode(confirm(vec![], "")).unwrap();
+    assert!(whole.lines.is_empty() && whole.idempotency_key.is_none());
+    assert!(
+        decode(confirm(vec![], "k"))
+            .unwrap()
+            .idempotency_key
+            .is_some()
+    );
+    // With lines: a key is required.
+    assert_eq!(
+        fields(decode(confirm(vec![line("A", 1)], "")).unwrap_err()),
+        ["idempotency_key"]
+    );
+    let release = proto::ReleaseReservationRequest {
+        reservation_id: id.into(),
+        lines: vec![line("A", 0), line("B", 1), line("B", 2), line("bad sku", 1)],
+        idempotency_key: "has space".into(),
+    };
+    assert_eq!(
+        fields(decode(release).unwrap_err()),
+        [
+            "idempotency_key",
+            "lines[0].quantity",
+            "lines[2].sku",
+            "lines[3].sku"
+        ]
+    );
+    let many = (0..=MAX_LINES).map(|i| line(&format!("S{i}"), 1)).collect();
+    assert_eq!(fields(decode(confirm(many, "k")).unwrap_err()), ["lines"]);
+    // The output-only counts of a line are ignored.
+    let mut echoed = line("A", 2);
+    echoed.held = 7;
+    echoed.confirmed = 1;
+    let parsed = decode(confirm(vec![echoed], "k")).unwrap();
+    assert_eq!(parsed.lines[0].quantity.get(), 2);
+    assert_eq!(parsed.settle, inventory_core::command::Settle::Confirm);
 }

@@ -95,6 +95,7 @@ async fn an_oversized_message_is_refused_and_changes_nothing() {
         lines: vec![ReservationLine {
             sku: "SKU-1".into(),
             quantity: 1,
+            ..Default::default()
         }],
         ttl: None,
     };

@@ -118,6 +118,7 @@ async fn codes(
         .release_reservation(with_token(
             ReleaseReservationRequest {
                 reservation_id: reservation.into(),
+                ..Default::default()
             },
             token,
         ))
@@ -127,6 +128,7 @@ async fn codes(
         .confirm_reservation(with_token(
             ConfirmReservationRequest {
                 reservation_id: reservation.into(),
+                ..Default::default()
             },
             token,
         ))
@@ -310,6 +312,7 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
             .release_reservation(with_token(
                 ReleaseReservationRequest {
                     reservation_id: target.clone(),
+                    ..Default::default()
                 },
                 Some(OTHER_RESERVER),
             ))
@@ -318,6 +321,7 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
             .confirm_reservation(with_token(
                 ConfirmReservationRequest {
                     reservation_id: target.clone(),
+                    ..Default::default()
                 },
                 Some(OTHER_RESERVER),
             ))
@@ -343,7 +347,8 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
             client
                 .release_reservation(with_token(
                     ReleaseReservationRequest {
-                        reservation_id: id.clone()
+                        reservation_id: id.clone(),
+                        ..Default::default()
                     },
                     Some(OTHER_RESERVER),
                 ))
@@ -354,7 +359,8 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
             client
                 .release_reservation(with_token(
                     ReleaseReservationRequest {
-                        reservation_id: missing.clone()
+                        reservation_id: missing.clone(),
+                        ..Default::default()
                     },
                     Some(OTHER_RESERVER),
                 ))
@@ -396,6 +402,7 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
         .release_reservation(with_token(
             ReleaseReservationRequest {
                 reservation_id: id.clone(),
+                ..Default::default()
             },
             Some(ADMIN),
         ))

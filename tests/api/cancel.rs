@@ -57,6 +57,7 @@ async fn a_cancel_releases_what_is_held_keeps_what_is_confirmed_and_refuses_late
     app.client
         .confirm_reservation(ConfirmReservationRequest {
             reservation_id: shipped.reservation_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap();

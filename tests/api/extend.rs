@@ -163,6 +163,7 @@ async fn only_a_live_hold_is_extended_and_a_refusal_changes_nothing() {
     app.client
         .confirm_reservation(ConfirmReservationRequest {
             reservation_id: confirmed.reservation_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -170,6 +171,7 @@ async fn only_a_live_hold_is_extended_and_a_refusal_changes_nothing() {
     app.client
         .release_reservation(ReleaseReservationRequest {
             reservation_id: released.reservation_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap();

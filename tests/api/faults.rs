@@ -285,6 +285,7 @@ async fn with_redis_down_reserve_fails_closed_and_everything_else_works() {
         .client
         .confirm_reservation(inventory_server::proto::ConfirmReservationRequest {
             reservation_id: to_confirm.reservation_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -293,6 +294,7 @@ async fn with_redis_down_reserve_fails_closed_and_everything_else_works() {
         .client
         .release_reservation(inventory_server::proto::ReleaseReservationRequest {
             reservation_id: to_release.reservation_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap();

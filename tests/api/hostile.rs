@@ -88,6 +88,7 @@ async fn malformed_requests_get_their_code_and_change_nothing() {
     let line = |sku: &str, quantity| ReservationLine {
         sku: sku.into(),
         quantity,
+        ..Default::default()
     };
     let thousands: Vec<ReservationLine> = (0..5_000).map(|i| line(&format!("S{i}"), 1)).collect();
     let ttl = |seconds, nanos| Some(prost_types::Duration { seconds, nanos });

@@ -67,6 +67,7 @@ async fn filters_combine_and_states_read_as_every_reader_sees_them() {
         .clone()
         .confirm_reservation(ConfirmReservationRequest {
             reservation_id: a2.reservation_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -74,6 +75,7 @@ async fn filters_combine_and_states_read_as_every_reader_sees_them() {
         .clone()
         .release_reservation(ReleaseReservationRequest {
             reservation_id: a3.reservation_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap();

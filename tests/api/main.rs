@@ -20,6 +20,7 @@ mod helpers;
 mod hostile;
 mod list;
 mod migrations;
+mod partial;
 mod race;
 mod reservations;
 mod resilience;

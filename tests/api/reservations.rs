@@ -25,6 +25,7 @@ pub fn reserve(key: &str, lines: &[(&str, i64)]) -> ReserveRequest {
             .map(|(sku, quantity)| ReservationLine {
                 sku: sku.to_string(),
                 quantity: *quantity,
+                ..Default::default()
             })
             .collect(),
         ttl: None,
@@ -47,12 +48,14 @@ pub async fn stock(app: &TestApp, sku: &str, units: i64) {
 fn confirm(id: &str) -> ConfirmReservationRequest {
     ConfirmReservationRequest {
         reservation_id: id.into(),
+        ..Default::default()
     }
 }
 
 fn release(id: &str) -> ReleaseReservationRequest {
     ReleaseReservationRequest {
         reservation_id: id.into(),
+        ..Default::default()
     }
 }
 

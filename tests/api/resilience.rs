@@ -177,7 +177,10 @@ async fn a_confirm_that_locks_the_hold_after_it_expired_is_refused() {
     let reservation_id = hold.reservation_id.clone();
     let confirm = tokio::spawn(async move {
         client
-            .confirm_reservation(ConfirmReservationRequest { reservation_id })
+            .confirm_reservation(ConfirmReservationRequest {
+                reservation_id,
+                ..Default::default()
+            })
             .await
     });
     until_lock_waiters(&app, 1).await;

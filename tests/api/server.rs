@@ -222,6 +222,7 @@ async fn postgres_down_is_unavailable_with_retry_advice() {
             lines: vec![ReservationLine {
                 sku: "SKU-1".into(),
                 quantity: 1,
+                ..Default::default()
             }],
             ttl: None,
         })

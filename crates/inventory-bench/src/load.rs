@@ -308,6 +308,7 @@ impl Shop {
                 lines: vec![ReservationLine {
                     sku: sku.clone(),
                     quantity: config.quantity,
+                    ..Default::default()
                 }],
                 ttl: Some(prost_types::Duration {
                     seconds: config.ttl.as_secs() as i64,
@@ -355,7 +356,10 @@ async fn settle(shop: &Shop, held: &mut [Held]) -> anyhow::Result<()> {
             client
                 .confirm_reservation(request(
                     &config.token,
-                    ConfirmReservationRequest { reservation_id: id },
+                    ConfirmReservationRequest {
+                        reservation_id: id,
+                        ..Default::default()
+                    },
                 ))
                 .await
                 .context("confirm")?;
@@ -364,7 +368,10 @@ async fn settle(shop: &Shop, held: &mut [Held]) -> anyhow::Result<()> {
             client
                 .release_reservation(request(
                     &config.token,
-                    ReleaseReservationRequest { reservation_id: id },
+                    ReleaseReservationRequest {
+                        reservation_id: id,
+                        ..Default::default()
+                    },
                 ))
                 .await
                 .context("release")?;

@@ -135,6 +135,7 @@ pub fn reserve_request(key: &str, lines: &[Line], ttl_ms: u64) -> ReserveRequest
             .map(|l| ReservationLine {
                 sku: l.sku.clone(),
                 quantity: l.quantity,
+                ..Default::default()
             })
             .collect(),
         ttl: Some(prost_types::Duration {
@@ -362,6 +363,7 @@ async fn settle(
         OpKind::Confirm => {
             let message = ConfirmReservationRequest {
                 reservation_id: id.to_owned(),
+                ..Default::default()
             };
             call(config.call_timeout, message, async |r| {
                 grpc.confirm_reservation(r).await
@@ -371,6 +373,7 @@ async fn settle(
         _ => {
             let message = ReleaseReservationRequest {
                 reservation_id: id.to_owned(),
+                ..Default::default()
             };
             call(config.call_timeout, message, async |r| {
                 grpc.release_reservation(r).await

@@ -166,6 +166,51 @@ impl ReservationRef {
     }
 }
 
+/// Settling held units: confirming them (they leave the stock) or releasing them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settle {
+    Confirm,
+    Release,
+}
+
+/// Confirm or release a reservation's held units: all of them, or only `lines`.
+#[derive(Clone, Debug)]
+pub struct SettleReservation {
+    pub target: ReservationRef,
+    pub settle: Settle,
+    /// Empty: every unit still held. Otherwise distinct SKUs, in request order.
+    pub lines: Vec<Line>,
+    /// Required with `lines` (the boundary checks it): repeating a partial call must not act
+    /// twice.
+    pub idempotency_key: Option<IdempotencyKey>,
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
+}
+
+impl SettleReservation {
+    /// The name idempotency records carry.
+    pub fn operation(&self) -> &'static str {
+        match self.settle {
+            Settle::Confirm => "ConfirmReservation",
+            Settle::Release => "ReleaseReservation",
+        }
+    }
+
+    /// Covers the reservation and the lines as a set.
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new(self.operation());
+        builder.field(self.target.id.as_uuid().as_bytes());
+        let mut lines: Vec<&Line> = self.lines.iter().collect();
+        lines.sort_by(|a, b| a.sku.cmp(&b.sku));
+        for line in lines {
+            builder
+                .field(line.sku.as_str().as_bytes())
+                .field(&line.quantity.get().to_be_bytes());
+        }
+        builder.finish()
+    }
+}
+
 /// Cancel an order for good: release every held unit of its reservations and refuse every
 /// later `Reserve` for it, including one already in flight.
 #[derive(Clone, Debug)]

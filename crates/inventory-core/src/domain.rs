@@ -308,13 +308,82 @@ pub struct Line {
     pub quantity: Quantity,
 }
 
-/// A reservation as stored; `state` is already `Expired` for a hold past `expires_at`.
+/// One line of a reservation: the units first reserved and where they are now.
+/// `quantity = held + confirmed + released` (expiry counts as released).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReservationLine {
+    pub sku: Sku,
+    /// The units first reserved; never changes.
+    pub quantity: Quantity,
+    pub held: i64,
+    pub confirmed: i64,
+    pub released: i64,
+}
+
+impl ReservationLine {
+    /// A line just held in full.
+    pub fn new_hold(line: &Line) -> Self {
+        Self {
+            sku: line.sku.clone(),
+            quantity: line.quantity,
+            held: line.quantity.get(),
+            confirmed: 0,
+            released: 0,
+        }
+    }
+
+    /// A line as stored. Storage keeps `confirmed` and `released` exactly while units are
+    /// held and once a reservation was settled in parts; the rest of the units (`quantity`
+    /// minus both) went where the reservation's stored state says: still held in a live
+    /// hold, released in an overdue one (expiry takes it), confirmed in a `CONFIRMED` one,
+    /// released in a `RELEASED` or `EXPIRED` one. Reservations settled in one step, and
+    /// every one stored before lines kept counts, are read by that rule alone.
+    pub fn stored(
+        sku: Sku,
+        quantity: Quantity,
+        confirmed: i64,
+        released: i64,
+        stored_state: ReservationState,
+        live: bool,
+    ) -> Self {
+        let rest = quantity.get() - confirmed - released;
+        let mut line = Self {
+            sku,
+            quantity,
+            held: 0,
+            confirmed,
+            released,
+        };
+        match stored_state {
+            ReservationState::Held if live => line.held = rest,
+            ReservationState::Confirmed => line.confirmed += rest,
+            _ => line.released += rest,
+        }
+        line
+    }
+
+    /// The line before any of its units moved, for a request that names lines.
+    pub fn as_line(&self) -> Line {
+        Line {
+            sku: self.sku.clone(),
+            quantity: self.quantity,
+        }
+    }
+
+    /// Units ever confirmed or released: the line was settled, at least in part.
+    pub fn touched(&self) -> bool {
+        self.confirmed > 0 || self.released > 0
+    }
+}
+
+/// A reservation as stored; `state` is already `Expired` (or `Confirmed`, if units were
+/// confirmed in part) for a hold past `expires_at`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reservation {
     pub id: ReservationId,
     pub order_id: OrderId,
     pub state: ReservationState,
-    pub lines: Vec<Line>,
+    pub lines: Vec<ReservationLine>,
     pub created_at: std::time::SystemTime,
     pub expires_at: std::time::SystemTime,
 }

@@ -16,6 +16,17 @@ pub struct Shortfall {
     pub available: i64,
 }
 
+/// A line of a partial confirm or release that asks for more than is held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotHeld {
+    /// The line's position in the request.
+    pub index: usize,
+    pub sku: Sku,
+    pub requested: i64,
+    /// What the reservation still holds of the SKU; `None` if it has no such line.
+    pub held: Option<i64>,
+}
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A cause kept behind an `Arc`, so an error can be cloned: every request of a batch that
@@ -78,6 +89,14 @@ pub enum Error {
         id: ReservationId,
         state: ReservationState,
         action: &'static str,
+    },
+
+    /// Lines of a partial confirm or release ask for units the reservation does not hold;
+    /// nothing changed.
+    #[error("reservation {id} does not hold what lines {} ask for", not_held_lines(.lines))]
+    NotHeld {
+        id: ReservationId,
+        lines: Vec<NotHeld>,
     },
 
     /// The order was cancelled (`CancelOrder`): no stock is held for it any more.
@@ -177,6 +196,14 @@ fn shortfall_skus(shortfalls: &[Shortfall]) -> String {
     shortfalls
         .iter()
         .map(|s| s.sku.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn not_held_lines(lines: &[NotHeld]) -> String {
+    lines
+        .iter()
+        .map(|line| line.index.to_string())
         .collect::<Vec<_>>()
         .join(", ")
 }

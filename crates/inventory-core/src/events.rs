@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use uuid::Uuid;
 
-use crate::domain::{Line, OrderId, ReservationId, ReservationState, Sku, StockLevel};
+use crate::domain::{OrderId, ReservationId, ReservationLine, ReservationState, Sku, StockLevel};
 
 /// One committed state change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,12 +26,13 @@ pub enum Change {
         reason: String,
         level: StockLevel,
     },
-    /// A reservation entered `state`.
+    /// Units of a reservation moved (`what`); it is in `state` after the change.
     Reservation {
         reservation_id: ReservationId,
         order_id: OrderId,
+        what: ReservationEvent,
         state: ReservationState,
-        lines: Vec<Line>,
+        lines: Vec<ReservationLine>,
         levels: Vec<StockLevel>,
         /// When a hold expires; `None` for other states and for events stored before it was
         /// recorded.
@@ -41,9 +42,47 @@ pub enum Change {
     ReservationExtended {
         reservation_id: ReservationId,
         order_id: OrderId,
-        lines: Vec<Line>,
+        lines: Vec<ReservationLine>,
         expires_at: SystemTime,
     },
+}
+
+/// What moved a reservation's units. The change that ends a hold is named by what ended it;
+/// one that leaves units held is partial.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReservationEvent {
+    Held,
+    Confirmed,
+    Released,
+    Expired,
+    PartiallyConfirmed,
+    PartiallyReleased,
+}
+
+impl ReservationEvent {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Held => "RESERVATION_HELD",
+            Self::Confirmed => "RESERVATION_CONFIRMED",
+            Self::Released => "RESERVATION_RELEASED",
+            Self::Expired => "RESERVATION_EXPIRED",
+            Self::PartiallyConfirmed => "RESERVATION_PARTIALLY_CONFIRMED",
+            Self::PartiallyReleased => "RESERVATION_PARTIALLY_RELEASED",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        [
+            Self::Held,
+            Self::Confirmed,
+            Self::Released,
+            Self::Expired,
+            Self::PartiallyConfirmed,
+            Self::PartiallyReleased,
+        ]
+        .into_iter()
+        .find(|event| event.as_str() == raw)
+    }
 }
 
 /// Where a consumer's cursor stands against what the stream still holds.

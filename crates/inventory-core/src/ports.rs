@@ -9,7 +9,7 @@ use std::{
 use crate::{
     command::{
         AdjustStock, CancelOrder, ExtendReservation, GetStock, ListReservations, ReservationPage,
-        ReservationRef, Reserve,
+        ReservationRef, Reserve, SettleReservation,
     },
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
@@ -106,16 +106,12 @@ pub trait ReservationStore: Send + Sync + 'static {
         groups: &[ReserveGroup],
     ) -> impl Future<Output = Result<Vec<WriteOutcome<Answers>>, Error>> + Send;
 
-    /// HELD -> CONFIRMED; a confirmed reservation is returned unchanged.
-    fn confirm(
+    /// Confirms or releases held units in one transaction: all of them or the command's
+    /// lines, as [`Settle::step`](crate::command::Settle) decides from the locked reservation.
+    /// With a key, a repeat answers the reservation as it now is and moves nothing.
+    fn settle(
         &self,
-        target: ReservationRef,
-    ) -> impl Future<Output = Result<Reservation, Error>> + Send;
-
-    /// HELD -> RELEASED; a released or expired reservation is returned unchanged.
-    fn release(
-        &self,
-        target: ReservationRef,
+        command: &SettleReservation,
     ) -> impl Future<Output = Result<Reservation, Error>> + Send;
 
     fn get_reservation(

@@ -8,12 +8,13 @@
 use std::time::{Duration, SystemTime};
 
 use crate::{
-    command::{AdjustStock, Reserve},
+    command::{AdjustStock, Reserve, Settle},
     domain::{
-        FenceToken, Line, MAX_ON_HAND, Reservation, ReservationId, ReservationState, Sku,
-        StockLevel, Ttl,
+        FenceToken, Line, MAX_ON_HAND, Reservation, ReservationId, ReservationLine,
+        ReservationState, Sku, StockLevel, Ttl,
     },
-    error::{Error, Shortfall},
+    error::{Error, NotHeld, Shortfall},
+    events::ReservationEvent,
     ports::ReserveGroup,
 };
 
@@ -146,7 +147,7 @@ pub fn new_hold(command: &Reserve, lines: Vec<Line>, now: SystemTime, ttl: Ttl) 
         id: ReservationId::new_random(),
         order_id: command.order_id.clone(),
         state: ReservationState::Held,
-        lines,
+        lines: lines.iter().map(ReservationLine::new_hold).collect(),
         created_at: now,
         expires_at: now + ttl,
     }
@@ -330,20 +331,28 @@ pub fn extend(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Confirm and release
+// Confirm, release, expire: moving held units
 
-/// Settling a held reservation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Settle {
-    Confirm,
-    Release,
+/// What a change does to a locked hold: the units it moves and the reservation after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitMove {
+    /// `(sku, units)` for every line some units leave, in SKU order (the order stock rows are
+    /// locked in).
+    pub moves: Vec<(Sku, i64)>,
+    /// The reservation after the change.
+    pub after: Reservation,
+    pub event: ReservationEvent,
+    /// Whether the lines' counts must be written: always once a reservation is settled in
+    /// parts. A reservation settled in one step keeps its stored counts at zero and is read
+    /// by its state (see [`ReservationLine::stored`]), which saves a write per line.
+    pub write_lines: bool,
 }
 
 /// What settling a reservation in a given state does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SettleStep {
-    /// Held: move it to `state` and its stock with it.
-    Apply { state: ReservationState },
+    /// A live hold: move its units.
+    Apply(UnitMove),
     /// Already where the call would take it: answer it as it is, change nothing.
     Repeat,
 }
@@ -356,31 +365,104 @@ impl Settle {
         }
     }
 
-    /// From the reservation's effective state (a hold past its expiry is expired).
-    pub fn step(self, id: ReservationId, state: ReservationState) -> Result<SettleStep, Error> {
-        match (self, state) {
-            (_, ReservationState::Held) => Ok(SettleStep::Apply {
-                state: match self {
-                    Self::Confirm => ReservationState::Confirmed,
-                    Self::Release => ReservationState::Released,
-                },
-            }),
-            (Self::Confirm, ReservationState::Confirmed)
-            | (Self::Release, ReservationState::Released | ReservationState::Expired) => {
-                Ok(SettleStep::Repeat)
+    /// The step `requested` (empty: every unit still held) takes from `reservation` as read,
+    /// in its effective state.
+    pub fn step(self, reservation: &Reservation, requested: &[Line]) -> Result<SettleStep, Error> {
+        let id = reservation.id;
+        if reservation.state != ReservationState::Held {
+            if requested.is_empty() && self.repeats(reservation) {
+                return Ok(SettleStep::Repeat);
             }
-            (_, state) => Err(self.wrong_state(id, state)),
+            return Err(self.wrong_state(id, reservation.state));
+        }
+        let mut after = reservation.clone();
+        let mut moves = Vec::new();
+        if requested.is_empty() {
+            for line in &mut after.lines {
+                if line.held > 0 {
+                    moves.push((line.sku.clone(), line.held));
+                    self.apply(line, line.held);
+                }
+            }
+        } else {
+            let mut refused = Vec::new();
+            for (index, wanted) in requested.iter().enumerate() {
+                let units = wanted.quantity.get();
+                match after.lines.iter_mut().find(|l| l.sku == wanted.sku) {
+                    Some(line) if line.held >= units => {
+                        moves.push((line.sku.clone(), units));
+                        self.apply(line, units);
+                    }
+                    found => refused.push(NotHeld {
+                        index,
+                        sku: wanted.sku.clone(),
+                        requested: units,
+                        held: found.map(|line| line.held),
+                    }),
+                }
+            }
+            if !refused.is_empty() {
+                return Err(Error::NotHeld { id, lines: refused });
+            }
+        }
+        moves.sort_by(|a, b| a.0.cmp(&b.0));
+        let partial = after.lines.iter().any(|line| line.held > 0);
+        let event = match (self, partial) {
+            (Self::Confirm, false) => ReservationEvent::Confirmed,
+            (Self::Release, false) => ReservationEvent::Released,
+            (Self::Confirm, true) => ReservationEvent::PartiallyConfirmed,
+            (Self::Release, true) => ReservationEvent::PartiallyReleased,
+        };
+        if !partial {
+            after.state = ended_state(&after, ReservationState::Released);
+        }
+        let write_lines = partial || reservation.lines.iter().any(ReservationLine::touched);
+        Ok(SettleStep::Apply(UnitMove {
+            moves,
+            after,
+            event,
+            write_lines,
+        }))
+    }
+
+    /// A call without lines on a reservation that holds nothing any more: a repeat if it
+    /// already went where this call would take it.
+    fn repeats(self, reservation: &Reservation) -> bool {
+        match (self, reservation.state) {
+            (Self::Confirm, ReservationState::Confirmed) => true,
+            (Self::Release, ReservationState::Released | ReservationState::Expired) => true,
+            // The rest of a partly confirmed reservation was released (or expired).
+            (Self::Release, ReservationState::Confirmed) => {
+                reservation.lines.iter().any(|line| line.released > 0)
+            }
+            _ => false,
+        }
+    }
+
+    fn apply(self, line: &mut ReservationLine, units: i64) {
+        line.held -= units;
+        match self {
+            Self::Confirm => line.confirmed += units,
+            Self::Release => line.released += units,
         }
     }
 
     /// The hold expired while its lock was waited for: it is the sweeper's now. Releasing
-    /// it is done already; confirming it is too late.
-    pub fn expired_meanwhile(self, mut reservation: Reservation) -> Result<Reservation, Error> {
-        reservation.state = ReservationState::Expired;
-        match self {
-            Self::Release => Ok(reservation),
-            Self::Confirm => Err(self.wrong_state(reservation.id, ReservationState::Expired)),
+    /// all of it is done already; anything else is too late.
+    pub fn expired_meanwhile(
+        self,
+        mut reservation: Reservation,
+        requested: &[Line],
+    ) -> Result<Reservation, Error> {
+        for line in &mut reservation.lines {
+            line.released += line.held;
+            line.held = 0;
         }
+        reservation.state = ended_state(&reservation, ReservationState::Expired);
+        if self == Self::Release && requested.is_empty() {
+            return Ok(reservation);
+        }
+        Err(self.wrong_state(reservation.id, reservation.state))
     }
 
     fn wrong_state(self, id: ReservationId, state: ReservationState) -> Error {
@@ -389,6 +471,41 @@ impl Settle {
             state,
             action: self.action(),
         }
+    }
+}
+
+/// Ends a locked hold whose units still held all go back to `available` (`Released` by a
+/// cancel, `Expired` by the sweeper).
+pub fn end_hold(reservation: &Reservation, ended: ReservationState) -> UnitMove {
+    let mut after = reservation.clone();
+    let mut moves = Vec::new();
+    for line in &mut after.lines {
+        if line.held > 0 {
+            moves.push((line.sku.clone(), line.held));
+            line.released += line.held;
+            line.held = 0;
+        }
+    }
+    moves.sort_by(|a, b| a.0.cmp(&b.0));
+    after.state = ended_state(&after, ended);
+    UnitMove {
+        moves,
+        write_lines: reservation.lines.iter().any(ReservationLine::touched),
+        after,
+        event: match ended {
+            ReservationState::Expired => ReservationEvent::Expired,
+            _ => ReservationEvent::Released,
+        },
+    }
+}
+
+/// Where a reservation that holds nothing any more ends: `CONFIRMED` if any unit was
+/// confirmed, else `otherwise` (`RELEASED` or `EXPIRED`).
+fn ended_state(reservation: &Reservation, otherwise: ReservationState) -> ReservationState {
+    if reservation.lines.iter().any(|line| line.confirmed > 0) {
+        ReservationState::Confirmed
+    } else {
+        otherwise
     }
 }
 

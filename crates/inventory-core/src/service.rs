@@ -14,7 +14,7 @@ use crate::{
     },
     command::{
         AdjustStock, CancelOrder, ExtendReservation, GetStock, ListReservations, ReservationList,
-        ReservationRef, Reserve, page_token,
+        ReservationRef, Reserve, SettleReservation, page_token,
     },
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
@@ -359,12 +359,10 @@ where
         }
     }
 
-    pub async fn confirm(&self, target: ReservationRef) -> Result<Reservation, Error> {
-        self.store.confirm(target).await
-    }
-
-    pub async fn release(&self, target: ReservationRef) -> Result<Reservation, Error> {
-        self.store.release(target).await
+    /// Confirms or releases held units (see [`ReservationStore::settle`]). Needs no lease:
+    /// it only lowers `reserved` (and `on_hand`, for a confirm), never raises it.
+    pub async fn settle(&self, command: &SettleReservation) -> Result<Reservation, Error> {
+        self.store.settle(command).await
     }
 
     pub async fn get_reservation(&self, target: ReservationRef) -> Result<Reservation, Error> {

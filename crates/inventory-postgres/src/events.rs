@@ -14,8 +14,10 @@ use std::{sync::Arc, time::SystemTime};
 
 use inventory_core::{
     Error,
-    domain::{Line, OrderId, Quantity, ReservationId, ReservationState, Sku, StockLevel},
-    events::{Change, Event, StreamBounds},
+    domain::{
+        OrderId, Quantity, ReservationId, ReservationLine, ReservationState, Sku, StockLevel,
+    },
+    events::{Change, Event, ReservationEvent, StreamBounds},
     ports::EventStore,
 };
 use serde::Deserialize;
@@ -168,10 +170,18 @@ struct ReservationPayload {
     expires_at_micros: Option<i64>,
 }
 
+/// `held`, `confirmed` and `released` are absent in events written before lines kept them:
+/// then every unit is where the event's state says.
 #[derive(Debug, Deserialize)]
 struct LinePayload {
     sku: String,
     quantity: i64,
+    #[serde(default)]
+    held: Option<i64>,
+    #[serde(default)]
+    confirmed: Option<i64>,
+    #[serde(default)]
+    released: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -210,13 +220,23 @@ fn event(row: &Row) -> Result<Event, Error> {
             serde_json::from_value(payload).map_err(Error::internal)?;
         let reservation_id = ReservationId::from_uuid(id);
         let order_id = OrderId::parse(&payload.order_id).map_err(invalid)?;
+        let state = ReservationState::parse(&payload.state)
+            .ok_or_else(|| invalid(format!("state {:?}", payload.state)))?;
         let lines = payload
             .lines
             .into_iter()
             .map(|line| {
-                Ok(Line {
-                    sku: Sku::parse(&line.sku).map_err(invalid)?,
-                    quantity: Quantity::parse(line.quantity).map_err(invalid)?,
+                let sku = Sku::parse(&line.sku).map_err(invalid)?;
+                let quantity = Quantity::parse(line.quantity).map_err(invalid)?;
+                Ok(match (line.held, line.confirmed, line.released) {
+                    (Some(held), Some(confirmed), Some(released)) => ReservationLine {
+                        sku,
+                        quantity,
+                        held,
+                        confirmed,
+                        released,
+                    },
+                    _ => ReservationLine::stored(sku, quantity, 0, 0, state, true),
                 })
             })
             .collect::<Result<_, Error>>()?;
@@ -232,8 +252,9 @@ fn event(row: &Row) -> Result<Event, Error> {
             Change::Reservation {
                 reservation_id,
                 order_id,
-                state: ReservationState::parse(&payload.state)
-                    .ok_or_else(|| invalid(format!("state {:?}", payload.state)))?,
+                what: ReservationEvent::parse(event_type)
+                    .ok_or_else(|| invalid(format!("event type {event_type:?}")))?,
+                state,
                 lines,
                 levels: payload
                     .levels

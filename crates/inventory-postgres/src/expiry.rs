@@ -8,6 +8,7 @@ use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
     domain::{Reservation, ReservationState, Sku, StockLevel},
+    rules::{self, UnitMove},
 };
 
 use crate::{
@@ -44,22 +45,24 @@ impl PgStore {
     }
 }
 
-/// Ends locked holds: their stock goes back to `available`, SKU by SKU in one fixed order as
-/// every other writer does, they move to `state` (`Expired` or `Released`), and each gets its
-/// own event with the level its own change produced.
+/// Ends locked holds: what each still holds goes back to `available`, SKU by SKU in one
+/// fixed order as every other writer does; each ends in the state the core gives it
+/// (`ended`, or `CONFIRMED` if some of its units were confirmed before) and gets its own
+/// event with the level its own change produced. `holds` become the reservations as ended.
 pub(crate) async fn end_holds(
     tx: &Transaction<'_>,
     holds: &mut [Reservation],
-    state: ReservationState,
+    ended: ReservationState,
 ) -> Result<(), Error> {
+    let changes: Vec<UnitMove> = holds.iter().map(|r| rules::end_hold(r, ended)).collect();
     let mut per_sku: Vec<(Sku, i64, i64)> = Vec::new();
-    for line in holds.iter().flat_map(|r| &r.lines) {
-        match per_sku.iter_mut().find(|(sku, _, _)| sku == &line.sku) {
-            Some((_, units, count)) => {
-                *units += line.quantity.get();
+    for (sku, units) in changes.iter().flat_map(|c| &c.moves) {
+        match per_sku.iter_mut().find(|(s, _, _)| s == sku) {
+            Some((_, total, count)) => {
+                *total += units;
                 *count += 1;
             }
-            None => per_sku.push((line.sku.clone(), line.quantity.get(), 1)),
+            None => per_sku.push((sku.clone(), *units, 1)),
         }
     }
     per_sku.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
@@ -76,25 +79,35 @@ pub(crate) async fn end_holds(
             ..after
         });
     }
-    let ids: Vec<uuid::Uuid> = holds.iter().map(|r| r.id.as_uuid()).collect();
-    reservations::end_many(tx, &ids, state)
+    let ended_now: Vec<&Reservation> = changes.iter().map(|c| &c.after).collect();
+    reservations::end_many(tx, &ended_now)
         .await
         .map_err(from_db)?;
-    for reservation in holds.iter_mut() {
-        reservation.state = state;
-        let mut own = Vec::with_capacity(reservation.lines.len());
-        for line in &reservation.lines {
+    let rewritten: Vec<&Reservation> = changes
+        .iter()
+        .filter(|c| c.write_lines)
+        .map(|c| &c.after)
+        .collect();
+    reservations::update_lines(tx, &rewritten)
+        .await
+        .map_err(from_db)?;
+    for change in &changes {
+        let mut own = Vec::with_capacity(change.moves.len());
+        for (sku, units) in &change.moves {
             let level = running
                 .iter_mut()
-                .find(|level| level.sku == line.sku)
-                .expect("every line's SKU was unreserved");
-            level.reserved -= line.quantity.get();
+                .find(|level| &level.sku == sku)
+                .expect("every moved SKU was unreserved");
+            level.reserved -= units;
             level.version += 1;
             own.push(level.clone());
         }
-        outbox::append_reservation_event(tx, reservation, &own)
+        outbox::append_reservation_event(tx, change.event, &change.after, &own)
             .await
             .map_err(from_db)?;
+    }
+    for (hold, change) in holds.iter_mut().zip(changes) {
+        *hold = change.after;
     }
     Ok(())
 }

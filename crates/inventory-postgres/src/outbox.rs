@@ -2,7 +2,10 @@
 //! they describe, so an event exists exactly when its change committed.
 
 use deadpool_postgres::Transaction;
-use inventory_core::domain::{Reservation, ReservationState, Sku, StockLevel};
+use inventory_core::{
+    domain::{Reservation, ReservationState, Sku, StockLevel},
+    events::ReservationEvent,
+};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -20,30 +23,15 @@ const APPEND_HELD_MANY: &str = "
 pub(crate) const STOCK_ADJUSTED: &str = "STOCK_ADJUSTED";
 pub(crate) const RESERVATION_EXTENDED: &str = "RESERVATION_EXTENDED";
 
-/// The event type recording a reservation's move to `state`.
-pub(crate) fn reservation_event(state: ReservationState) -> &'static str {
-    match state {
-        ReservationState::Held => "RESERVATION_HELD",
-        ReservationState::Confirmed => "RESERVATION_CONFIRMED",
-        ReservationState::Released => "RESERVATION_RELEASED",
-        ReservationState::Expired => "RESERVATION_EXPIRED",
-    }
-}
-
-/// Appends the event of `reservation` entering its current state, with the levels of its
-/// SKUs right after the change.
+/// Appends the event of a change (`what`) that left `reservation` as it now is, with the
+/// levels of the SKUs it moved right after the change.
 pub(crate) async fn append_reservation_event(
     tx: &Transaction<'_>,
+    what: ReservationEvent,
     reservation: &Reservation,
     levels: &[StockLevel],
 ) -> Result<(), tokio_postgres::Error> {
-    append_event_of(
-        tx,
-        reservation_event(reservation.state),
-        reservation,
-        levels,
-    )
-    .await
+    append_event_of(tx, what.as_str(), reservation, levels).await
 }
 
 /// Appends the event of a hold whose expiry moved: no stock changed, so no levels.
@@ -87,6 +75,9 @@ pub(crate) fn reservation_payload(
         "lines": reservation.lines.iter().map(|line| json!({
             "sku": line.sku.as_str(),
             "quantity": line.quantity.get(),
+            "held": line.held,
+            "confirmed": line.confirmed,
+            "released": line.released,
         })).collect::<Vec<_>>(),
         "levels": levels.iter().map(|level| json!({
             "sku": level.sku.as_str(),

@@ -11,8 +11,8 @@ use inventory_core::{
     Error,
     command::AdjustStock,
     domain::{
-        Line, MAX_ON_HAND, OrderId, Quantity, Reservation, ReservationId, ReservationState, Sku,
-        StockLevel,
+        Line, MAX_ON_HAND, OrderId, Quantity, Reservation, ReservationId, ReservationLine,
+        ReservationState, Sku, StockLevel,
     },
     error::Shortfall,
 };
@@ -97,10 +97,10 @@ impl ReserveOutcome {
                     .lines
                     .into_iter()
                     .map(|(raw, quantity)| {
-                        Ok(Line {
+                        Ok(ReservationLine::new_hold(&Line {
                             sku: sku(raw)?,
                             quantity: Quantity::parse(quantity).map_err(Error::internal)?,
-                        })
+                        }))
                     })
                     .collect::<Result<_, Error>>()?,
                 created_at: from_micros(reservation.created_at_micros),

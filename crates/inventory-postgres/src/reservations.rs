@@ -1,7 +1,8 @@
 //! SQL for the `reservations` and `reservation_lines` tables.
 //!
-//! Invariants relied on: a reservation's lines never change after insert; only `state` moves,
-//! and only away from `HELD`. "Expired" is judged by PostgreSQL's clock, one clock for every
+//! Invariants relied on: a reservation's lines keep their SKU and quantity; only their
+//! `confirmed` and `released` counts grow, and only while the reservation's row is locked;
+//! `state` moves only away from `HELD`. "Expired" is judged by PostgreSQL's clock, one clock for every
 //! replica, so a hold past `expires_at` reads as `EXPIRED` everywhere at once, swept or not.
 //! The clock is read when the statement acts (`clock_timestamp()`), never at the start of its
 //! transaction (`now()`): a transaction that waited on a lock must not judge, or date, by the
@@ -14,19 +15,32 @@ use inventory_core::{
     Error,
     command::{Cursor, ListReservations, ReservationPage, ReservationRef},
     domain::{
-        Caller, FenceToken, Line, OrderId, Quantity, Reservation, ReservationId, ReservationState,
-        Sku, Ttl,
+        Caller, FenceToken, Line, OrderId, Quantity, Reservation, ReservationId, ReservationLine,
+        ReservationState, Sku, Ttl,
     },
 };
 use tokio_postgres::Row;
 
 type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync + 'a);
 
-/// The state every reader sees: a hold past its expiry is expired, swept or not. A macro so
-/// that constant statements can include it (`concat!`).
+/// Whether any unit of the reservation in the row at hand was confirmed (in part).
+macro_rules! any_confirmed {
+    () => {
+        "EXISTS (SELECT 1 FROM reservation_lines c \
+         WHERE c.reservation_id = reservations.reservation_id AND c.confirmed > 0)"
+    };
+}
+
+/// The state every reader sees: a hold past its expiry is expired, swept or not (confirmed,
+/// if some of its units were). A macro so that constant statements can include it
+/// (`concat!`).
 macro_rules! effective_state {
     () => {
-        "CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp() THEN 'EXPIRED' ELSE state END"
+        concat!(
+            "CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp() THEN (CASE WHEN ",
+            any_confirmed!(),
+            " THEN 'CONFIRMED' ELSE 'EXPIRED' END) ELSE state END"
+        )
     };
 }
 const EFFECTIVE_STATE: &str = effective_state!();
@@ -59,8 +73,15 @@ const INSERT_LINES_MANY: &str = "
 /// In byte order (`COLLATE "C"`), the order Rust sorts SKUs in: confirm and release lock
 /// stock rows in this order, like every other writer, whatever the database's collation.
 const LINES: &str = "
-    SELECT sku, quantity FROM reservation_lines WHERE reservation_id = $1
+    SELECT sku, quantity, confirmed, released FROM reservation_lines WHERE reservation_id = $1
     ORDER BY sku COLLATE \"C\"";
+
+/// Sets the counts of a locked reservation's lines, as the core decided them.
+const UPDATE_LINES: &str = "
+    UPDATE reservation_lines l SET confirmed = u.confirmed, released = u.released
+    FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bigint[])
+        AS u(reservation_id, sku, confirmed, released)
+    WHERE l.reservation_id = u.reservation_id AND l.sku = u.sku";
 
 /// Moves a hold on, only while it is still a hold at this very moment: judged by its row count.
 const SETTLE_HOLD: &str = "
@@ -75,24 +96,25 @@ const EXTEND_HOLD: &str = "
 /// Holds past their expiry, oldest first. `SKIP LOCKED` lets several sweepers (one per
 /// replica) take disjoint batches at the same moment instead of queueing on each other.
 const LOCK_DUE: &str = "
-    SELECT reservation_id, order_id, 'HELD', created_at, expires_at FROM reservations
+    SELECT reservation_id, order_id, 'HELD', 'HELD', created_at, expires_at FROM reservations
     WHERE state = 'HELD' AND expires_at <= clock_timestamp()
     ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED";
 
 const LINES_OF_MANY: &str = "
-    SELECT reservation_id, sku, quantity FROM reservation_lines
+    SELECT reservation_id, sku, quantity, confirmed, released FROM reservation_lines
     WHERE reservation_id = ANY($1) ORDER BY reservation_id, sku COLLATE \"C\"";
 
-/// Ends locked holds (expired or released), by id.
+/// Ends locked holds, each in its own state (by id).
 const END_MANY: &str = "
-    UPDATE reservations SET state = $2, updated_at = clock_timestamp()
-    WHERE reservation_id = ANY($1) AND state = 'HELD'";
+    UPDATE reservations r SET state = u.state, updated_at = clock_timestamp()
+    FROM unnest($1::uuid[], $2::text[]) AS u(reservation_id, state)
+    WHERE r.reservation_id = u.reservation_id AND r.state = 'HELD'";
 
 /// An order's live holds, of the given callers, locked; in id order.
 const LOCK_LIVE_OF_ORDER: &str = "
-    SELECT reservation_id, order_id, 'HELD', created_at, expires_at FROM reservations
+    SELECT reservation_id, order_id, 'HELD', 'HELD', created_at, expires_at FROM reservations
     WHERE order_id = $1 AND caller = ANY($2) AND state = 'HELD'
       AND expires_at > clock_timestamp()
     ORDER BY reservation_id
@@ -100,7 +122,7 @@ const LOCK_LIVE_OF_ORDER: &str = "
 
 /// An order's reservations among some callers', oldest first.
 const ALL_OF_ORDER: &str = concat!(
-    "SELECT reservation_id, order_id, ",
+    "SELECT reservation_id, order_id, state, ",
     effective_state!(),
     ", created_at, expires_at
      FROM reservations WHERE order_id = $1 AND caller = ANY($2)
@@ -125,13 +147,38 @@ pub(crate) struct Header {
     pub read_at: SystemTime,
 }
 
+/// A line as its row keeps it; see [`ReservationLine::stored`] for what the row leaves out.
+#[derive(Debug)]
+pub(crate) struct StoredLine {
+    sku: Sku,
+    quantity: Quantity,
+    confirmed: i64,
+    released: i64,
+}
+
+impl StoredLine {
+    fn read(&self, stored_state: ReservationState, state: ReservationState) -> ReservationLine {
+        ReservationLine::stored(
+            self.sku.clone(),
+            self.quantity,
+            self.confirmed,
+            self.released,
+            stored_state,
+            state == ReservationState::Held,
+        )
+    }
+}
+
 impl Header {
-    pub fn with_lines(self, lines: Vec<Line>) -> Reservation {
+    pub fn with_lines(self, lines: Vec<StoredLine>) -> Reservation {
         Reservation {
             id: self.id,
             order_id: self.order_id,
             state: self.state,
-            lines,
+            lines: lines
+                .iter()
+                .map(|line| line.read(self.stored_state, self.state))
+                .collect(),
             created_at: self.created_at,
             expires_at: self.expires_at,
         }
@@ -255,7 +302,7 @@ pub(crate) async fn header(
 pub(crate) async fn lines(
     client: &impl GenericClient,
     id: ReservationId,
-) -> Result<Vec<Line>, Error> {
+) -> Result<Vec<StoredLine>, Error> {
     let statement = client
         .prepare_cached(LINES)
         .await
@@ -267,7 +314,8 @@ pub(crate) async fn lines(
     rows.iter().map(|row| line(row, 0)).collect()
 }
 
-/// Confirms or releases a locked hold; `false` if it expired by now, and nothing changed.
+/// Moves a locked hold to `state` (`HELD` again after a partial change); `false` if it
+/// expired by now, and nothing changed.
 pub(crate) async fn settle_hold(
     tx: &Transaction<'_>,
     id: ReservationId,
@@ -299,13 +347,40 @@ pub(crate) async fn lock_due(tx: &Transaction<'_>, batch: i64) -> Result<Vec<Res
     read_reservations(tx, LOCK_DUE, &[&batch]).await
 }
 
+/// Ends locked holds, each in the state it ended in.
 pub(crate) async fn end_many(
     tx: &Transaction<'_>,
-    ids: &[uuid::Uuid],
-    state: ReservationState,
+    ended: &[&Reservation],
 ) -> Result<(), tokio_postgres::Error> {
     let statement = tx.prepare_cached(END_MANY).await?;
-    tx.execute(&statement, &[&ids, &state.as_str()]).await?;
+    let ids: Vec<uuid::Uuid> = ended.iter().map(|r| r.id.as_uuid()).collect();
+    let states: Vec<&str> = ended.iter().map(|r| r.state.as_str()).collect();
+    tx.execute(&statement, &[&ids, &states]).await?;
+    Ok(())
+}
+
+/// Writes the counts of the lines of locked reservations, as they now are.
+pub(crate) async fn update_lines(
+    tx: &Transaction<'_>,
+    reservations: &[&Reservation],
+) -> Result<(), tokio_postgres::Error> {
+    if reservations.is_empty() {
+        return Ok(());
+    }
+    let statement = tx.prepare_cached(UPDATE_LINES).await?;
+    let lines = reservations
+        .iter()
+        .flat_map(|r| r.lines.iter().map(move |line| (r.id.as_uuid(), line)));
+    let (mut ids, mut skus, mut confirmed, mut released) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (id, line) in lines {
+        ids.push(id);
+        skus.push(line.sku.as_str());
+        confirmed.push(line.confirmed);
+        released.push(line.released);
+    }
+    tx.execute(&statement, &[&ids, &skus, &confirmed, &released])
+        .await?;
     Ok(())
 }
 
@@ -334,8 +409,8 @@ pub(crate) async fn lock_live_of_order(
     read_reservations(tx, LOCK_LIVE_OF_ORDER, &[&order_id.as_str(), &callers]).await
 }
 
-/// The reservations a statement selects as `(reservation_id, order_id, state, created_at,
-/// expires_at)`, with their lines.
+/// The reservations a statement selects as `(reservation_id, order_id, stored state,
+/// effective state, created_at, expires_at)`, with their lines.
 async fn read_reservations(
     client: &impl GenericClient,
     sql: &str,
@@ -349,31 +424,37 @@ async fn read_reservations(
         .query(&statement, params)
         .await
         .map_err(crate::error::from_db)?;
-    let mut reservations = Vec::with_capacity(rows.len());
+    let mut headers = Vec::with_capacity(rows.len());
     for row in &rows {
         let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
-        reservations.push(Reservation {
+        headers.push(Header {
             id: ReservationId::from_uuid(uuid),
             order_id: stored(OrderId::parse(row.try_get(1).map_err(Error::internal)?))?,
-            state: state(row, 2)?,
-            lines: Vec::new(),
-            created_at: row.try_get(3).map_err(Error::internal)?,
-            expires_at: row.try_get(4).map_err(Error::internal)?,
+            stored_state: state(row, 2)?,
+            state: state(row, 3)?,
+            created_at: row.try_get(4).map_err(Error::internal)?,
+            expires_at: row.try_get(5).map_err(Error::internal)?,
+            read_at: SystemTime::UNIX_EPOCH,
         });
     }
-    attach_lines(client, &mut reservations).await?;
-    Ok(reservations)
+    let mut lines = lines_of_many(client, &headers).await?;
+    Ok(headers
+        .into_iter()
+        .zip(lines.iter_mut())
+        .map(|(header, lines)| header.with_lines(std::mem::take(lines)))
+        .collect())
 }
 
-/// Reads the lines of `reservations` into them.
-async fn attach_lines(
+/// The stored lines of each reservation, in the order given.
+async fn lines_of_many(
     client: &impl GenericClient,
-    reservations: &mut [Reservation],
-) -> Result<(), Error> {
-    if reservations.is_empty() {
-        return Ok(());
+    headers: &[Header],
+) -> Result<Vec<Vec<StoredLine>>, Error> {
+    let mut lines: Vec<Vec<StoredLine>> = headers.iter().map(|_| Vec::new()).collect();
+    if headers.is_empty() {
+        return Ok(lines);
     }
-    let ids: Vec<uuid::Uuid> = reservations.iter().map(|r| r.id.as_uuid()).collect();
+    let ids: Vec<uuid::Uuid> = headers.iter().map(|r| r.id.as_uuid()).collect();
     let statement = client
         .prepare_cached(LINES_OF_MANY)
         .await
@@ -384,19 +465,22 @@ async fn attach_lines(
         .map_err(crate::error::from_db)?;
     for row in &rows {
         let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
-        if let Some(reservation) = reservations.iter_mut().find(|r| r.id.as_uuid() == uuid) {
-            reservation.lines.push(line(row, 1)?);
+        if let Some(index) = ids.iter().position(|id| *id == uuid) {
+            lines[index].push(line(row, 1)?);
         }
     }
-    Ok(())
+    Ok(lines)
 }
 
-fn line(row: &Row, first: usize) -> Result<Line, Error> {
-    Ok(Line {
+fn line(row: &Row, first: usize) -> Result<StoredLine, Error> {
+    let count = |index: usize| row.try_get::<_, i64>(index).map_err(Error::internal);
+    Ok(StoredLine {
         sku: stored(Sku::parse(row.try_get(first).map_err(Error::internal)?))?,
         quantity: stored(Quantity::parse(
             row.try_get(first + 1).map_err(Error::internal)?,
         ))?,
+        confirmed: count(first + 2)?,
+        released: count(first + 3)?,
     })
 }
 
@@ -439,9 +523,16 @@ pub(crate) async fn list(
         Some(ReservationState::Held) => {
             conditions.push("state = 'HELD' AND expires_at > clock_timestamp()".into())
         }
-        Some(ReservationState::Expired) => conditions.push(
-            "(state = 'EXPIRED' OR (state = 'HELD' AND expires_at <= clock_timestamp()))".into(),
-        ),
+        Some(ReservationState::Expired) => conditions.push(format!(
+            "(state = 'EXPIRED' OR (state = 'HELD' AND expires_at <= clock_timestamp() \
+             AND NOT {}))",
+            any_confirmed!()
+        )),
+        Some(ReservationState::Confirmed) => conditions.push(format!(
+            "(state = 'CONFIRMED' OR (state = 'HELD' AND expires_at <= clock_timestamp() \
+             AND {}))",
+            any_confirmed!()
+        )),
         Some(settled) => {
             let p = bind(Box::new(settled.as_str()));
             conditions.push(format!("state = {p}"));
@@ -469,7 +560,7 @@ pub(crate) async fn list(
         format!("WHERE {}", conditions.join(" AND "))
     };
     let sql = format!(
-        "SELECT reservation_id, order_id, {EFFECTIVE_STATE}, created_at, expires_at \
+        "SELECT reservation_id, order_id, state, {EFFECTIVE_STATE}, created_at, expires_at \
          FROM reservations {filter} ORDER BY created_at, reservation_id LIMIT {limit}"
     );
     let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params

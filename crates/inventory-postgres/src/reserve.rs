@@ -8,13 +8,16 @@ use inventory_core::{
     Error,
     command::{
         CancelOrder, ExtendReservation, ListReservations, ReservationPage, ReservationRef, Reserve,
+        Settle, SettleReservation,
     },
     domain::{
-        FenceToken, Line, Reservation, ReservationId, ReservationState, Sku, StockLevel, Ttl,
+        FenceToken, Line, Reservation, ReservationId, ReservationLine, ReservationState, Sku,
+        StockLevel, Ttl,
     },
+    events::ReservationEvent,
     pause::PausePoint,
     ports::{Answers, ReservationStore, ReserveGroup, WriteOutcome},
-    rules::{self, LineRefusal, LinesVerdict, Settle, SettleStep},
+    rules::{self, LineRefusal, LinesVerdict, SettleStep},
 };
 
 use crate::{
@@ -142,13 +145,21 @@ impl ReservationStore for PgStore {
                             id,
                             order_id: command.order_id.clone(),
                             state: ReservationState::Held,
-                            lines: lines.iter().map(|(line, _)| (*line).clone()).collect(),
+                            lines: lines
+                                .iter()
+                                .map(|(line, _)| ReservationLine::new_hold(line))
+                                .collect(),
                             created_at,
                             expires_at,
                         };
-                        outbox::append_reservation_event(&tx, &reservation, &levels)
-                            .await
-                            .map_err(from_db)?;
+                        outbox::append_reservation_event(
+                            &tx,
+                            ReservationEvent::Held,
+                            &reservation,
+                            &levels,
+                        )
+                        .await
+                        .map_err(from_db)?;
                         Ok(reservation)
                     }
                 }
@@ -180,14 +191,13 @@ impl ReservationStore for PgStore {
             .await
     }
 
-    #[tracing::instrument(name = "sql.confirm", skip_all, fields(reservation_id = %target.id))]
-    async fn confirm(&self, target: ReservationRef) -> Result<Reservation, Error> {
-        self.settle(target, Settle::Confirm).await
-    }
-
-    #[tracing::instrument(name = "sql.release", skip_all, fields(reservation_id = %target.id))]
-    async fn release(&self, target: ReservationRef) -> Result<Reservation, Error> {
-        self.settle(target, Settle::Release).await
+    #[tracing::instrument(
+        name = "sql.settle",
+        skip_all,
+        fields(reservation_id = %command.target.id, action = command.settle.action(), lines = command.lines.len())
+    )]
+    async fn settle(&self, command: &SettleReservation) -> Result<Reservation, Error> {
+        self.bounded(self.settle_units(command)).await
     }
 
     async fn get_reservation(&self, target: ReservationRef) -> Result<Reservation, Error> {
@@ -259,50 +269,80 @@ impl ReservationStore for PgStore {
     }
 }
 
+/// The stored outcome of a confirm or release made with a key: a repeat reads the
+/// reservation again and answers it as it now is (later calls may have moved it on).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Settled {}
+
 impl PgStore {
-    /// Confirm or release: lock the reservation, let the core judge its state, move its
-    /// stock.
-    async fn settle(&self, target: ReservationRef, settle: Settle) -> Result<Reservation, Error> {
-        self.bounded(async {
-            let mut client = self.pool().get().await.map_err(from_pool)?;
-            let tx = client.transaction().await.map_err(from_db)?;
-            let header = reservations::header(&tx, &target, true)
+    /// Confirm or release: claim the key if there is one (a repeat answers the reservation
+    /// as it now is), lock the reservation, let the core decide what moves, move the stock
+    /// of the lines it names in SKU order, write the lines' counts and the state, append the
+    /// event. A refusal rolls the claim back with everything else: the reservation's held
+    /// units only ever shrink, so the same request is refused again.
+    async fn settle_units(&self, command: &SettleReservation) -> Result<Reservation, Error> {
+        let target = &command.target;
+        let mut client = self.pool().get().await.map_err(from_pool)?;
+        let tx = client.transaction().await.map_err(from_db)?;
+        if let Some(key) = &command.idempotency_key
+            && let idempotency::Claim::Replay(_) = idempotency::claim(
+                &tx,
+                &self.pauses,
+                command.caller.as_str(),
+                key,
+                command.operation(),
+                &command.fingerprint(),
+            )
+            .await?
+        {
+            let header = reservations::header(&tx, target, false)
                 .await?
                 .ok_or(Error::UnknownReservation(target.id))?;
             let lines = reservations::lines(&tx, target.id).await?;
-            let target_state = match settle.step(target.id, header.state)? {
-                SettleStep::Repeat => return Ok(header.with_lines(lines)),
-                SettleStep::Apply { state } => state,
+            return Ok(header.with_lines(lines));
+        }
+        let header = reservations::header(&tx, target, true)
+            .await?
+            .ok_or(Error::UnknownReservation(target.id))?;
+        let stored_lines = reservations::lines(&tx, target.id).await?;
+        let reservation = header.with_lines(stored_lines);
+        let change = match command.settle.step(&reservation, &command.lines)? {
+            SettleStep::Repeat => return Ok(reservation),
+            SettleStep::Apply(change) => change,
+        };
+        // Judged again now that the row is ours: the lock may have been waited for past the
+        // hold's expiry, and a hold that expired is the sweeper's, not ours.
+        if !reservations::settle_hold(&tx, target.id, change.after.state)
+            .await
+            .map_err(from_db)?
+        {
+            drop(tx);
+            return command
+                .settle
+                .expired_meanwhile(reservation, &command.lines);
+        }
+        let mut levels = Vec::with_capacity(change.moves.len());
+        for (sku, units) in &change.moves {
+            let level = match command.settle {
+                Settle::Confirm => stock::ship(&tx, sku, *units).await,
+                Settle::Release => stock::unreserve(&tx, sku, *units, 1).await,
             };
-            debug_assert_eq!(header.stored_state, ReservationState::Held);
-            // Judged again now that the row is ours: the lock may have been waited for past the
-            // hold's expiry, and a hold that expired is the sweeper's, not ours.
-            if !reservations::settle_hold(&tx, target.id, target_state)
-                .await
-                .map_err(from_db)?
-            {
-                drop(tx);
-                return settle.expired_meanwhile(header.with_lines(lines));
-            }
-            let mut levels = Vec::with_capacity(lines.len());
-            for line in &lines {
-                let units = line.quantity.get();
-                let level = match settle {
-                    Settle::Confirm => stock::ship(&tx, &line.sku, units).await,
-                    Settle::Release => stock::unreserve(&tx, &line.sku, units, 1).await,
-                };
-                levels.push(level.map_err(from_db)?);
-            }
-            let mut reservation = header.with_lines(lines);
-            reservation.state = target_state;
-            outbox::append_reservation_event(&tx, &reservation, &levels)
+            levels.push(level.map_err(from_db)?);
+        }
+        if change.write_lines {
+            reservations::update_lines(&tx, &[&change.after])
                 .await
                 .map_err(from_db)?;
-            tx.commit().await.map_err(from_db)?;
-            self.outbox_written();
-            crate::metrics::reservation(target_state.as_str());
-            Ok(reservation)
-        })
-        .await
+        }
+        outbox::append_reservation_event(&tx, change.event, &change.after, &levels)
+            .await
+            .map_err(from_db)?;
+        if let Some(key) = &command.idempotency_key {
+            idempotency::record(&tx, command.caller.as_str(), key, &Settled {}).await?;
+        }
+        tx.commit().await.map_err(from_db)?;
+        self.outbox_written();
+        crate::metrics::reservation(change.event.as_str().trim_start_matches("RESERVATION_"));
+        Ok(change.after)
     }
 }

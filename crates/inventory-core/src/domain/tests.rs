@@ -79,3 +79,34 @@ fn states_round_trip_through_their_names() {
     }
     assert_eq!(ReservationState::parse("held"), None);
 }
+
+#[test]
+fn a_stored_line_puts_its_unrecorded_units_where_the_state_says() {
+    use ReservationState::*;
+    let read = |confirmed, released, state, live| {
+        let line = ReservationLine::stored(
+            Sku::parse("A").unwrap(),
+            Quantity::parse(5).unwrap(),
+            confirmed,
+            released,
+            state,
+            live,
+        );
+        assert_eq!(line.held + line.confirmed + line.released, 5);
+        (line.held, line.confirmed, line.released)
+    };
+    // Settled in one step (or stored before counts were kept): all by the state.
+    assert_eq!(read(0, 0, Held, true), (5, 0, 0));
+    assert_eq!(
+        read(0, 0, Held, false),
+        (0, 0, 5),
+        "an overdue hold: expiry takes it"
+    );
+    assert_eq!(read(0, 0, Confirmed, false), (0, 5, 0));
+    assert_eq!(read(0, 0, Released, false), (0, 0, 5));
+    assert_eq!(read(0, 0, Expired, false), (0, 0, 5));
+    // Settled in parts: the counts, and the rest by the state.
+    assert_eq!(read(2, 1, Held, true), (2, 2, 1));
+    assert_eq!(read(2, 1, Held, false), (0, 2, 3));
+    assert_eq!(read(2, 3, Confirmed, false), (0, 2, 3));
+}

@@ -262,60 +262,218 @@ fn an_unknown_sku_is_a_stored_refusal_for_every_request() {
     );
 }
 
+/// A live hold of `lines` (`(sku, quantity)`), nothing settled yet.
+fn hold_of(lines: &[(&str, i64)]) -> Reservation {
+    let (command, ttl) = reserve("k", 1);
+    let lines: Vec<Line> = lines.iter().map(|(s, q)| line(s, *q)).collect();
+    new_hold(&command, lines, SystemTime::UNIX_EPOCH, ttl)
+}
+
+fn applied(step: Result<SettleStep, Error>) -> UnitMove {
+    match step.unwrap() {
+        SettleStep::Apply(change) => change,
+        SettleStep::Repeat => panic!("expected a change, got a repeat"),
+    }
+}
+
+/// `(held, confirmed, released)` of every line, checking that each adds up to its quantity.
+fn counts(reservation: &Reservation) -> Vec<(i64, i64, i64)> {
+    reservation
+        .lines
+        .iter()
+        .map(|l| {
+            assert_eq!(l.held + l.confirmed + l.released, l.quantity.get(), "{l:?}");
+            (l.held, l.confirmed, l.released)
+        })
+        .collect()
+}
+
+fn units(lines: &[(&str, i64)]) -> Vec<Line> {
+    lines.iter().map(|(s, q)| line(s, *q)).collect()
+}
+
 #[test]
-fn settling_moves_a_hold_and_repeats_are_no_ops() {
-    let id = ReservationId::new_random();
+fn settling_a_whole_hold_moves_every_held_unit_and_writes_no_line() {
     use ReservationState::*;
-    assert_eq!(
-        Settle::Confirm.step(id, Held).unwrap(),
-        SettleStep::Apply { state: Confirmed }
-    );
-    assert_eq!(
-        Settle::Release.step(id, Held).unwrap(),
-        SettleStep::Apply { state: Released }
-    );
-    assert_eq!(
-        Settle::Confirm.step(id, Confirmed).unwrap(),
-        SettleStep::Repeat
-    );
-    assert_eq!(
-        Settle::Release.step(id, Released).unwrap(),
-        SettleStep::Repeat
-    );
-    assert_eq!(
-        Settle::Release.step(id, Expired).unwrap(),
-        SettleStep::Repeat
-    );
-    for (settle, state) in [
-        (Settle::Confirm, Released),
-        (Settle::Confirm, Expired),
-        (Settle::Release, Confirmed),
+    let hold = hold_of(&[("A", 5), ("B", 3)]);
+    let confirm = applied(Settle::Confirm.step(&hold, &[]));
+    assert_eq!(confirm.moves, vec![(sku("A"), 5), (sku("B"), 3)]);
+    assert_eq!(confirm.after.state, Confirmed);
+    assert_eq!(confirm.event, ReservationEvent::Confirmed);
+    assert_eq!(counts(&confirm.after), vec![(0, 5, 0), (0, 3, 0)]);
+    assert!(!confirm.write_lines, "read back by its state alone");
+    let release = applied(Settle::Release.step(&hold, &[]));
+    assert_eq!(release.after.state, Released);
+    assert_eq!(release.event, ReservationEvent::Released);
+    assert_eq!(counts(&release.after), vec![(0, 0, 5), (0, 0, 3)]);
+    assert!(!release.write_lines);
+}
+
+#[test]
+fn repeats_of_whole_calls_are_no_ops_and_other_states_refuse() {
+    use ReservationState::*;
+    let hold = hold_of(&[("A", 2)]);
+    let at = |state: ReservationState, confirmed: i64, released: i64| {
+        let mut r = hold.clone();
+        r.state = state;
+        r.lines[0].held = 0;
+        r.lines[0].confirmed = confirmed;
+        r.lines[0].released = released;
+        r
+    };
+    for (settle, reservation) in [
+        (Settle::Confirm, at(Confirmed, 2, 0)),
+        (Settle::Confirm, at(Confirmed, 1, 1)),
+        (Settle::Release, at(Released, 0, 2)),
+        (Settle::Release, at(Expired, 0, 2)),
+        // The rest of a partly confirmed reservation was released.
+        (Settle::Release, at(Confirmed, 1, 1)),
     ] {
+        assert_eq!(
+            settle.step(&reservation, &[]).unwrap(),
+            SettleStep::Repeat,
+            "{settle:?} {reservation:?}"
+        );
+    }
+    for (settle, reservation) in [
+        (Settle::Confirm, at(Released, 0, 2)),
+        (Settle::Confirm, at(Expired, 0, 2)),
+        (Settle::Release, at(Confirmed, 2, 0)),
+    ] {
+        let state = reservation.state;
         assert!(matches!(
-            settle.step(id, state),
+            settle.step(&reservation, &[]),
             Err(Error::WrongState { state: s, action, .. }) if s == state && action == settle.action()
         ));
+    }
+    // A call with lines is never a repeat: only its key makes it one.
+    assert!(matches!(
+        Settle::Confirm.step(&at(Confirmed, 2, 0), &units(&[("A", 1)])),
+        Err(Error::WrongState { .. })
+    ));
+}
+
+#[test]
+fn partial_calls_move_only_their_units_and_the_last_one_ends_the_hold() {
+    use ReservationState::*;
+    let hold = hold_of(&[("A", 5), ("B", 3)]);
+
+    let first = applied(Settle::Confirm.step(&hold, &units(&[("A", 2)])));
+    assert_eq!(first.moves, vec![(sku("A"), 2)]);
+    assert_eq!(first.after.state, Held);
+    assert_eq!(first.event, ReservationEvent::PartiallyConfirmed);
+    assert_eq!(counts(&first.after), vec![(3, 2, 0), (3, 0, 0)]);
+    assert!(first.write_lines);
+
+    // Lines in any order; moves come out in SKU order.
+    let second = applied(Settle::Release.step(&first.after, &units(&[("B", 3), ("A", 1)])));
+    assert_eq!(second.moves, vec![(sku("A"), 1), (sku("B"), 3)]);
+    assert_eq!(second.after.state, Held);
+    assert_eq!(second.event, ReservationEvent::PartiallyReleased);
+    assert_eq!(counts(&second.after), vec![(2, 2, 1), (0, 0, 3)]);
+
+    let last = applied(Settle::Confirm.step(&second.after, &units(&[("A", 2)])));
+    assert_eq!(last.after.state, Confirmed);
+    assert_eq!(last.event, ReservationEvent::Confirmed);
+    assert_eq!(counts(&last.after), vec![(0, 4, 1), (0, 0, 3)]);
+    assert!(last.write_lines);
+}
+
+#[test]
+fn releasing_the_rest_of_a_partly_confirmed_hold_leaves_it_confirmed() {
+    let hold = hold_of(&[("A", 5)]);
+    let part = applied(Settle::Confirm.step(&hold, &units(&[("A", 2)]))).after;
+    let rest = applied(Settle::Release.step(&part, &[]));
+    assert_eq!(rest.moves, vec![(sku("A"), 3)]);
+    assert_eq!(rest.after.state, ReservationState::Confirmed);
+    assert_eq!(rest.event, ReservationEvent::Released);
+    assert_eq!(counts(&rest.after), vec![(0, 2, 3)]);
+    assert!(
+        rest.write_lines,
+        "the state alone would read the rest as confirmed"
+    );
+    // Only released units: the reservation ends RELEASED.
+    let part = applied(Settle::Release.step(&hold, &units(&[("A", 2)]))).after;
+    let rest = applied(Settle::Release.step(&part, &[]));
+    assert_eq!(rest.after.state, ReservationState::Released);
+    assert_eq!(counts(&rest.after), vec![(0, 0, 5)]);
+}
+
+#[test]
+fn lines_asking_for_more_than_is_held_are_all_named_and_nothing_moves() {
+    let hold = hold_of(&[("A", 5), ("B", 3)]);
+    let part = applied(Settle::Confirm.step(&hold, &units(&[("B", 2)]))).after;
+    match Settle::Release.step(&part, &units(&[("A", 5), ("B", 2), ("C", 1)])) {
+        Err(Error::NotHeld { id, lines }) => {
+            assert_eq!(id, hold.id);
+            assert_eq!(
+                lines,
+                vec![
+                    NotHeld {
+                        index: 1,
+                        sku: sku("B"),
+                        requested: 2,
+                        held: Some(1),
+                    },
+                    NotHeld {
+                        index: 2,
+                        sku: sku("C"),
+                        requested: 1,
+                        held: None,
+                    },
+                ]
+            );
+        }
+        other => panic!("expected NotHeld, got {other:?}"),
     }
 }
 
 #[test]
+fn expiry_and_cancel_return_only_what_is_still_held() {
+    use ReservationState::*;
+    let hold = hold_of(&[("A", 5), ("B", 3)]);
+    let untouched = end_hold(&hold, Expired);
+    assert_eq!(untouched.after.state, Expired);
+    assert_eq!(untouched.event, ReservationEvent::Expired);
+    assert_eq!(untouched.moves, vec![(sku("A"), 5), (sku("B"), 3)]);
+    assert!(!untouched.write_lines);
+
+    let part = applied(Settle::Confirm.step(&hold, &units(&[("A", 5), ("B", 1)]))).after;
+    let expired = end_hold(&part, Expired);
+    assert_eq!(expired.moves, vec![(sku("B"), 2)]);
+    assert_eq!(expired.after.state, Confirmed, "some units were confirmed");
+    assert_eq!(expired.event, ReservationEvent::Expired);
+    assert_eq!(counts(&expired.after), vec![(0, 5, 0), (0, 1, 2)]);
+    assert!(expired.write_lines);
+
+    let part = applied(Settle::Release.step(&hold, &units(&[("A", 1)]))).after;
+    let cancelled = end_hold(&part, Released);
+    assert_eq!(cancelled.after.state, Released);
+    assert_eq!(cancelled.event, ReservationEvent::Released);
+    assert_eq!(counts(&cancelled.after), vec![(0, 0, 5), (0, 0, 3)]);
+}
+
+#[test]
 fn a_hold_that_expired_while_waited_for_is_released_but_not_confirmed() {
-    let (command, ttl) = reserve("k", 1);
-    let hold = new_hold(
-        &command,
-        command.lines().to_vec(),
-        SystemTime::UNIX_EPOCH,
-        ttl,
-    );
-    let released = Settle::Release.expired_meanwhile(hold.clone()).unwrap();
+    let hold = hold_of(&[("A", 1)]);
+    let released = Settle::Release
+        .expired_meanwhile(hold.clone(), &[])
+        .unwrap();
     assert_eq!(released.state, ReservationState::Expired);
-    assert!(matches!(
-        Settle::Confirm.expired_meanwhile(hold),
-        Err(Error::WrongState {
-            state: ReservationState::Expired,
-            ..
-        })
-    ));
+    assert_eq!(counts(&released), vec![(0, 0, 1)]);
+    for (settle, lines) in [
+        (Settle::Confirm, vec![]),
+        (Settle::Confirm, units(&[("A", 1)])),
+        (Settle::Release, units(&[("A", 1)])),
+    ] {
+        assert!(matches!(
+            settle.expired_meanwhile(hold.clone(), &lines),
+            Err(Error::WrongState {
+                state: ReservationState::Expired,
+                ..
+            })
+        ));
+    }
 }
 
 fn held(created_secs: u64, expires_secs: u64) -> Reservation {

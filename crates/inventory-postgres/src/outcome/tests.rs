@@ -22,10 +22,10 @@ fn a_hold_replays_exactly_to_the_microsecond() {
         id: ReservationId::new_random(),
         order_id: OrderId::parse("order-1").unwrap(),
         state: ReservationState::Held,
-        lines: vec![Line {
+        lines: vec![ReservationLine::new_hold(&Line {
             sku: sku("A"),
             quantity: Quantity::parse(3).unwrap(),
-        }],
+        })],
         created_at: UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456),
         expires_at: UNIX_EPOCH + Duration::from_micros(1_700_000_900_123_456),
     };

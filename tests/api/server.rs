@@ -192,6 +192,56 @@ async fn grpcurl_drives_the_server_through_reflection() {
     assert!(invalid.2.contains(r#""field":"sku""#), "{}", invalid.2);
 }
 
+/// The README's order lifecycle by hand: hold, ship part, release the rest.
+#[tokio::test]
+async fn grpcurl_confirms_part_of_a_hold_as_the_readme_shows() {
+    let app = spawn_app().await;
+    crate::reservations::stock(&app, "DEMO-POSTER", 5).await;
+    let addr = app.addr.to_string();
+    let call = move |method: &str, body: String| {
+        let (ok, out, err) = run_grpcurl(&[
+            "-plaintext",
+            "-d",
+            &body,
+            &addr,
+            &format!("inventory.v1.InventoryService/{method}"),
+        ]);
+        assert!(ok, "{method}: {err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let result = tokio::task::spawn_blocking(move || {
+        let held = call(
+            "Reserve",
+            r#"{"idempotency_key":"order-42-try-1","order_id":"order-42","lines":[{"sku":"DEMO-POSTER","quantity":3}],"ttl":"600s"}"#.into(),
+        );
+        let id = held["reservationId"].as_str().unwrap().to_owned();
+        let shipped = call(
+            "ConfirmReservation",
+            format!(
+                r#"{{"reservation_id":"{id}","lines":[{{"sku":"DEMO-POSTER","quantity":1}}],"idempotency_key":"ship-42-1"}}"#
+            ),
+        );
+        let rest = call(
+            "ReleaseReservation",
+            format!(r#"{{"reservation_id":"{id}"}}"#),
+        );
+        (shipped, rest)
+    })
+    .await
+    .unwrap();
+    let (shipped, rest) = result;
+    assert_eq!(shipped["state"], "RESERVATION_STATE_HELD");
+    let line = &shipped["lines"][0];
+    assert_eq!(
+        (&line["quantity"], &line["held"], &line["confirmed"]),
+        (&"3".into(), &"2".into(), &"1".into()),
+        "{shipped}"
+    );
+    assert_eq!(rest["state"], "RESERVATION_STATE_CONFIRMED", "{rest}");
+    assert_eq!(rest["lines"][0]["released"], "2", "{rest}");
+    assert_eq!(app.level("DEMO-POSTER").await, (4, 0));
+}
+
 #[tokio::test]
 async fn postgres_down_is_unavailable_with_retry_advice() {
     // Nothing listens on port 1: every connection attempt is refused at once.

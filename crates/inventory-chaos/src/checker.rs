@@ -1,6 +1,12 @@
 //! The checker: after a run, the recorded history, the event stream read back from the start
 //! and PostgreSQL's rows must agree on every guarantee. Each check names what it examined and,
 //! when it fails, the first offenders.
+//!
+//! A reservation's units move in steps: a hold, then any number of partial confirms and
+//! releases and extensions, then one end (confirm, release, cancel or expiry of the rest).
+//! Every `ReservationChanged` event carries each line's held, confirmed and released units
+//! after its step, so the checks replay stock and units from the stream itself, in commit
+//! order.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -35,6 +41,8 @@ pub struct Facts {
     pub head: i64,
     /// SKUs whose `reserved` column is not what their HELD rows hold (the row audit).
     pub level_mismatches: Vec<LevelMismatch>,
+    /// Reservations of a cancelled order created after the cancel, or held past it.
+    pub cancel_violations: Vec<String>,
 }
 
 /// A fault healed at this moment; the `Reserve` calls that must succeed again soon after are
@@ -150,6 +158,7 @@ pub fn check(
         no_phantoms(&by_key, facts),
         settled_never_lost(history, &rows_by_id),
         stock_returned_once(stream, facts),
+        units_settled_once(history, stream, facts, &rows_by_id),
         fences_increase(stream, facts, &rows_by_id),
         events_gap_free(stream, facts),
         events_in_commit_order(stream),
@@ -312,17 +321,20 @@ fn no_phantoms(by_key: &BTreeMap<&str, Vec<&Op>>, facts: &Facts) -> Check {
     v.done()
 }
 
+/// Every whole confirm or release that answered OK stuck: the answer is a state it may end in,
+/// and the row is in that state. Partial calls answer HELD and are judged by
+/// `units_settled_once`.
 fn settled_never_lost(history: &History, rows: &HashMap<&str, &ReservationRow>) -> Check {
     let mut v = Verdict::new("confirmed_and_released_never_lost");
     for op in &history.ops {
         // Releasing an expired hold is a no-op that answers EXPIRED: its stock went back once,
-        // through the sweeper.
+        // through the sweeper. Releasing the rest of a partly confirmed hold answers CONFIRMED.
         let allowed: &[&str] = match op.kind {
             OpKind::Confirm => &["CONFIRMED"],
-            OpKind::Release => &["RELEASED", "EXPIRED"],
+            OpKind::Release => &["RELEASED", "EXPIRED", "CONFIRMED"],
             _ => continue,
         };
-        if op.outcome != Outcome::Ok {
+        if op.outcome != Outcome::Ok || op.is_partial() {
             continue;
         }
         v.examined += 1;
@@ -336,8 +348,24 @@ fn settled_never_lost(history: &History, rows: &HashMap<&str, &ReservationRow>) 
             ));
         }
     }
-    v.note = format!("{} confirms and releases answered OK", v.examined);
+    v.note = format!("{} whole confirms and releases answered OK", v.examined);
     v.done()
+}
+
+/// (held, confirmed, released) of each of an event's lines. A stream read before events
+/// carried them has none: the lines are then taken whole, where the event type puts them.
+fn event_units(e: &SeenEvent) -> Vec<(i64, i64, i64)> {
+    if e.units.len() == e.lines.len() {
+        return e.units.clone();
+    }
+    e.lines
+        .iter()
+        .map(|l| match e.event_type.as_str() {
+            "RESERVATION_CONFIRMED" => (0, l.quantity, 0),
+            "RESERVATION_RELEASED" | "RESERVATION_EXPIRED" => (0, 0, l.quantity),
+            _ => (l.quantity, 0, 0),
+        })
+        .collect()
 }
 
 /// One SKU's level in one event: (version, on_hand, reserved, and the change's own deltas to
@@ -345,27 +373,37 @@ fn settled_never_lost(history: &History, rows: &HashMap<&str, &ReservationRow>) 
 type LevelChange = (i64, i64, i64, i64, i64);
 
 /// Replays every SKU's levels from its events in commit (version) order: each change moves
-/// `on_hand` and `reserved` by exactly its own lines, and the last level is the stored row.
+/// `on_hand` and `reserved` by exactly its own units, and the last level is the stored row.
+/// A hold reserves its quantity; every later step of the reservation lowers `on_hand` by the
+/// units it confirmed and moves `reserved` with the units still held, per SKU, against the
+/// reservation's previous event along the stream (stream order is commit order).
 fn stock_returned_once(stream: &[SeenEvent], facts: &Facts) -> Check {
     let mut v = Verdict::new("stock_moves_exactly_once");
     let mut per_sku: BTreeMap<&str, Vec<LevelChange>> = BTreeMap::new();
+    // Per reservation and SKU: (held, confirmed) after its latest event.
+    let mut last: HashMap<&str, HashMap<&str, (i64, i64)>> = HashMap::new();
     for e in stream {
+        // Per SKU: this event's deltas to on_hand and reserved.
+        let mut moved: HashMap<&str, (i64, i64)> = HashMap::new();
+        if let Some(id) = e.reservation_id.as_deref() {
+            let before = last.entry(id).or_default();
+            let held = e.event_type == "RESERVATION_HELD";
+            for (line, (h, c, _)) in e.lines.iter().zip(event_units(e)) {
+                let now = if held { (line.quantity, 0) } else { (h, c) };
+                // A reservation whose hold the stream did not show starts from it.
+                let (h0, c0) = match before.get(line.sku.as_str()) {
+                    Some(&previous) => previous,
+                    None if held => (0, 0),
+                    None => (line.quantity, 0),
+                };
+                moved.insert(&line.sku, (-(now.1 - c0), now.0 - h0));
+                before.insert(&line.sku, now);
+            }
+        }
         for (sku, on_hand, reserved, version) in &e.levels {
             let (d_on, d_res) = match e.event_type.as_str() {
                 "STOCK_ADJUSTED" => (e.delta.unwrap_or(0), 0),
-                kind => {
-                    let q: i64 = e
-                        .lines
-                        .iter()
-                        .filter(|l| &l.sku == sku)
-                        .map(|l| l.quantity)
-                        .sum();
-                    match kind {
-                        "RESERVATION_HELD" => (0, q),
-                        "RESERVATION_CONFIRMED" => (-q, -q),
-                        _ => (0, -q),
-                    }
-                }
+                _ => moved.get(sku.as_str()).copied().unwrap_or((0, 0)),
             };
             per_sku
                 .entry(sku)
@@ -411,6 +449,224 @@ fn stock_returned_once(stream: &[SeenEvent], facts: &Facts) -> Check {
         v.fail(mismatch.to_string());
     }
     v.note = format!("{} level changes replayed", v.examined);
+    v.done()
+}
+
+/// Partial calls of one kind on one reservation: the keys that answered OK, and the units each
+/// key sent (OK or unknown outcome) asked for, with whether an event has used them yet.
+#[derive(Default)]
+struct Parts<'a> {
+    ok: BTreeSet<&'a str>,
+    sent: BTreeMap<&'a str, Asked>,
+}
+
+/// The units a partial call asked for, (sku, units) by SKU, and whether an event used them.
+type Asked = (Vec<(String, i64)>, bool);
+
+/// A line along the stream: (sku, quantity, held, confirmed, released).
+type Units = (String, i64, i64, i64, i64);
+
+/// The partial event type of a partial call of `kind`.
+fn partial_event(kind: OpKind) -> &'static str {
+    if kind == OpKind::Confirm {
+        "RESERVATION_PARTIALLY_CONFIRMED"
+    } else {
+        "RESERVATION_PARTIALLY_RELEASED"
+    }
+}
+
+/// No unit is confirmed twice, released twice, or held after a cancel:
+///
+/// - along the stream, each line's held, confirmed and released units add up to its quantity
+///   at every event; confirmed and released never go down, held never goes up; the last
+///   event's units are the row's;
+/// - a reservation has at least as many partial confirm (release) events as partial confirm
+///   (release) keys that answered OK, at most as many as were sent, and each such event moved
+///   exactly the units of one key sent, confirmed (released) and nothing else;
+/// - a cancel that answered OK left nothing held, no `Reserve` for its order invoked after it
+///   answered succeeded (unless its key was sent before: a replay), and no row of a cancelled
+///   order was created after the cancel or left held (`Facts::cancel_violations`).
+fn units_settled_once(
+    history: &History,
+    stream: &[SeenEvent],
+    facts: &Facts,
+    rows: &HashMap<&str, &ReservationRow>,
+) -> Check {
+    let mut v = Verdict::new("units_settled_once");
+    let mut parts: HashMap<(&str, &str), Parts> = HashMap::new();
+    for op in history.ops.iter().filter(|o| o.is_partial()) {
+        let id = op.reservation_id.as_deref().unwrap_or("");
+        let key = op.key.as_deref().unwrap_or("");
+        let p = parts.entry((id, partial_event(op.kind))).or_default();
+        if op.outcome == Outcome::Ok {
+            p.ok.insert(key);
+        }
+        if op.outcome != Outcome::Fail {
+            p.sent.insert(key, (sorted_lines(&op.lines), false));
+        }
+    }
+
+    let mut per_reservation: BTreeMap<&str, Vec<&SeenEvent>> = BTreeMap::new();
+    for e in stream {
+        if let Some(id) = e.reservation_id.as_deref() {
+            per_reservation.entry(id).or_default().push(e);
+        }
+    }
+    let mut partial_events: HashMap<(&str, &str), usize> = HashMap::new();
+    for (id, events) in &per_reservation {
+        v.examined += 1;
+        // (sku, quantity, held, confirmed, released) of every line, by SKU, after each event.
+        let mut before: Option<Vec<Units>> = None;
+        for e in events {
+            let mut now: Vec<Units> = e
+                .lines
+                .iter()
+                .zip(event_units(e))
+                .map(|(l, (h, c, r))| (l.sku.clone(), l.quantity, h, c, r))
+                .collect();
+            now.sort();
+            let at = format!("{id} at sequence {}", e.sequence);
+            for (sku, q, h, c, r) in &now {
+                if h + c + r != *q || [h, c, r].iter().any(|u| **u < 0) {
+                    v.fail(format!(
+                        "{at}: {sku} held {h}, confirmed {c}, released {r} of {q}"
+                    ));
+                }
+            }
+            if let Some(before) = &before {
+                let same_lines = before.len() == now.len()
+                    && before
+                        .iter()
+                        .zip(&now)
+                        .all(|(b, n)| (&b.0, b.1) == (&n.0, n.1));
+                if !same_lines {
+                    v.fail(format!("{at}: the lines changed"));
+                }
+                for (b, n) in before.iter().zip(&now) {
+                    if n.2 > b.2 || n.3 < b.3 || n.4 < b.4 {
+                        v.fail(format!(
+                            "{at}: {} went from {}/{}/{} to {}/{}/{} (held/confirmed/released)",
+                            n.0, b.2, b.3, b.4, n.2, n.3, n.4
+                        ));
+                    }
+                }
+                let kind = e.event_type.as_str();
+                if matches!(
+                    kind,
+                    "RESERVATION_PARTIALLY_CONFIRMED" | "RESERVATION_PARTIALLY_RELEASED"
+                ) {
+                    *partial_events.entry((id, kind)).or_default() += 1;
+                    let confirm = kind == "RESERVATION_PARTIALLY_CONFIRMED";
+                    let mut moved = Vec::new();
+                    let mut other = false;
+                    for (b, n) in before.iter().zip(&now) {
+                        let (d_part, d_other) = if confirm {
+                            (n.3 - b.3, n.4 - b.4)
+                        } else {
+                            (n.4 - b.4, n.3 - b.3)
+                        };
+                        if d_part != 0 {
+                            moved.push((n.0.clone(), d_part));
+                        }
+                        other |= d_other != 0;
+                    }
+                    let key = parts.get_mut(&(id, kind)).and_then(|p| {
+                        p.sent
+                            .values_mut()
+                            .find(|(asked, used)| !*used && *asked == moved)
+                    });
+                    match key {
+                        Some((_, used)) if !other => *used = true,
+                        _ => v.fail(format!(
+                            "{at}: {kind} moved {moved:?}{}, which no unused key sent asked for",
+                            if other { " and more" } else { "" }
+                        )),
+                    }
+                }
+            }
+            before = Some(now);
+        }
+        if let (Some(last), Some(row)) = (before, rows.get(id)) {
+            let mut stored: Vec<_> = row
+                .lines
+                .iter()
+                .zip(&row.units)
+                .map(|((sku, q, _), (h, c, r))| (sku.clone(), *q, *h, *c, *r))
+                .collect();
+            stored.sort();
+            if stored != last {
+                v.fail(format!(
+                    "{id}: the last event says {last:?}, the row {stored:?}"
+                ));
+            }
+        }
+    }
+    let mut partial_calls = 0;
+    for ((id, kind), p) in &parts {
+        partial_calls += p.sent.len();
+        let seen = partial_events.get(&(*id, *kind)).copied().unwrap_or(0);
+        if seen < p.ok.len() || seen > p.sent.len() {
+            v.fail(format!(
+                "{id}: {seen} {kind} events for {} keys answered OK of {} sent",
+                p.ok.len(),
+                p.sent.len()
+            ));
+        }
+    }
+
+    // Cancels: per order, when the first cancel that answered OK answered.
+    let mut cancelled: HashMap<String, f64> = HashMap::new();
+    for op in history
+        .ops
+        .iter()
+        .filter(|o| o.kind == OpKind::Cancel && o.outcome == Outcome::Ok)
+    {
+        v.examined += 1;
+        let at = cancelled.entry(op.order()).or_insert(op.completed_ms);
+        *at = at.min(op.completed_ms);
+        let held: i64 = op.units.iter().map(|u| u.1).sum();
+        if held != 0 {
+            v.fail(format!(
+                "cancel of {} answered with {held} units still held",
+                op.order()
+            ));
+        }
+    }
+    let mut first_sent: HashMap<&str, f64> = HashMap::new();
+    for op in history.ops.iter().filter(|o| o.kind == OpKind::Reserve) {
+        let at = first_sent
+            .entry(op.key.as_deref().unwrap_or(""))
+            .or_insert(op.invoked_ms);
+        *at = at.min(op.invoked_ms);
+    }
+    let mut late = 0;
+    for op in history.ops.iter().filter(|o| o.kind == OpKind::Reserve) {
+        let key = op.key.as_deref().unwrap_or("");
+        let Some(&at) = cancelled.get(&op.order()) else {
+            continue;
+        };
+        if op.invoked_ms < at || first_sent.get(key).is_some_and(|&first| first < at) {
+            continue;
+        }
+        v.examined += 1;
+        late += 1;
+        if op.outcome == Outcome::Ok {
+            v.fail(format!(
+                "{key}: Reserve for cancelled order {} answered OK at {:.0} ms, after the cancel at {at:.0} ms",
+                op.order(),
+                op.completed_ms
+            ));
+        }
+    }
+    for violation in &facts.cancel_violations {
+        v.fail(violation.clone());
+    }
+    v.note = format!(
+        "{} reservations' units along the stream, {partial_calls} partial calls sent, {} \
+         orders cancelled, {late} Reserve calls after a cancel (none OK)",
+        per_reservation.len(),
+        cancelled.len()
+    );
     v.done()
 }
 
@@ -498,25 +754,21 @@ fn events_gap_free(stream: &[SeenEvent], facts: &Facts) -> Check {
             )),
         }
     }
-    // One event per transition of every reservation.
-    let mut per_reservation: HashMap<&str, Vec<&str>> = HashMap::new();
+    // One event per step of every reservation.
+    let mut per_reservation: HashMap<&str, Vec<&SeenEvent>> = HashMap::new();
     for e in stream {
         if let Some(id) = e.reservation_id.as_deref() {
-            per_reservation.entry(id).or_default().push(&e.event_type);
+            per_reservation.entry(id).or_default().push(e);
         }
     }
     for row in &facts.reservations {
-        let mut expected = vec!["RESERVATION_HELD"];
-        if row.state != "HELD" {
-            expected.push(match row.state.as_str() {
-                "CONFIRMED" => "RESERVATION_CONFIRMED",
-                "RELEASED" => "RESERVATION_RELEASED",
-                _ => "RESERVATION_EXPIRED",
-            });
-        }
         let seen = per_reservation.remove(row.id.as_str()).unwrap_or_default();
-        if seen != expected {
-            v.fail(format!("{} ({}): events {seen:?}", row.id, row.state));
+        if let Some(problem) = lifecycle_problem(&row.state, &seen) {
+            let kinds: Vec<&str> = seen.iter().map(|e| e.event_type.as_str()).collect();
+            v.fail(format!(
+                "{} ({}): {problem}; events {kinds:?}",
+                row.id, row.state
+            ));
         }
     }
     if let Some((id, _)) = per_reservation.into_iter().next() {
@@ -524,6 +776,59 @@ fn events_gap_free(stream: &[SeenEvent], facts: &Facts) -> Check {
     }
     v.note = format!("{} events, sequences 1..={}", stream.len(), facts.head);
     v.done()
+}
+
+/// Why a reservation's events, in stream order, are not its life: `RESERVATION_HELD`, then any
+/// number of extensions and partial confirms and releases (state HELD), then, once the stored
+/// row is no longer `HELD`, exactly one end (CONFIRMED, RELEASED or EXPIRED) whose state is the
+/// row's. `None` when they are.
+fn lifecycle_problem(state: &str, events: &[&SeenEvent]) -> Option<String> {
+    let Some((first, rest)) = events.split_first() else {
+        return Some("no events".into());
+    };
+    if first.event_type != "RESERVATION_HELD" {
+        return Some("the first is not RESERVATION_HELD".into());
+    }
+    let (during, end) = match rest.split_last() {
+        _ if state == "HELD" => (rest, None),
+        Some((end, during)) => (during, Some(end)),
+        None => return Some("no end".into()),
+    };
+    let steps = during.iter().all(|e| {
+        matches!(
+            e.event_type.as_str(),
+            "RESERVATION_EXTENDED"
+                | "RESERVATION_PARTIALLY_CONFIRMED"
+                | "RESERVATION_PARTIALLY_RELEASED"
+        )
+    });
+    if !steps {
+        return Some("an end while held, or more than one end".into());
+    }
+    if let Some(e) = std::iter::once(first)
+        .chain(during)
+        .find(|e| e.state.as_deref() != Some("HELD"))
+    {
+        return Some(format!(
+            "{} at sequence {} says {:?} while held",
+            e.event_type, e.sequence, e.state
+        ));
+    }
+    let end = end?;
+    // The end is named by what ended the hold; a partly confirmed one ends CONFIRMED.
+    let ends_in: &[&str] = match end.event_type.as_str() {
+        "RESERVATION_CONFIRMED" => &["CONFIRMED"],
+        "RESERVATION_RELEASED" => &["RELEASED", "CONFIRMED"],
+        "RESERVATION_EXPIRED" => &["EXPIRED", "CONFIRMED"],
+        other => return Some(format!("{other} at sequence {} ends it", end.sequence)),
+    };
+    match end.state.as_deref() {
+        Some(s) if s == state && ends_in.contains(&s) => None,
+        s => Some(format!(
+            "{} at sequence {} says {s:?}",
+            end.event_type, end.sequence
+        )),
+    }
 }
 
 /// Within one SKU, stream order is commit order: versions only go up along the stream.

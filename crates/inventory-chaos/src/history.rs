@@ -1,5 +1,8 @@
 //! The recorded history of a run: every client operation with its invocation and completion
 //! time and outcome, every stock snapshot, and every event the live watcher received.
+//!
+//! Fields added since the first histories were written default when absent, so older
+//! `history.jsonl` and `events.json` files still parse.
 
 use std::{
     sync::{Arc, Mutex},
@@ -13,9 +16,15 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "lowercase")]
 pub enum OpKind {
     Reserve,
+    /// `ConfirmReservation`: whole (no lines) or partial (lines and a key).
     Confirm,
+    /// `ReleaseReservation`: whole (no lines) or partial (lines and a key).
     Release,
     Adjust,
+    /// `ExtendReservation`.
+    Extend,
+    /// `CancelOrder`.
+    Cancel,
 }
 
 /// When the operation was made: under load and faults, or afterwards to resolve unknowns.
@@ -26,7 +35,7 @@ pub enum Phase {
     Resolve,
 }
 
-/// One line of a `Reserve` or one `AdjustStock`.
+/// One line of a `Reserve` or of a partial confirm or release, or one `AdjustStock`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Line {
     pub sku: String,
@@ -39,13 +48,20 @@ pub struct Op {
     pub replica: usize,
     pub kind: OpKind,
     pub phase: Phase,
-    /// The idempotency key of a `Reserve` or `AdjustStock`.
+    /// The idempotency key of a `Reserve`, an `AdjustStock`, a `CancelOrder` or a partial
+    /// confirm or release; `None` for whole confirms and releases and for extends.
     pub key: Option<String>,
-    /// The reservation a confirm or release names, or the one a `Reserve` answered with.
+    /// The reservation a confirm, release or extend names, the one a `Reserve` answered with,
+    /// or the first one a `CancelOrder` answered with.
     pub reservation_id: Option<String>,
-    /// `Reserve`: its lines; `AdjustStock`: the SKU and delta.
+    /// The order a `Reserve` or `CancelOrder` names.
+    #[serde(default)]
+    pub order_id: Option<String>,
+    /// `Reserve`: its lines; a partial confirm or release: the units it moves (empty for a
+    /// whole one); `AdjustStock`: the SKU and delta.
     pub lines: Vec<Line>,
-    /// `Reserve`: the hold it asked for (part of the request a retry must repeat).
+    /// `Reserve`: the hold it asked for (part of the request a retry must repeat);
+    /// `ExtendReservation`: the new lifetime.
     pub ttl_ms: Option<u64>,
     pub invoked_ms: f64,
     pub completed_ms: f64,
@@ -53,7 +69,26 @@ pub struct Op {
     pub code: String,
     /// The reservation state the answer carried.
     pub state: Option<String>,
+    /// The answered reservation's lines when OK: (sku, held, confirmed, released); for a
+    /// `CancelOrder`, those of every reservation it answered with.
+    #[serde(default)]
+    pub units: Vec<(String, i64, i64, i64)>,
     pub message: String,
+}
+
+impl Op {
+    /// A confirm or release that names the units it moves.
+    pub fn is_partial(&self) -> bool {
+        matches!(self.kind, OpKind::Confirm | OpKind::Release) && !self.lines.is_empty()
+    }
+
+    /// The order a `Reserve` or `CancelOrder` named: as recorded, or (in histories from before
+    /// it was) the one the workload derived from a `Reserve`'s key.
+    pub fn order(&self) -> String {
+        self.order_id
+            .clone()
+            .unwrap_or_else(|| format!("order-{}", self.key.as_deref().unwrap_or("")))
+    }
 }
 
 /// What `GetStock` showed at one moment.
@@ -76,9 +111,17 @@ pub struct SeenEvent {
     pub sku: Option<String>,
     /// `StockAdjusted`: the delta.
     pub delta: Option<i64>,
-    /// `ReservationChanged`: the lines.
+    /// `ReservationChanged`: the reservation's state after the change (as "CONFIRMED").
+    #[serde(default)]
+    pub state: Option<String>,
+    /// `ReservationChanged`: the lines (sku and quantity first reserved).
     pub lines: Vec<Line>,
-    /// The stock levels after the change: (sku, on_hand, reserved, version).
+    /// `ReservationChanged`: (held, confirmed, released) of each line after the change, in
+    /// the order of `lines`.
+    #[serde(default)]
+    pub units: Vec<(i64, i64, i64)>,
+    /// The stock levels after the change, of the SKUs whose stock moved: (sku, on_hand,
+    /// reserved, version).
     pub levels: Vec<(String, i64, i64, i64)>,
 }
 

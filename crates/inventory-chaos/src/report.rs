@@ -34,7 +34,8 @@ pub struct RunReport {
     pub skus: usize,
     pub schedule: Vec<Planned>,
     pub applied: Vec<Applied>,
-    /// Operation kind → status code → count, load and resolve phases together.
+    /// Operation kind (partial confirms and releases apart, as "confirm part") → status code
+    /// → count, load and resolve phases together.
     pub counts: BTreeMap<String, BTreeMap<String, u64>>,
     /// Keys whose outcome was unknown after their in-run retries.
     pub unknown_after_load: usize,
@@ -48,7 +49,10 @@ pub struct RunReport {
 pub fn counts(history: &History) -> BTreeMap<String, BTreeMap<String, u64>> {
     let mut counts: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     for op in &history.ops {
-        let kind = format!("{:?}", op.kind).to_lowercase();
+        let mut kind = format!("{:?}", op.kind).to_lowercase();
+        if op.is_partial() {
+            kind.push_str(" part");
+        }
         *counts
             .entry(kind)
             .or_default()
@@ -111,7 +115,7 @@ impl RunReport {
         }
         let _ = writeln!(out, "calls:");
         for (kind, codes) in &self.counts {
-            let _ = writeln!(out, "  {kind:<8} {}", codes_line(codes));
+            let _ = writeln!(out, "  {kind:<12} {}", codes_line(codes));
         }
         let _ = writeln!(
             out,

@@ -1,6 +1,8 @@
-//! The load under faults: shoppers that reserve, confirm and release across the replicas and
-//! retry unknown outcomes with the same key, a stocker that snapshots and restocks, and a live
-//! event watcher that reconnects wherever it can. Every call goes into the [`Recorder`].
+//! The load under faults: shoppers that reserve across the replicas and then confirm, release
+//! (whole or in part), extend, cancel the order (and try to reserve for it again) or let the
+//! hold expire, retrying every keyed call of unknown outcome with the same key; a stocker that
+//! snapshots and restocks; and a live event watcher that reconnects wherever it can. Every
+//! call goes into the [`Recorder`].
 
 use std::{
     sync::Arc,
@@ -8,9 +10,10 @@ use std::{
 };
 
 use inventory_proto::{
-    AdjustStockRequest, ConfirmReservationRequest, Event, EventType, GetStockRequest,
-    ReleaseReservationRequest, ReservationLine, ReservationState, ReserveRequest,
-    WatchEventsRequest, event, inventory_service_client::InventoryServiceClient,
+    AdjustStockRequest, CancelOrderRequest, CancelOrderResponse, ConfirmReservationRequest, Event,
+    EventType, ExtendReservationRequest, GetStockRequest, ReleaseReservationRequest, Reservation,
+    ReservationLine, ReservationState, ReserveRequest, WatchEventsRequest, event,
+    inventory_service_client::InventoryServiceClient,
 };
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng, seq::IndexedRandom as _};
 use tokio::{sync::watch, task::JoinHandle};
@@ -28,7 +31,8 @@ pub struct WorkloadConfig {
     pub seed: u64,
     /// The client's deadline for one call.
     pub call_timeout: Duration,
-    /// Attempts of one `Reserve` (the same key each time) before the outcome is left unknown.
+    /// Attempts of one keyed call (`Reserve`, a partial confirm or release, `CancelOrder`; the
+    /// same key each time) before the outcome is left unknown.
     pub attempts: usize,
 }
 
@@ -80,6 +84,50 @@ struct Answer {
     message: String,
     reservation_id: Option<String>,
     state: Option<String>,
+    /// (sku, held, confirmed, released) of the answered lines.
+    units: Vec<(String, i64, i64, i64)>,
+}
+
+impl Answer {
+    /// An answer that carries a status and nothing else.
+    fn status(code: Code, message: String) -> Self {
+        Self {
+            code,
+            message,
+            reservation_id: None,
+            state: None,
+            units: Vec::new(),
+        }
+    }
+
+    fn of_reservation(reservation: Reservation) -> Self {
+        Self {
+            code: Code::Ok,
+            message: String::new(),
+            state: state_name(reservation.state),
+            units: units_of(&reservation),
+            reservation_id: Some(reservation.reservation_id),
+        }
+    }
+
+    /// A `CancelOrder` answer: the first reservation's id and state, every reservation's units.
+    fn of_cancel(reservations: Vec<Reservation>) -> Self {
+        Self {
+            code: Code::Ok,
+            message: String::new(),
+            reservation_id: reservations.first().map(|r| r.reservation_id.clone()),
+            state: reservations.first().and_then(|r| state_name(r.state)),
+            units: reservations.iter().flat_map(units_of).collect(),
+        }
+    }
+}
+
+fn units_of(reservation: &Reservation) -> Vec<(String, i64, i64, i64)> {
+    reservation
+        .lines
+        .iter()
+        .map(|l| (l.sku.clone(), l.held, l.confirmed, l.released))
+        .collect()
 }
 
 fn state_name(state: i32) -> Option<String> {
@@ -91,57 +139,45 @@ fn state_name(state: i32) -> Option<String> {
 }
 
 /// Runs one call with a client-side deadline as well as the `grpc-timeout` the server sees,
-/// so a paused server cannot hold a client forever.
-async fn call<T, F>(timeout: Duration, message: T, f: F) -> Answer
+/// so a paused server cannot hold a client forever; `ok` reduces a success.
+async fn call<T, R, F>(timeout: Duration, message: T, f: F, ok: impl FnOnce(R) -> Answer) -> Answer
 where
-    F: AsyncFnOnce(
-        tonic::Request<T>,
-    ) -> Result<tonic::Response<inventory_proto::Reservation>, tonic::Status>,
+    F: AsyncFnOnce(tonic::Request<T>) -> Result<tonic::Response<R>, tonic::Status>,
 {
     let mut request = tonic::Request::new(message);
     request.set_timeout(timeout);
     match tokio::time::timeout(timeout + Duration::from_millis(200), f(request)).await {
-        Ok(Ok(response)) => {
-            let reservation = response.into_inner();
-            Answer {
-                code: Code::Ok,
-                message: String::new(),
-                reservation_id: Some(reservation.reservation_id),
-                state: state_name(reservation.state),
-            }
-        }
-        Ok(Err(status)) => Answer {
-            code: status.code(),
-            message: status.message().to_owned(),
-            reservation_id: None,
-            state: None,
-        },
-        Err(_) => Answer {
-            code: Code::DeadlineExceeded,
-            message: "client deadline".into(),
-            reservation_id: None,
-            state: None,
-        },
+        Ok(Ok(response)) => ok(response.into_inner()),
+        Ok(Err(status)) => Answer::status(status.code(), status.message().to_owned()),
+        Err(_) => Answer::status(Code::DeadlineExceeded, "client deadline".into()),
+    }
+}
+
+fn proto_lines(lines: &[Line]) -> Vec<ReservationLine> {
+    lines
+        .iter()
+        .map(|l| ReservationLine {
+            sku: l.sku.clone(),
+            quantity: l.quantity,
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn proto_duration(ms: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
     }
 }
 
 /// A `Reserve` request as the history keeps it, enough to send it again with the same key.
-pub fn reserve_request(key: &str, lines: &[Line], ttl_ms: u64) -> ReserveRequest {
+pub fn reserve_request(key: &str, order_id: &str, lines: &[Line], ttl_ms: u64) -> ReserveRequest {
     ReserveRequest {
         idempotency_key: key.to_owned(),
-        order_id: format!("order-{key}"),
-        lines: lines
-            .iter()
-            .map(|l| ReservationLine {
-                sku: l.sku.clone(),
-                quantity: l.quantity,
-                ..Default::default()
-            })
-            .collect(),
-        ttl: Some(prost_types::Duration {
-            seconds: (ttl_ms / 1000) as i64,
-            nanos: ((ttl_ms % 1000) * 1_000_000) as i32,
-        }),
+        order_id: order_id.to_owned(),
+        lines: proto_lines(lines),
+        ttl: Some(proto_duration(ttl_ms)),
     }
 }
 
@@ -202,103 +238,276 @@ pub struct Caller<'a> {
     pub attempts: usize,
 }
 
+/// One request of any kind the workload sends.
+#[derive(Clone, Debug)]
+enum Request {
+    Reserve(ReserveRequest),
+    Confirm(ConfirmReservationRequest),
+    Release(ReleaseReservationRequest),
+    Extend(ExtendReservationRequest),
+    Cancel(CancelOrderRequest),
+    Adjust(AdjustStockRequest),
+}
+
 impl Caller<'_> {
+    /// Sends one request to one replica.
+    async fn attempt(&self, replica: usize, request: Request) -> Answer {
+        let mut grpc = self.endpoints.client(replica);
+        let timeout = self.timeout;
+        match request {
+            Request::Reserve(m) => {
+                let f = async |r| grpc.reserve(r).await;
+                call(timeout, m, f, Answer::of_reservation).await
+            }
+            Request::Confirm(m) => {
+                let f = async |r| grpc.confirm_reservation(r).await;
+                call(timeout, m, f, Answer::of_reservation).await
+            }
+            Request::Release(m) => {
+                let f = async |r| grpc.release_reservation(r).await;
+                call(timeout, m, f, Answer::of_reservation).await
+            }
+            Request::Extend(m) => {
+                let f = async |r| grpc.extend_reservation(r).await;
+                call(timeout, m, f, Answer::of_reservation).await
+            }
+            Request::Cancel(m) => {
+                let f = async |r| grpc.cancel_order(r).await;
+                call(timeout, m, f, |c: CancelOrderResponse| {
+                    Answer::of_cancel(c.reservations)
+                })
+                .await
+            }
+            Request::Adjust(m) => {
+                let f = async |r| grpc.adjust_stock(r).await;
+                call(timeout, m, f, |_| Answer::status(Code::Ok, String::new())).await
+            }
+        }
+    }
+
+    /// Sends one request up to `tries` times, while its outcome is unknown (a keyed call, so a
+    /// repeat acts at most once), each attempt to the next replica from `replica`; records
+    /// every attempt as `op` with its own answer. Returns the last answer.
+    async fn send(&self, replica: usize, tries: usize, op: Op, request: Request) -> Answer {
+        let mut n = 0;
+        loop {
+            let replica = (replica + n) % self.endpoints.len();
+            let invoked_ms = self.recorder.now_ms();
+            let answer = self.attempt(replica, request.clone()).await;
+            let outcome = Outcome::of(answer.code);
+            self.recorder.op(Op {
+                replica,
+                phase: self.phase,
+                reservation_id: answer
+                    .reservation_id
+                    .clone()
+                    .or_else(|| op.reservation_id.clone()),
+                invoked_ms,
+                completed_ms: self.recorder.now_ms(),
+                outcome,
+                code: format!("{:?}", answer.code),
+                state: answer.state.clone(),
+                units: answer.units.clone(),
+                message: answer.message.clone(),
+                ..op.clone()
+            });
+            n += 1;
+            if outcome != Outcome::Unknown || n >= tries {
+                return answer;
+            }
+            backoff(n - 1).await;
+        }
+    }
+
     /// Sends a `Reserve` until it gets a definite answer or runs out of attempts, each attempt
     /// to the next replica; returns the reservation when it succeeded.
     pub async fn reserve(
         &self,
         client: usize,
         key: &str,
+        order_id: &str,
         lines: &[Line],
         ttl_ms: u64,
     ) -> (Outcome, Option<String>) {
-        let mut outcome = Outcome::Unknown;
-        for attempt in 0..self.attempts {
-            let replica = (client + attempt) % self.endpoints.len();
-            let invoked_ms = self.recorder.now_ms();
-            let mut grpc = self.endpoints.client(replica);
-            let answer = call(
-                self.timeout,
-                reserve_request(key, lines, ttl_ms),
-                async |r| grpc.reserve(r).await,
-            )
-            .await;
-            outcome = Outcome::of(answer.code);
-            self.recorder.op(Op {
-                client,
-                replica,
-                kind: OpKind::Reserve,
-                phase: self.phase,
-                key: Some(key.to_owned()),
-                reservation_id: answer.reservation_id.clone(),
-                lines: lines.to_vec(),
-                ttl_ms: Some(ttl_ms),
-                invoked_ms,
-                completed_ms: self.recorder.now_ms(),
-                outcome,
-                code: format!("{:?}", answer.code),
-                state: answer.state,
-                message: answer.message,
-            });
-            match outcome {
-                Outcome::Ok => return (outcome, answer.reservation_id),
-                Outcome::Fail => return (outcome, None),
-                Outcome::Unknown => backoff(attempt).await,
-            }
+        let op = Op {
+            key: Some(key.to_owned()),
+            order_id: Some(order_id.to_owned()),
+            lines: lines.to_vec(),
+            ttl_ms: Some(ttl_ms),
+            ..self.op(client, OpKind::Reserve)
+        };
+        let request = Request::Reserve(reserve_request(key, order_id, lines, ttl_ms));
+        let answer = self.send(client, self.attempts, op, request).await;
+        match Outcome::of(answer.code) {
+            Outcome::Ok => (Outcome::Ok, answer.reservation_id),
+            outcome => (outcome, None),
         }
-        (outcome, None)
+    }
+
+    /// A whole confirm or release (no lines, no key): one attempt.
+    pub async fn settle(&self, client: usize, replica: usize, kind: OpKind, id: &str) -> Outcome {
+        self.settle_lines(client, replica, kind, id, None).await
+    }
+
+    /// A partial confirm or release of `lines` under `key`, retried with the key while its
+    /// outcome is unknown.
+    pub async fn settle_part(
+        &self,
+        client: usize,
+        replica: usize,
+        kind: OpKind,
+        id: &str,
+        (key, lines): (&str, &[Line]),
+    ) -> Outcome {
+        self.settle_lines(client, replica, kind, id, Some((key, lines)))
+            .await
+    }
+
+    /// A confirm or release, whole or (with a key and lines) in part.
+    async fn settle_lines(
+        &self,
+        client: usize,
+        replica: usize,
+        kind: OpKind,
+        id: &str,
+        part: Option<(&str, &[Line])>,
+    ) -> Outcome {
+        let (key, lines) = part.unzip();
+        let lines = lines.unwrap_or_default();
+        let op = Op {
+            key: key.map(str::to_owned),
+            reservation_id: Some(id.to_owned()),
+            lines: lines.to_vec(),
+            ..self.op(client, kind)
+        };
+        let reservation_id = id.to_owned();
+        let idempotency_key = key.unwrap_or_default().to_owned();
+        let lines = proto_lines(lines);
+        let request = if kind == OpKind::Confirm {
+            Request::Confirm(ConfirmReservationRequest {
+                reservation_id,
+                lines,
+                idempotency_key,
+            })
+        } else {
+            Request::Release(ReleaseReservationRequest {
+                reservation_id,
+                lines,
+                idempotency_key,
+            })
+        };
+        // A whole call carries no key: it is sent once.
+        let tries = if part.is_some() { self.attempts } else { 1 };
+        Outcome::of(self.send(replica, tries, op, request).await.code)
+    }
+
+    /// Moves a hold's expiry to `ttl_ms` from now: one attempt (a repeat would move it again).
+    pub async fn extend(&self, client: usize, replica: usize, id: &str, ttl_ms: u64) -> Outcome {
+        let op = Op {
+            reservation_id: Some(id.to_owned()),
+            ttl_ms: Some(ttl_ms),
+            ..self.op(client, OpKind::Extend)
+        };
+        let request = Request::Extend(ExtendReservationRequest {
+            reservation_id: id.to_owned(),
+            ttl: Some(proto_duration(ttl_ms)),
+        });
+        Outcome::of(self.send(replica, 1, op, request).await.code)
+    }
+
+    /// Cancels an order under `key`, retried with the key while its outcome is unknown.
+    pub async fn cancel(
+        &self,
+        client: usize,
+        replica: usize,
+        key: &str,
+        order_id: &str,
+    ) -> Outcome {
+        let op = Op {
+            key: Some(key.to_owned()),
+            order_id: Some(order_id.to_owned()),
+            ..self.op(client, OpKind::Cancel)
+        };
+        let request = Request::Cancel(CancelOrderRequest {
+            order_id: order_id.to_owned(),
+            idempotency_key: key.to_owned(),
+            reason: "chaos cancel".into(),
+        });
+        Outcome::of(self.send(replica, self.attempts, op, request).await.code)
+    }
+
+    /// An operation of this phase with nothing filled in yet.
+    fn op(&self, client: usize, kind: OpKind) -> Op {
+        Op {
+            client,
+            replica: 0,
+            kind,
+            phase: self.phase,
+            key: None,
+            reservation_id: None,
+            order_id: None,
+            lines: Vec::new(),
+            ttl_ms: None,
+            invoked_ms: 0.0,
+            completed_ms: 0.0,
+            outcome: Outcome::Unknown,
+            code: String::new(),
+            state: None,
+            units: Vec::new(),
+            message: String::new(),
+        }
     }
 
     /// An `AdjustStock` with retries under one key, recorded like a `Reserve`.
     pub async fn adjust(&self, key: &str, sku: &str, delta: i64) -> Outcome {
-        let mut outcome = Outcome::Unknown;
-        for attempt in 0..self.attempts {
-            let replica = attempt % self.endpoints.len();
-            let invoked_ms = self.recorder.now_ms();
-            let mut request = tonic::Request::new(AdjustStockRequest {
+        let op = Op {
+            key: Some(key.to_owned()),
+            lines: vec![Line {
                 sku: sku.to_owned(),
-                delta,
-                idempotency_key: key.to_owned(),
-                reason: "chaos restock".into(),
-            });
-            request.set_timeout(self.timeout);
-            let mut grpc = self.endpoints.client(replica);
-            let code = match tokio::time::timeout(self.timeout, grpc.adjust_stock(request)).await {
-                Ok(Ok(_)) => Code::Ok,
-                Ok(Err(status)) => status.code(),
-                Err(_) => Code::DeadlineExceeded,
-            };
-            outcome = Outcome::of(code);
-            self.recorder.op(Op {
-                client: usize::MAX,
-                replica,
-                kind: OpKind::Adjust,
-                phase: self.phase,
-                key: Some(key.to_owned()),
-                reservation_id: None,
-                lines: vec![Line {
-                    sku: sku.to_owned(),
-                    quantity: delta,
-                }],
-                ttl_ms: None,
-                invoked_ms,
-                completed_ms: self.recorder.now_ms(),
-                outcome,
-                code: format!("{code:?}"),
-                state: None,
-                message: String::new(),
-            });
-            if outcome != Outcome::Unknown {
-                return outcome;
-            }
-            backoff(attempt).await;
-        }
-        outcome
+                quantity: delta,
+            }],
+            ..self.op(usize::MAX, OpKind::Adjust)
+        };
+        let request = Request::Adjust(AdjustStockRequest {
+            sku: sku.to_owned(),
+            delta,
+            idempotency_key: key.to_owned(),
+            reason: "chaos restock".into(),
+        });
+        Outcome::of(self.send(0, self.attempts, op, request).await.code)
     }
 }
 
 async fn backoff(attempt: usize) {
     tokio::time::sleep(Duration::from_millis(100 * (attempt as u64 + 1))).await;
+}
+
+/// What a shopper does with a hold it got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    Confirm,
+    Release,
+    /// Confirm or release some units of one line first.
+    Part,
+    Extend,
+    /// Cancel the order, then try to reserve for it again.
+    Cancel,
+    Expire,
+}
+
+impl Plan {
+    /// Of 100 holds: 25 confirmed, 15 released, 15 settled in parts, 10 extended, 10
+    /// cancelled, 25 left to expire.
+    fn pick(rng: &mut StdRng) -> Self {
+        match rng.random_range(0..100) {
+            0..25 => Plan::Confirm,
+            25..40 => Plan::Release,
+            40..55 => Plan::Part,
+            55..65 => Plan::Extend,
+            65..75 => Plan::Cancel,
+            _ => Plan::Expire,
+        }
+    }
 }
 
 async fn shopper(
@@ -328,75 +537,120 @@ async fn shopper(
             })
             .collect();
         let key = format!("{}-c{client}-{n}", config.run_id);
+        let order_id = format!("order-{key}");
         let ttl_ms = rng.random_range(1_000..=3_000);
-        let (_, reservation) = caller.reserve(client, &key, &lines, ttl_ms).await;
+        let (_, reservation) = caller
+            .reserve(client, &key, &order_id, &lines, ttl_ms)
+            .await;
         if let Some(id) = reservation {
-            // About a third confirmed, a quarter released, the rest left to expire.
-            let roll = rng.random_range(0..100);
-            let kind = match roll {
-                0..35 => Some(OpKind::Confirm),
-                35..60 => Some(OpKind::Release),
-                _ => None,
+            let hold = Hold {
+                client,
+                replica: (client + n) % endpoints.len(),
+                key: &key,
+                order_id: &order_id,
+                id: &id,
+                lines: &lines,
+                ttl_ms,
             };
-            if let Some(kind) = kind {
-                tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
-                let replica = (client + n) % endpoints.len();
-                settle(client, replica, kind, &id, config, endpoints, recorder).await;
-            }
+            hold.follow_up(&caller, &mut rng).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
     }
 }
 
-async fn settle(
+/// A hold a shopper got, and what it asked for.
+struct Hold<'a> {
     client: usize,
+    /// Where its calls after the `Reserve` go first.
     replica: usize,
-    kind: OpKind,
-    id: &str,
-    config: &WorkloadConfig,
-    endpoints: &Endpoints,
-    recorder: &Recorder,
-) {
-    let invoked_ms = recorder.now_ms();
-    let mut grpc = endpoints.client(replica);
-    let answer = match kind {
-        OpKind::Confirm => {
-            let message = ConfirmReservationRequest {
-                reservation_id: id.to_owned(),
-                ..Default::default()
-            };
-            call(config.call_timeout, message, async |r| {
-                grpc.confirm_reservation(r).await
-            })
-            .await
+    key: &'a str,
+    order_id: &'a str,
+    id: &'a str,
+    lines: &'a [Line],
+    ttl_ms: u64,
+}
+
+impl Hold<'_> {
+    /// Follows a plan picked with `rng`; every choice is drawn before the calls it leads to.
+    async fn follow_up(&self, caller: &Caller<'_>, rng: &mut StdRng) {
+        let pause = rng.random_range(0..300);
+        let mut plan = Plan::pick(rng);
+        // A part needs a line of two units or more: some stay held.
+        let splittable: Vec<&Line> = self.lines.iter().filter(|l| l.quantity >= 2).collect();
+        let part = splittable.choose(rng).map(|line| Line {
+            sku: line.sku.clone(),
+            quantity: rng.random_range(1..line.quantity),
+        });
+        if plan == Plan::Part && part.is_none() {
+            plan = Plan::Confirm;
         }
-        _ => {
-            let message = ReleaseReservationRequest {
-                reservation_id: id.to_owned(),
-                ..Default::default()
-            };
-            call(config.call_timeout, message, async |r| {
-                grpc.release_reservation(r).await
-            })
-            .await
+        sleep_ms(pause).await;
+        match plan {
+            Plan::Confirm => self.settle(caller, OpKind::Confirm).await,
+            Plan::Release => self.settle(caller, OpKind::Release).await,
+            Plan::Part => {
+                let kind = if rng.random_bool(0.5) {
+                    OpKind::Confirm
+                } else {
+                    OpKind::Release
+                };
+                let then = match rng.random_range(0..3) {
+                    0 => Some(OpKind::Confirm),
+                    1 => Some(OpKind::Release),
+                    _ => None,
+                };
+                let pause = rng.random_range(0..300);
+                let part = part.expect("a line to split");
+                let key = format!("{}-part", self.key);
+                let part = (key.as_str(), std::slice::from_ref(&part));
+                caller
+                    .settle_part(self.client, self.replica, kind, self.id, part)
+                    .await;
+                if let Some(then) = then {
+                    sleep_ms(pause).await;
+                    self.settle(caller, then).await;
+                }
+            }
+            Plan::Extend => {
+                let ttl_ms = rng.random_range(2_000..=4_000);
+                // Half are confirmed up to 1.5 s later: at times past the first expiry, always
+                // within the new one.
+                let confirm_after = rng.random_bool(0.5).then(|| rng.random_range(0..1_500));
+                caller
+                    .extend(self.client, self.replica, self.id, ttl_ms)
+                    .await;
+                if let Some(pause) = confirm_after {
+                    sleep_ms(pause).await;
+                    self.settle(caller, OpKind::Confirm).await;
+                }
+            }
+            Plan::Cancel => {
+                let key = format!("{}-cancel", self.key);
+                let cancelled = caller
+                    .cancel(self.client, self.replica, &key, self.order_id)
+                    .await;
+                if cancelled == Outcome::Ok {
+                    // Must be refused: the order is cancelled for good.
+                    let key = format!("{}-late", self.key);
+                    caller
+                        .reserve(self.client, &key, self.order_id, self.lines, self.ttl_ms)
+                        .await;
+                }
+            }
+            Plan::Expire => {}
         }
-    };
-    recorder.op(Op {
-        client,
-        replica,
-        kind,
-        phase: Phase::Load,
-        key: None,
-        reservation_id: Some(id.to_owned()),
-        lines: Vec::new(),
-        ttl_ms: None,
-        invoked_ms,
-        completed_ms: recorder.now_ms(),
-        outcome: Outcome::of(answer.code),
-        code: format!("{:?}", answer.code),
-        state: answer.state,
-        message: answer.message,
-    });
+    }
+
+    /// A whole confirm or release.
+    async fn settle(&self, caller: &Caller<'_>, kind: OpKind) {
+        caller
+            .settle(self.client, self.replica, kind, self.id)
+            .await;
+    }
+}
+
+async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
 /// Snapshots every SKU's level every 200 ms and restocks a SKU that runs low.
@@ -482,7 +736,9 @@ pub fn seen(event: Event) -> SeenEvent {
         reservation_id: None,
         sku: None,
         delta: None,
+        state: None,
         lines: Vec::new(),
+        units: Vec::new(),
         levels: Vec::new(),
     };
     match event.subject {
@@ -496,6 +752,12 @@ pub fn seen(event: Event) -> SeenEvent {
             adjusted.level.into_iter().collect()
         }
         Some(event::Payload::ReservationChanged(changed)) => {
+            seen.state = state_name(changed.state);
+            seen.units = changed
+                .lines
+                .iter()
+                .map(|l| (l.held, l.confirmed, l.released))
+                .collect();
             seen.lines = changed
                 .lines
                 .into_iter()

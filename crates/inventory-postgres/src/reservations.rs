@@ -434,6 +434,7 @@ async fn read_reservations(
             state: state(row, 3)?,
             created_at: row.try_get(4).map_err(Error::internal)?,
             expires_at: row.try_get(5).map_err(Error::internal)?,
+            // Not selected: only a single reservation's use cases need the clock.
             read_at: SystemTime::UNIX_EPOCH,
         });
     }

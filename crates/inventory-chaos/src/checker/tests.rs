@@ -5,7 +5,9 @@ use crate::history::Snapshot;
 
 /// SKU "S": stocked with 10; k1 holds 2 and is confirmed; k2 is refused; k3's first answer is
 /// unknown, its retry holds 1, which then expires; k4 comes while Redis is down, and its
-/// retry afterwards is refused.
+/// retry afterwards is refused. Then k5 holds 3, confirms 1 of them under key k5-part and
+/// releases the rest (the reservation ends CONFIRMED); k6 holds 1, is extended, and its
+/// order is cancelled, after which a Reserve for that order (k6-late) is refused.
 struct World {
     history: History,
     stream: Vec<SeenEvent>,
@@ -29,6 +31,7 @@ fn op(kind: OpKind, key: &str, id: Option<&str>, at: f64, outcome: Outcome, code
         phase: Phase::Load,
         key: (kind == OpKind::Reserve).then(|| key.to_owned()),
         reservation_id: id.map(str::to_owned),
+        order_id: (kind == OpKind::Reserve).then(|| format!("order-{key}")),
         lines: if kind == OpKind::Reserve {
             line(1)
         } else {
@@ -40,11 +43,19 @@ fn op(kind: OpKind, key: &str, id: Option<&str>, at: f64, outcome: Outcome, code
         outcome,
         code: code.into(),
         state: None,
+        units: Vec::new(),
         message: String::new(),
     }
 }
 
+/// An event of a whole step: the units of its one line of `q` are where its type puts them.
 fn event(sequence: i64, kind: &str, id: Option<&str>, q: i64, level: (i64, i64, i64)) -> SeenEvent {
+    let (state, units) = match kind {
+        "RESERVATION_HELD" => ("HELD", (q, 0, 0)),
+        "RESERVATION_CONFIRMED" => ("CONFIRMED", (0, q, 0)),
+        "RESERVATION_RELEASED" => ("RELEASED", (0, 0, q)),
+        _ => ("EXPIRED", (0, 0, q)),
+    };
     SeenEvent {
         sequence,
         event_id: format!("e{sequence}"),
@@ -52,8 +63,52 @@ fn event(sequence: i64, kind: &str, id: Option<&str>, q: i64, level: (i64, i64, 
         reservation_id: id.map(str::to_owned),
         sku: id.is_none().then(|| "S".to_owned()),
         delta: id.is_none().then_some(q),
+        state: id.map(|_| state.to_owned()),
         lines: if id.is_some() { line(q) } else { Vec::new() },
+        units: if id.is_some() {
+            vec![units]
+        } else {
+            Vec::new()
+        },
         levels: vec![("S".into(), level.0, level.1, level.2)],
+    }
+}
+
+/// An event of reservation `id` (one line of `q` on "S") with its units and state set.
+fn step(
+    sequence: i64,
+    kind: &str,
+    id: &str,
+    q: i64,
+    state: &str,
+    units: (i64, i64, i64),
+    level: Option<(i64, i64, i64)>,
+) -> SeenEvent {
+    SeenEvent {
+        state: Some(state.into()),
+        units: vec![units],
+        levels: level
+            .map(|l| vec![("S".into(), l.0, l.1, l.2)])
+            .unwrap_or_default(),
+        ..event(sequence, kind, Some(id), q, (0, 0, 0))
+    }
+}
+
+fn row(
+    id: &str,
+    key: &str,
+    state: &str,
+    q: i64,
+    fence: i64,
+    units: (i64, i64, i64),
+) -> ReservationRow {
+    ReservationRow {
+        id: id.into(),
+        key: key.into(),
+        order_id: format!("order-{key}"),
+        state: state.into(),
+        lines: vec![("S".into(), q, fence)],
+        units: vec![units],
     }
 }
 
@@ -105,33 +160,90 @@ fn world() -> World {
         "FailedPrecondition",
     );
     k4_retry.phase = Phase::Resolve;
+    // k5: 3 held, 1 confirmed in part, the rest released.
+    let mut k5 = op(
+        OpKind::Reserve,
+        "k5",
+        Some("R5"),
+        1_000.0,
+        Outcome::Ok,
+        "Ok",
+    );
+    k5.lines = line(3);
+    let mut part = op(OpKind::Confirm, "", Some("R5"), 1_100.0, Outcome::Ok, "Ok");
+    part.key = Some("k5-part".into());
+    part.lines = line(1);
+    part.state = Some("HELD".into());
+    part.units = vec![("S".into(), 2, 1, 0)];
+    let mut rest = op(OpKind::Release, "", Some("R5"), 1_200.0, Outcome::Ok, "Ok");
+    rest.state = Some("CONFIRMED".into());
+    rest.units = vec![("S".into(), 0, 1, 2)];
+    // k6: 1 held, extended, its order cancelled; a later Reserve for the order is refused.
+    let k6 = op(
+        OpKind::Reserve,
+        "k6",
+        Some("R6"),
+        1_300.0,
+        Outcome::Ok,
+        "Ok",
+    );
+    let mut extend = op(OpKind::Extend, "", Some("R6"), 1_350.0, Outcome::Ok, "Ok");
+    extend.state = Some("HELD".into());
+    let mut cancel = op(OpKind::Cancel, "", Some("R6"), 1_400.0, Outcome::Ok, "Ok");
+    cancel.key = Some("k6-cancel".into());
+    cancel.order_id = Some("order-k6".into());
+    cancel.state = Some("RELEASED".into());
+    cancel.units = vec![("S".into(), 0, 0, 1)];
+    let mut late = op(
+        OpKind::Reserve,
+        "k6-late",
+        None,
+        1_500.0,
+        Outcome::Fail,
+        "FailedPrecondition",
+    );
+    late.order_id = Some("order-k6".into());
     let stream = vec![
         event(1, "STOCK_ADJUSTED", None, 10, (10, 0, 1)),
         event(2, "RESERVATION_HELD", Some("R1"), 2, (10, 2, 2)),
         event(3, "RESERVATION_CONFIRMED", Some("R1"), 2, (8, 0, 3)),
         event(4, "RESERVATION_HELD", Some("R3"), 1, (8, 1, 4)),
         event(5, "RESERVATION_EXPIRED", Some("R3"), 1, (8, 0, 5)),
+        event(6, "RESERVATION_HELD", Some("R5"), 3, (8, 3, 6)),
+        step(
+            7,
+            "RESERVATION_PARTIALLY_CONFIRMED",
+            "R5",
+            3,
+            "HELD",
+            (2, 1, 0),
+            Some((7, 2, 7)),
+        ),
+        step(
+            8,
+            "RESERVATION_RELEASED",
+            "R5",
+            3,
+            "CONFIRMED",
+            (0, 1, 2),
+            Some((7, 0, 8)),
+        ),
+        event(9, "RESERVATION_HELD", Some("R6"), 1, (7, 1, 9)),
+        step(10, "RESERVATION_EXTENDED", "R6", 1, "HELD", (1, 0, 0), None),
+        event(11, "RESERVATION_RELEASED", Some("R6"), 1, (7, 0, 10)),
     ];
     let facts = Facts {
         reservations: vec![
-            ReservationRow {
-                id: "R1".into(),
-                key: "k1".into(),
-                state: "CONFIRMED".into(),
-                lines: vec![("S".into(), 2, 5)],
-            },
-            ReservationRow {
-                id: "R3".into(),
-                key: "k3".into(),
-                state: "EXPIRED".into(),
-                lines: vec![("S".into(), 1, 6)],
-            },
+            row("R1", "k1", "CONFIRMED", 2, 5, (0, 2, 0)),
+            row("R3", "k3", "EXPIRED", 1, 6, (0, 0, 1)),
+            row("R5", "k5", "CONFIRMED", 3, 7, (0, 1, 2)),
+            row("R6", "k6", "RELEASED", 1, 8, (0, 0, 1)),
         ],
         stock: vec![StockRow {
             sku: "S".into(),
-            on_hand: 8,
+            on_hand: 7,
             reserved: 0,
-            version: 5,
+            version: 10,
         }],
         outbox: stream
             .iter()
@@ -142,12 +254,16 @@ fn world() -> World {
                 tx_id: format!("{}", 700 + e.sequence),
             })
             .collect(),
-        head: 5,
+        head: 11,
         level_mismatches: Vec::new(),
+        cancel_violations: Vec::new(),
     };
     World {
         history: History {
-            ops: vec![k1, confirm, k2, k3, k3_retry, k4, k4_retry],
+            ops: vec![
+                k1, confirm, k2, k3, k3_retry, k4, k4_retry, k5, part, rest, k6, extend, cancel,
+                late,
+            ],
             snapshots: vec![Snapshot {
                 at_ms: 150.0,
                 sku: "S".into(),
@@ -189,6 +305,14 @@ fn fails(w: &World, name: &str) {
     assert!(!c.passed, "{name} passed: {}", c.detail);
 }
 
+/// Fails, and for the reason given: the detail names it.
+#[track_caller]
+fn fails_with(w: &World, name: &str, reason: &str) {
+    let c = verdict(w, name);
+    assert!(!c.passed, "{name} passed: {}", c.detail);
+    assert!(c.detail.contains(reason), "{name}: {}", c.detail);
+}
+
 #[test]
 fn a_consistent_world_passes_every_check() {
     let w = world();
@@ -227,12 +351,9 @@ fn a_success_stored_with_another_quantity_fails() {
 #[test]
 fn a_refusal_that_left_a_row_fails() {
     let mut w = world();
-    w.facts.reservations.push(ReservationRow {
-        id: "R2".into(),
-        key: "k2".into(),
-        state: "HELD".into(),
-        lines: vec![("S".into(), 1, 7)],
-    });
+    w.facts
+        .reservations
+        .push(row("R2", "k2", "HELD", 1, 7, (1, 0, 0)));
     fails(&w, "failures_left_nothing");
 }
 
@@ -246,7 +367,7 @@ fn an_unknown_outcome_resolved_to_success_without_a_row_fails() {
 #[test]
 fn an_unknown_outcome_never_retried_fails() {
     let mut w = world();
-    w.history.ops.pop();
+    w.history.ops.remove(6);
     fails(&w, "indeterminate_resolved");
 }
 
@@ -359,7 +480,7 @@ fn another_answer_than_unavailable_while_redis_was_down_fails() {
 #[test]
 fn no_success_after_a_fault_healed_fails() {
     let mut w = world();
-    w.heals = vec![heal(1_000.0, None)];
+    w.heals = vec![heal(2_000.0, None)];
     fails(&w, "resumed_after_faults");
 }
 
@@ -409,4 +530,204 @@ fn a_stock_row_no_event_ever_described_fails() {
         version: 1,
     });
     fails(&w, "stock_moves_exactly_once");
+}
+
+#[test]
+fn a_partial_step_and_an_extension_pass_the_lifecycle_and_the_replay() {
+    let w = world();
+    for name in [
+        "events_one_per_change_gap_free",
+        "stock_moves_exactly_once",
+        "units_settled_once",
+    ] {
+        let c = verdict(&w, name);
+        assert!(c.passed, "{name}: {}", c.detail);
+    }
+}
+
+#[test]
+fn a_partial_confirm_that_left_on_hand_alone_fails() {
+    let mut w = world();
+    // The confirmed unit never left the stock.
+    w.stream[6].levels[0].1 = 8;
+    fails_with(
+        &w,
+        "stock_moves_exactly_once",
+        "S v7: replayed 7/2, event says 8/2",
+    );
+}
+
+#[test]
+fn a_partial_confirm_applied_twice_fails() {
+    // The key asked for 1 unit; the event confirmed 2. The levels agree with the event, so
+    // only the units give it away.
+    let mut w = world();
+    w.stream[6].units = vec![(1, 2, 0)];
+    w.stream[6].levels[0] = ("S".into(), 6, 1, 7);
+    w.stream[7].units = vec![(0, 2, 1)];
+    w.stream[7].levels[0] = ("S".into(), 6, 0, 8);
+    w.stream[8].levels[0] = ("S".into(), 6, 1, 9);
+    w.stream[10].levels[0] = ("S".into(), 6, 0, 10);
+    w.facts.stock[0].on_hand = 6;
+    w.facts.reservations[2].units = vec![(0, 2, 1)];
+    assert!(verdict(&w, "stock_moves_exactly_once").passed);
+    fails_with(
+        &w,
+        "units_settled_once",
+        "R5 at sequence 7: RESERVATION_PARTIALLY_CONFIRMED moved [(\"S\", 2)]",
+    );
+}
+
+#[test]
+fn a_partial_event_no_key_asked_for_fails() {
+    let mut w = world();
+    // The partial confirm never went out, yet a partial event moved its unit.
+    w.history
+        .ops
+        .retain(|o| o.key.as_deref() != Some("k5-part"));
+    fails_with(
+        &w,
+        "units_settled_once",
+        "which no unused key sent asked for",
+    );
+}
+
+#[test]
+fn a_partial_key_answered_ok_without_its_event_fails() {
+    let mut w = world();
+    let mut again = w.history.ops[8].clone();
+    again.kind = OpKind::Release;
+    again.key = Some("k5-part-2".into());
+    w.history.ops.push(again);
+    fails_with(
+        &w,
+        "units_settled_once",
+        "R5: 0 RESERVATION_PARTIALLY_RELEASED events for 1 keys answered OK of 1 sent",
+    );
+    // Refused outright, it moved nothing and needs no event.
+    w.history.ops.last_mut().unwrap().outcome = Outcome::Fail;
+    assert!(verdict(&w, "units_settled_once").passed);
+}
+
+#[test]
+fn units_that_do_not_add_up_fail() {
+    let mut w = world();
+    w.stream[6].units = vec![(2, 1, 1)];
+    fails_with(
+        &w,
+        "units_settled_once",
+        "R5 at sequence 7: S held 2, confirmed 1, released 1 of 3",
+    );
+}
+
+#[test]
+fn a_confirmed_unit_released_again_fails() {
+    let mut w = world();
+    // The release of the rest took the confirmed unit back too.
+    w.stream[7].units = vec![(0, 0, 3)];
+    w.facts.reservations[2].units = vec![(0, 0, 3)];
+    fails_with(&w, "units_settled_once", "S went from 2/1/0 to 0/0/3");
+}
+
+#[test]
+fn a_row_whose_units_differ_from_its_last_event_fails() {
+    let mut w = world();
+    w.facts.reservations[2].units = vec![(0, 0, 3)];
+    fails_with(&w, "units_settled_once", "R5: the last event says");
+}
+
+#[test]
+fn an_end_in_another_state_than_the_row_fails() {
+    let mut w = world();
+    // Released the rest of a partly confirmed hold, yet says it ended RELEASED.
+    w.stream[7].state = Some("RELEASED".into());
+    fails_with(
+        &w,
+        "events_one_per_change_gap_free",
+        "RESERVATION_RELEASED at sequence 8 says Some(\"RELEASED\")",
+    );
+    let mut w = world();
+    // A confirm cannot end a reservation RELEASED.
+    w.stream[2].state = Some("RELEASED".into());
+    w.facts.reservations[0].state = "RELEASED".into();
+    fails_with(
+        &w,
+        "events_one_per_change_gap_free",
+        "RESERVATION_CONFIRMED at sequence 3 says",
+    );
+}
+
+#[test]
+fn a_step_after_the_end_or_two_ends_fail() {
+    let mut w = world();
+    // The extension came after the cancel's release.
+    w.stream.swap(9, 10);
+    for (i, e) in w.stream.iter_mut().enumerate() {
+        e.sequence = i as i64 + 1;
+    }
+    for (o, e) in w.facts.outbox.iter_mut().zip(&w.stream) {
+        (o.event_id, o.event_type) = (e.event_id.clone(), e.event_type.clone());
+    }
+    fails_with(
+        &w,
+        "events_one_per_change_gap_free",
+        "R6 (RELEASED): an end while held, or more than one end",
+    );
+    let mut w = world();
+    // The partial confirm as a second end.
+    w.stream[6].event_type = "RESERVATION_CONFIRMED".into();
+    w.facts.outbox[6].event_type = "RESERVATION_CONFIRMED".into();
+    fails_with(
+        &w,
+        "events_one_per_change_gap_free",
+        "R5 (CONFIRMED): an end while held, or more than one end",
+    );
+}
+
+#[test]
+fn a_whole_release_answers_confirmed_after_a_partial_confirm() {
+    let mut w = world();
+    assert!(verdict(&w, "confirmed_and_released_never_lost").passed);
+    // But a whole confirm never answers RELEASED.
+    w.history.ops[1].state = Some("RELEASED".into());
+    fails(&w, "confirmed_and_released_never_lost");
+}
+
+#[test]
+fn a_reserve_ok_after_its_order_was_cancelled_fails() {
+    let mut w = world();
+    let late = w.history.ops.last_mut().unwrap();
+    late.outcome = Outcome::Ok;
+    late.code = "Ok".into();
+    fails_with(
+        &w,
+        "units_settled_once",
+        "k6-late: Reserve for cancelled order order-k6 answered OK",
+    );
+    // Sent before the cancel answered, it may have committed first.
+    let mut w = world();
+    let late = w.history.ops.last_mut().unwrap();
+    late.outcome = Outcome::Ok;
+    late.invoked_ms = 1_390.0;
+    assert!(verdict(&w, "units_settled_once").passed);
+}
+
+#[test]
+fn a_cancel_that_left_units_held_fails() {
+    let mut w = world();
+    w.history.ops[12].units = vec![("S".into(), 1, 0, 0)];
+    fails_with(
+        &w,
+        "units_settled_once",
+        "cancel of order-k6 answered with 1 units still held",
+    );
+}
+
+#[test]
+fn a_row_the_tombstone_should_have_stopped_fails() {
+    let mut w = world();
+    w.facts
+        .cancel_violations
+        .push("R7 of cancelled order order-k6: created after the cancel (HELD)".into());
+    fails_with(&w, "units_settled_once", "R7 of cancelled order order-k6");
 }

@@ -15,7 +15,7 @@ use crate::{
     reservations::{reserve, stock},
 };
 
-async fn watch(app: &TestApp, after: i64) -> Streaming<Event> {
+pub async fn watch(app: &TestApp, after: i64) -> Streaming<Event> {
     app.client
         .clone()
         .watch_events(WatchEventsRequest {
@@ -27,7 +27,7 @@ async fn watch(app: &TestApp, after: i64) -> Streaming<Event> {
 }
 
 /// The next `n` events, failing the test if they do not come within 20 s.
-async fn take(stream: &mut Streaming<Event>, n: usize) -> Vec<Event> {
+pub async fn take(stream: &mut Streaming<Event>, n: usize) -> Vec<Event> {
     let mut events = Vec::with_capacity(n);
     while events.len() < n {
         let next = tokio::time::timeout(Duration::from_secs(20), stream.next())

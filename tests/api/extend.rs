@@ -4,15 +4,15 @@
 
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt as _;
 use inventory_server::proto::{
     ConfirmReservationRequest, EventType, ExtendReservationRequest, GetReservationRequest,
-    ReleaseReservationRequest, Reservation, ReservationState, WatchEventsRequest, event,
+    ReleaseReservationRequest, Reservation, ReservationState, event,
 };
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
 use crate::{
+    events::{take, watch},
     helpers::{
         TestApp, error_reason, fresh_database, spawn_app, spawn_app_with, test_settings,
         violated_fields,
@@ -84,19 +84,7 @@ async fn a_hold_is_extended_from_now_and_its_event_carries_the_new_expiry() {
     assert_eq!(read(&app, &held.reservation_id).await, extended);
     assert_eq!(app.level("SKU-1").await, (5, 2), "no stock moved");
 
-    let mut stream = app
-        .client
-        .watch_events(WatchEventsRequest { after_sequence: 0 })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut events = Vec::new();
-    while events.len() < 3 {
-        let next = tokio::time::timeout(Duration::from_secs(20), stream.next())
-            .await
-            .expect("events arrive");
-        events.push(next.unwrap().unwrap());
-    }
+    let events = take(&mut watch(&app, 0).await, 3).await;
     let types: Vec<EventType> = events.iter().map(|e| e.r#type()).collect();
     assert_eq!(
         types,

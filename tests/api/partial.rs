@@ -8,13 +8,13 @@ use futures::future::join_all;
 use inventory_server::proto::{
     CancelOrderRequest, ConfirmReservationRequest, EventType, GetReservationRequest,
     ListReservationsRequest, ReleaseReservationRequest, Reservation, ReservationLine,
-    ReservationState, WatchEventsRequest, event,
+    ReservationState, event,
 };
-use tokio_stream::StreamExt as _;
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
 use crate::{
+    events::{take, watch},
     helpers::{TestApp, error_reason, spawn_app, violated_fields},
     reservations::stock,
 };
@@ -191,19 +191,7 @@ async fn partial_confirm_partial_release_and_expiry_of_the_rest_add_up_at_every_
     assert_levels_match_holds(&app).await;
 
     // One event per change, with the counts after it.
-    let mut stream = app
-        .client
-        .watch_events(WatchEventsRequest { after_sequence: 2 })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut events = Vec::new();
-    while events.len() < 4 {
-        let next = tokio::time::timeout(Duration::from_secs(20), stream.next())
-            .await
-            .expect("events arrive");
-        events.push(next.unwrap().unwrap());
-    }
+    let events = take(&mut watch(&app, 2).await, 4).await;
     let types: Vec<EventType> = events.iter().map(|e| e.r#type()).collect();
     assert_eq!(
         types,

@@ -34,6 +34,9 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Apply pending database migrations, then exit. Safe to run from several replicas at once.
     Migrate(DatabaseArgs),
+    /// Recompute every SKU from its stock ledger and its live holds, print each drift found,
+    /// and exit 1 if there is any.
+    Verify(DatabaseArgs),
     /// Read a token (or a client certificate in PEM) on stdin and print the credential line
     /// value for AUTH_TOKENS_FILE.
     HashToken {

@@ -190,6 +190,30 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "SetStock"))]
+    async fn set_stock(
+        &self,
+        request: Request<proto::SetStockRequest>,
+    ) -> Result<Response<proto::StockLevel>, Status> {
+        self.unary(
+            request,
+            Action::Adjust,
+            |inventory, command, _| async move { inventory.set_stock(&command).await },
+        )
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "ListStockMovements"))]
+    async fn list_stock_movements(
+        &self,
+        request: Request<proto::ListStockMovementsRequest>,
+    ) -> Result<Response<proto::ListStockMovementsResponse>, Status> {
+        self.unary(request, Action::Watch, |inventory, query, _| async move {
+            inventory.list_movements(&query).await
+        })
+        .await
+    }
+
     #[tracing::instrument(skip_all, fields(rpc = "GetStock"))]
     async fn get_stock(
         &self,

@@ -56,6 +56,31 @@ async fn run(command: Command, registry: prometheus::Registry) -> anyhow::Result
             println!("{line}");
             Ok(())
         }
+        Command::Verify(args) => {
+            let config = parse_database_url(&args.database_url).map_err(anyhow::Error::msg)?;
+            let (mut client, connection) = config.open().await?;
+            let driver = tokio::spawn(connection);
+            let started = std::time::Instant::now();
+            let report = inventory_postgres::verify::verify(&mut client).await?;
+            drop(client);
+            let _ = driver.await;
+            for drift in &report.drifts {
+                println!("drift {drift}");
+            }
+            println!(
+                "verified {} SKUs and {} movements in {:.3} s: {} drift(s)",
+                report.skus,
+                report.movements,
+                started.elapsed().as_secs_f64(),
+                report.drifts.len()
+            );
+            anyhow::ensure!(
+                report.drifts.is_empty(),
+                "{} drift(s) between the stock rows, the ledger and the live holds",
+                report.drifts.len()
+            );
+            Ok(())
+        }
         Command::Migrate(args) => {
             let config = parse_database_url(&args.database_url).map_err(anyhow::Error::msg)?;
             let applied = inventory_postgres::migrate::run(&config).await?;

@@ -194,6 +194,43 @@ pub fn to_status(error: Error) -> Status {
                 .set_error_info("STOCK_RESERVED", ERROR_DOMAIN, sku_metadata(sku.as_str()));
             Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
         }
+        Error::VersionMismatch {
+            ref sku,
+            expected,
+            current,
+        } => {
+            let mut details = ErrorDetails::new();
+            details.set_error_info(
+                "VERSION_MISMATCH",
+                ERROR_DOMAIN,
+                HashMap::from([
+                    ("sku".to_string(), sku.as_str().to_owned()),
+                    ("expected_version".to_string(), expected.to_string()),
+                    ("current_version".to_string(), current.to_string()),
+                ]),
+            );
+            Status::with_error_details(Code::Aborted, error.to_string(), details)
+        }
+        Error::CountBelowReserved {
+            ref sku, reserved, ..
+        } => {
+            let mut details = ErrorDetails::new();
+            details
+                .add_precondition_failure_violation(
+                    "BELOW_RESERVED",
+                    sku.as_str(),
+                    error.to_string(),
+                )
+                .set_error_info(
+                    "BELOW_RESERVED",
+                    ERROR_DOMAIN,
+                    HashMap::from([
+                        ("sku".to_string(), sku.as_str().to_owned()),
+                        ("reserved".to_string(), reserved.to_string()),
+                    ]),
+                );
+            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
+        }
         Error::StockLimit { ref sku, .. } => {
             let mut details = ErrorDetails::new();
             details

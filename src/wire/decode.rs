@@ -9,11 +9,11 @@ use inventory_core::{
     Error, FieldViolation,
     command::{
         AdjustStock, CancelOrder, DEFAULT_PAGE_SIZE, ExtendReservation, GetStock, ListReservations,
-        MAX_PAGE_SIZE, ReservationFilter, ReservationRef, Reserve, Settle, SettleReservation,
-        WatchEvents, page_token,
+        ListStockMovements, MAX_PAGE_SIZE, ReservationFilter, ReservationRef, Reserve, SetStock,
+        Settle, SettleReservation, WatchEvents, movement_token, page_token,
     },
     domain::{
-        IdempotencyKey, Line, MAX_LINES, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
+        IdempotencyKey, Line, MAX_LINES, MAX_ON_HAND, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
         ReservationId, ReservationState, Scope, Sku, StockDelta, Ttl,
     },
 };
@@ -66,6 +66,7 @@ impl Decode for proto::AdjustStockRequest {
             IdempotencyKey::parse(&request.idempotency_key),
         );
         let reason = violations.check("reason", Reason::parse(&request.reason));
+        let expected_version = expected_version(&mut violations, request.expected_version);
         violations.finish(|| {
             Some(AdjustStock {
                 caller: who.caller().clone(),
@@ -73,6 +74,86 @@ impl Decode for proto::AdjustStockRequest {
                 delta: delta?,
                 idempotency_key: idempotency_key?,
                 reason: reason?,
+                expected_version: expected_version?,
+            })
+        })
+    }
+}
+
+/// An optional expected version: 0 (the SKU does not exist yet) or more.
+fn expected_version(violations: &mut Violations, raw: Option<i64>) -> Option<Option<i64>> {
+    match raw {
+        Some(version) if version < 0 => {
+            violations.add("expected_version", "must not be negative");
+            None
+        }
+        raw => Some(raw),
+    }
+}
+
+impl Decode for proto::SetStockRequest {
+    type Command = SetStock;
+
+    fn into_command(self, who: &Principal) -> Result<SetStock, Error> {
+        let mut violations = Violations::default();
+        let sku = violations.check("sku", Sku::parse(&self.sku));
+        let on_hand = violations.check(
+            "on_hand",
+            if (0..=MAX_ON_HAND).contains(&self.on_hand) {
+                Ok(self.on_hand)
+            } else {
+                Err(format!("must be between 0 and {MAX_ON_HAND}"))
+            },
+        );
+        let idempotency_key = violations.check(
+            "idempotency_key",
+            IdempotencyKey::parse(&self.idempotency_key),
+        );
+        let reason = violations.check("reason", Reason::parse(&self.reason));
+        let expected_version = expected_version(&mut violations, self.expected_version);
+        violations.finish(|| {
+            Some(SetStock {
+                caller: who.caller().clone(),
+                sku: sku?,
+                on_hand: on_hand?,
+                expected_version: expected_version?,
+                idempotency_key: idempotency_key?,
+                reason: reason?,
+            })
+        })
+    }
+}
+
+impl Decode for proto::ListStockMovementsRequest {
+    type Command = ListStockMovements;
+
+    fn into_command(self, _: &Principal) -> Result<ListStockMovements, Error> {
+        let mut violations = Violations::default();
+        let sku = violations.check("sku", Sku::parse(&self.sku));
+        if self.after_version < 0 {
+            violations.add("after_version", "must not be negative");
+        }
+        if self.page_size < 0 {
+            violations.add("page_size", "must not be negative");
+        }
+        let after = match (&sku, self.page_token.as_str()) {
+            (_, "") => Some(self.after_version),
+            (Some(sku), token) => violations.check(
+                "page_token",
+                movement_token::decode(token, sku, self.after_version),
+            ),
+            (None, _) => None,
+        };
+        let page_size = match usize::try_from(self.page_size).unwrap_or(0) {
+            0 => DEFAULT_PAGE_SIZE,
+            size => size.min(MAX_PAGE_SIZE),
+        };
+        violations.finish(|| {
+            Some(ListStockMovements {
+                sku: sku?,
+                after_version: self.after_version,
+                cursor: after?,
+                page_size,
             })
         })
     }

@@ -3,8 +3,8 @@
 use std::time::SystemTime;
 
 use inventory_core::{
-    command::ReservationList,
-    domain::{Reservation, ReservationLine, ReservationState, StockLevel},
+    command::{MovementList, ReservationList},
+    domain::{Movement, MovementKind, Reservation, ReservationLine, ReservationState, StockLevel},
     events::{Change, Event, ReservationEvent},
 };
 
@@ -95,6 +95,57 @@ impl Encode for Vec<Reservation> {
     }
 }
 
+impl Encode for Movement {
+    type Message = proto::StockMovement;
+
+    fn into_message(self) -> proto::StockMovement {
+        let kind = match self.kind {
+            MovementKind::Opening => proto::MovementKind::Opening,
+            MovementKind::Adjusted => proto::MovementKind::Adjusted,
+            MovementKind::Set => proto::MovementKind::Set,
+            MovementKind::Held => proto::MovementKind::Held,
+            MovementKind::Confirmed => proto::MovementKind::Confirmed,
+            MovementKind::Released => proto::MovementKind::Released,
+            MovementKind::Expired => proto::MovementKind::Expired,
+        };
+        proto::StockMovement {
+            sku: self.level.sku.as_str().to_owned(),
+            version: self.level.version,
+            kind: kind.into(),
+            occurred_at: Some(timestamp(self.occurred_at)),
+            on_hand_delta: self.on_hand_delta,
+            reserved_delta: self.reserved_delta,
+            level: Some(self.level.into_message()),
+            reason: self.reason,
+            actor: self.actor,
+            reservation_id: self
+                .reservation_id
+                .map(|id| id.to_string())
+                .unwrap_or_default(),
+            order_id: self
+                .order_id
+                .map(|id| id.as_str().to_owned())
+                .unwrap_or_default(),
+            idempotency_key: self.idempotency_key.unwrap_or_default(),
+        }
+    }
+}
+
+impl Encode for MovementList {
+    type Message = proto::ListStockMovementsResponse;
+
+    fn into_message(self) -> proto::ListStockMovementsResponse {
+        proto::ListStockMovementsResponse {
+            movements: self
+                .movements
+                .into_iter()
+                .map(Encode::into_message)
+                .collect(),
+            next_page_token: self.next_page_token,
+        }
+    }
+}
+
 impl Encode for ReservationList {
     type Message = proto::ListReservationsResponse;
 
@@ -158,6 +209,21 @@ impl Encode for Event {
                     lines: lines.into_iter().map(Encode::into_message).collect(),
                     levels: levels.into_iter().map(Encode::into_message).collect(),
                     expires_at: expires_at.map(timestamp),
+                }),
+            ),
+            Change::Availability {
+                sku,
+                out_of_stock,
+                level,
+            } => (
+                if out_of_stock {
+                    proto::EventType::OutOfStock
+                } else {
+                    proto::EventType::BackInStock
+                },
+                Subject::Sku(sku.as_str().to_owned()),
+                Payload::Availability(proto::AvailabilityChanged {
+                    level: Some(level.into_message()),
                 }),
             ),
             Change::ReservationExtended {

@@ -33,6 +33,7 @@ fn adjust_stock_reports_every_bad_field_at_once() {
         delta: 0,
         idempotency_key: "has space".into(),
         reason: "\u{0}".into(),
+        ..Default::default()
     };
     let fields: Vec<_> = violations(decode(request).unwrap_err())
         .into_iter()
@@ -48,6 +49,7 @@ fn adjust_stock_parses_a_valid_request() {
         delta: -3,
         idempotency_key: "k-1".into(),
         reason: "recount".into(),
+        ..Default::default()
     })
     .unwrap();
     assert_eq!(command.sku.as_str(), "SKU-1");
@@ -231,6 +233,7 @@ fn commands_carry_the_caller_that_sent_them() {
         delta: 1,
         idempotency_key: "k".into(),
         reason: "r".into(),
+        ..Default::default()
     }
     .into_command(&who)
     .unwrap();
@@ -276,6 +279,7 @@ mod hostile {
         fn adjust_stock(sku in text(), delta in number(), key in text(), reason in text()) {
             let parsed = decode(proto::AdjustStockRequest {
                 sku: sku.clone(), delta, idempotency_key: key, reason,
+                ..Default::default()
             });
             if let Ok(command) = &parsed {
                 prop_assert_eq!(command.sku.as_str(), sku.as_str());

@@ -5,7 +5,7 @@ use inventory_server::{
     proto::{
         AdjustStockRequest, CancelOrderRequest, ConfirmReservationRequest,
         ExtendReservationRequest, GetReservationRequest, GetStockRequest, ListReservationsRequest,
-        ReleaseReservationRequest, WatchEventsRequest,
+        ListStockMovementsRequest, ReleaseReservationRequest, SetStockRequest, WatchEventsRequest,
         inventory_service_client::InventoryServiceClient,
     },
 };
@@ -71,6 +71,7 @@ async fn codes(
                 delta: 1,
                 idempotency_key: format!("adjust-{}", uuid::Uuid::new_v4()),
                 reason: String::new(),
+                ..Default::default()
             },
             token,
         ))
@@ -153,6 +154,28 @@ async fn codes(
         .watch_events(with_token(WatchEventsRequest { after_sequence: 0 }, token))
         .await
         .map(|_| ());
+    let set = client
+        .set_stock(with_token(
+            SetStockRequest {
+                sku: "SKU-1".into(),
+                on_hand: 100,
+                idempotency_key: format!("set-{}", uuid::Uuid::new_v4()),
+                ..Default::default()
+            },
+            token,
+        ))
+        .await
+        .map(|_| ());
+    let movements = client
+        .list_stock_movements(with_token(
+            ListStockMovementsRequest {
+                sku: "SKU-1".into(),
+                ..Default::default()
+            },
+            token,
+        ))
+        .await
+        .map(|_| ());
     [
         adjust,
         get_stock,
@@ -164,6 +187,8 @@ async fn codes(
         list,
         cancel,
         watch,
+        set,
+        movements,
     ]
     .into_iter()
     .map(code)
@@ -180,6 +205,7 @@ async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
                 delta: 100,
                 idempotency_key: "seed".into(),
                 reason: String::new(),
+                ..Default::default()
             },
             Some(ADMIN),
         ))
@@ -196,22 +222,24 @@ async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
 
     let before = app.row_counts().await;
     let mut client = app.client.clone();
-    assert_eq!(codes(&mut client, None, &id).await, [NoAuth; 10]);
+    assert_eq!(codes(&mut client, None, &id).await, [NoAuth; 12]);
     assert_eq!(
         codes(&mut client, Some("wrong-token"), &id).await,
-        [NoAuth; 10]
+        [NoAuth; 12]
     );
     // The event stream shows every caller's orders: only watcher and admin may follow it.
     assert_eq!(
         codes(&mut client, Some(READER), &id).await,
         [
-            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed, Denied, Denied
+            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed, Denied, Denied,
+            Denied, Denied
         ]
     );
     assert_eq!(
         codes(&mut client, Some(WATCHER), &id).await,
         [
-            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed, Denied, Allowed
+            Denied, Allowed, Denied, Allowed, Denied, Denied, Denied, Allowed, Denied, Allowed,
+            Denied, Allowed
         ]
     );
     assert_eq!(
@@ -223,10 +251,11 @@ async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
     assert_eq!(
         codes(&mut client, Some(RESERVER), &id).await,
         [
-            Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Denied
+            Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Denied,
+            Denied, Denied
         ]
     );
-    assert_eq!(codes(&mut client, Some(ADMIN), &id).await, [Allowed; 10]);
+    assert_eq!(codes(&mut client, Some(ADMIN), &id).await, [Allowed; 12]);
 }
 
 /// The status a caller gets for `id`, with the id itself masked, so a stranger's
@@ -247,6 +276,7 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
                 delta: 1,
                 idempotency_key: "seed".into(),
                 reason: String::new(),
+                ..Default::default()
             },
             Some(ADMIN),
         ))
@@ -451,6 +481,7 @@ async fn idempotency_keys_are_scoped_to_the_caller() {
                 delta: 10,
                 idempotency_key: "seed".into(),
                 reason: String::new(),
+                ..Default::default()
             },
             Some(ADMIN),
         ))
@@ -589,6 +620,7 @@ async fn a_cancel_stops_only_the_cancelling_callers_order_unless_the_admin_cance
                 delta: 10,
                 idempotency_key: "seed".into(),
                 reason: String::new(),
+                ..Default::default()
             },
             Some(ADMIN),
         ))

@@ -173,6 +173,7 @@ async fn verify_full_postgres_migrates_reserves_and_streams_while_weaker_setting
             delta: 3,
             idempotency_key: "seed".into(),
             reason: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -394,6 +395,7 @@ async fn rediss_with_an_acl_user_serves_reserve_and_a_wrong_ca_fails_at_start_up
             delta: 2,
             idempotency_key: "seed".into(),
             reason: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -461,6 +463,7 @@ async fn a_redis_that_demands_client_certificates_gets_one_from_the_settings() {
             delta: 1,
             idempotency_key: "seed".into(),
             reason: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap();

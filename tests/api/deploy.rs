@@ -189,6 +189,7 @@ async fn sigterm_drains_in_flight_calls_and_exits_cleanly_with_a_stream_open() {
             delta: 1_000_000,
             idempotency_key: "seed".into(),
             reason: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -114,6 +114,7 @@ impl TestApp {
             "reservation_lines",
             "outbox",
             "cancelled_orders",
+            "stock_movements",
         ] {
             let row = self
                 .db
@@ -354,6 +355,7 @@ impl TestClient {
                 delta: units,
                 idempotency_key: format!("stock-{sku}-{}", uuid::Uuid::new_v4()),
                 reason: "test stock".into(),
+                ..Default::default()
             })
             .await
             .unwrap();

@@ -51,6 +51,7 @@ async fn malformed_requests_get_their_code_and_change_nothing() {
             delta: 10,
             idempotency_key: "seed".into(),
             reason: String::new(),
+            ..Default::default()
         }))
         .await
         .unwrap();
@@ -66,6 +67,7 @@ async fn malformed_requests_get_their_code_and_change_nothing() {
         delta,
         idempotency_key: key,
         reason,
+        ..Default::default()
     };
     let adjustments = [
         adjust("S".repeat(10_000), 1, "k".into(), String::new()),

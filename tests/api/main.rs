@@ -18,6 +18,7 @@ mod extend;
 mod faults;
 mod helpers;
 mod hostile;
+mod ledger;
 mod list;
 mod migrations;
 mod partial;

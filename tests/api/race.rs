@@ -44,6 +44,13 @@ async fn race(max_batch: usize) {
         println!("[{}] {}: {}", check.passed, check.name, check.detail);
     }
     assert!(verdict.passed, "{verdict:#?}");
+    // The ledger and the live holds agree with every level the race left.
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_inventory-server"));
+    let (verified, report) = inventory_testkit::server::verify(binary, &database_url)
+        .await
+        .unwrap();
+    assert!(verified, "{report}");
+    assert!(report.contains("0 drift(s)"), "{report}");
     // 300 shoppers for 100 units: exactly 100 holds, every other call a clean refusal.
     assert_eq!(observed.held.len(), 100);
     let statuses = observed.status_counts();

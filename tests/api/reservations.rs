@@ -40,6 +40,7 @@ pub async fn stock(app: &TestApp, sku: &str, units: i64) {
             delta: units,
             idempotency_key: format!("stock-{sku}-{units}-{}", uuid::Uuid::new_v4()),
             reason: "test stock".into(),
+            ..Default::default()
         })
         .await
         .unwrap();

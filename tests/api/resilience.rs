@@ -308,6 +308,7 @@ async fn a_consumer_that_stops_reading_during_catch_up_does_not_hold_shutdown() 
                         delta: 1,
                         idempotency_key: format!("stuck-{i}"),
                         reason,
+                        ..Default::default()
                     })
                     .await
                     .unwrap();

@@ -123,6 +123,7 @@ async fn a_rotated_token_file_takes_effect_within_a_second_and_open_streams_go_o
                 delta: 1,
                 idempotency_key: "after-rotation".into(),
                 reason: String::new(),
+                ..Default::default()
             },
             "new-admin",
         ))

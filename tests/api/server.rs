@@ -254,6 +254,7 @@ async fn postgres_down_is_unavailable_with_retry_advice() {
             delta: 1,
             idempotency_key: "k".into(),
             reason: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -13,6 +13,7 @@ fn adjust(sku: &str, delta: i64, key: &str) -> AdjustStockRequest {
         delta,
         idempotency_key: key.into(),
         reason: "test".into(),
+        ..Default::default()
     }
 }
 
@@ -413,6 +414,7 @@ async fn an_outcome_stored_before_stock_versions_still_replays() {
         delta: StockDelta::parse(3).unwrap(),
         idempotency_key: IdempotencyKey::parse("from-last-year").unwrap(),
         reason: Reason::parse("test").unwrap(),
+        expected_version: None,
     };
     let fingerprint = command.fingerprint();
     let fingerprint: &[u8] = fingerprint.as_bytes();

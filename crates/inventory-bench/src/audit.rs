@@ -24,6 +24,27 @@ pub struct Audit {
 }
 
 impl Audit {
+    /// Runs `inventory-server verify` on the run's database: the ledger and the live holds
+    /// must agree with every level the run left.
+    pub async fn verify_ledger(
+        &mut self,
+        server: &std::path::Path,
+        database_url: &str,
+    ) -> anyhow::Result<()> {
+        let (verified, report) = inventory_testkit::server::verify(server, database_url).await?;
+        let detail = if verified {
+            report.lines().last().unwrap_or_default().to_owned()
+        } else {
+            report
+        };
+        self.push(
+            "the ledger and live holds verify with no drift",
+            verified,
+            detail,
+        );
+        Ok(())
+    }
+
     fn push(&mut self, name: &'static str, passed: bool, detail: String) {
         self.passed &= passed;
         self.checks.push(Check {

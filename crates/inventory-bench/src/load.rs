@@ -198,6 +198,7 @@ pub async fn seed(
                             delta: config.stock,
                             idempotency_key: format!("{}-seed-{sku}", config.run_id),
                             reason: "benchmark stock".into(),
+                            ..Default::default()
                         },
                     ))
                     .await

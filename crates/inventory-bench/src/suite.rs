@@ -303,7 +303,10 @@ async fn service(
         let observed = load::drive(prepared).await?;
         let cpu = CpuSnapshot::take().since(&cpu);
         let steps = profile::steps(&page, &profile::scrape(admin_addr).await);
-        let audit = audit::audit(&load, &observed, Some(&url(&db_config))).await?;
+        let mut audit = audit::audit(&load, &observed, Some(&url(&db_config))).await?;
+        audit
+            .verify_ledger(&config.server, &url(&db_config))
+            .await?;
         print_storage(label, &db_config, &wal_before).await?;
         let mut result = RunResult::new(label, scenario, clients, &observed, Some(audit));
         result.profile = Some(Profile::new(

@@ -14,7 +14,7 @@ use inventory_testkit::{
     process::{eventually, eventually_ok},
     proxy::Proxy,
     redis::{Redis, Topology},
-    server::ServerProcess,
+    server::{self, ServerProcess},
 };
 
 use crate::{
@@ -221,7 +221,17 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
                 .and_then(|o| o.skus.clone()),
         })
         .collect();
-    let checks = checker::check(&history, &stream, &facts, &outages, &heals, load_end_ms);
+    let mut checks = checker::check(&history, &stream, &facts, &outages, &heals, load_end_ms);
+    let (verified, report) = server::verify(&config.server, &postgres.url(&database)).await?;
+    checks.push(checker::Check {
+        name: "ledger_verified",
+        passed: verified,
+        examined: facts.stock.len(),
+        detail: report.lines().last().unwrap_or_default().to_owned(),
+    });
+    if !verified {
+        eprintln!("inventory-server verify found drift:\n{report}");
+    }
     for a in &mut applied {
         a.reserve_codes = report::reserve_codes(&history, a.started_ms, a.healed_ms);
     }

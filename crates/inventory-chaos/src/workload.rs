@@ -473,6 +473,7 @@ impl Caller<'_> {
             delta,
             idempotency_key: key.to_owned(),
             reason: "chaos restock".into(),
+            ..Default::default()
         });
         Outcome::of(self.send(0, self.attempts, op, request).await.code)
     }
@@ -768,7 +769,9 @@ pub fn seen(event: Event) -> SeenEvent {
                 .collect();
             changed.levels
         }
-        None => Vec::new(),
+        // The level is the one the change that crossed 0 already carried: repeating it would
+        // count one version twice.
+        Some(event::Payload::Availability(_)) | None => Vec::new(),
     };
     seen.levels = levels
         .into_iter()

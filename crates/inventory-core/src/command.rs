@@ -57,16 +57,126 @@ pub struct AdjustStock {
     pub delta: StockDelta,
     pub idempotency_key: IdempotencyKey,
     pub reason: Reason,
+    /// Only while the SKU is at this version (0: it does not exist yet).
+    pub expected_version: Option<i64>,
 }
 
 impl AdjustStock {
+    /// A request without an expected version has the fingerprint it always had, so a key
+    /// stored by an earlier version of the service still replays.
     pub fn fingerprint(&self) -> Fingerprint {
         let mut builder = FingerprintBuilder::new("AdjustStock");
         builder
             .field(self.sku.as_str().as_bytes())
             .field(&self.delta.get().to_be_bytes())
             .field(self.reason.as_str().as_bytes());
+        if let Some(version) = self.expected_version {
+            builder.field(&version.to_be_bytes());
+        }
         builder.finish()
+    }
+}
+
+/// Set a SKU's `on_hand` to an absolute count.
+#[derive(Clone, Debug)]
+pub struct SetStock {
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
+    pub sku: Sku,
+    /// 0 to [`MAX_ON_HAND`](crate::domain::MAX_ON_HAND).
+    pub on_hand: i64,
+    /// Only while the SKU is at this version (0: it does not exist yet).
+    pub expected_version: Option<i64>,
+    pub idempotency_key: IdempotencyKey,
+    pub reason: Reason,
+}
+
+impl SetStock {
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new("SetStock");
+        builder
+            .field(self.sku.as_str().as_bytes())
+            .field(&self.on_hand.to_be_bytes())
+            .field(self.reason.as_str().as_bytes())
+            .field(&self.expected_version.map_or(-1, |v| v).to_be_bytes());
+        builder.finish()
+    }
+}
+
+/// A page of a SKU's movements, in version order.
+#[derive(Clone, Debug)]
+pub struct ListStockMovements {
+    pub sku: Sku,
+    /// The request's `after_version`: what page tokens are bound to.
+    pub after_version: i64,
+    /// Where this page starts: movements with a version above this one (`after_version`, or
+    /// the last version of the previous page).
+    pub cursor: i64,
+    /// 1 to [`MAX_PAGE_SIZE`].
+    pub page_size: usize,
+}
+
+/// One page of movements, and the version the next page starts after (`None`: the last).
+#[derive(Clone, Debug)]
+pub struct MovementPage {
+    pub movements: Vec<crate::domain::Movement>,
+    pub next: Option<i64>,
+}
+
+/// A page of movements as the caller gets it.
+#[derive(Clone, Debug)]
+pub struct MovementList {
+    pub movements: Vec<crate::domain::Movement>,
+    pub next_page_token: String,
+}
+
+/// Page tokens of `ListStockMovements`: the last version listed, bound to the SKU and the
+/// `after_version` the listing began with, with a checksum.
+pub mod movement_token {
+    use super::*;
+
+    const VERSION: u8 = 1;
+    const LEN: usize = 1 + 8 + 8 + 8;
+
+    fn binding(sku: &Sku, after_version: i64) -> [u8; 8] {
+        let mut builder = FingerprintBuilder::new("ListStockMovements");
+        builder
+            .field(sku.as_str().as_bytes())
+            .field(&after_version.to_be_bytes());
+        let full = builder.finish();
+        let mut short = [0; 8];
+        short.copy_from_slice(&full.as_bytes()[..8]);
+        short
+    }
+
+    pub fn encode(last_version: i64, sku: &Sku, after_version: i64) -> String {
+        let mut bytes = Vec::with_capacity(LEN);
+        bytes.push(VERSION);
+        bytes.extend_from_slice(&last_version.to_be_bytes());
+        bytes.extend_from_slice(&binding(sku, after_version));
+        let checksum = page_token::checksum(&bytes);
+        bytes.extend_from_slice(&checksum);
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The last version listed, for a token issued for this SKU and `after_version`.
+    pub fn decode(token: &str, sku: &Sku, after_version: i64) -> Result<i64, String> {
+        const INVALID: &str = "is not a page token issued for this request";
+        if token.len() != LEN * 2 || !token.is_ascii() {
+            return Err(INVALID.into());
+        }
+        let bytes: Vec<u8> = (0..LEN)
+            .map(|i| u8::from_str_radix(&token[2 * i..2 * i + 2], 16))
+            .collect::<Result<_, _>>()
+            .map_err(|_| INVALID.to_string())?;
+        let (body, sum) = bytes.split_at(LEN - 8);
+        if sum != page_token::checksum(body) || body[0] != VERSION {
+            return Err(INVALID.into());
+        }
+        if body[9..17] != binding(sku, after_version) {
+            return Err("belongs to a request with other filters".into());
+        }
+        Ok(i64::from_be_bytes(body[1..9].try_into().expect("8 bytes")))
     }
 }
 
@@ -358,7 +468,7 @@ pub mod page_token {
         })
     }
 
-    fn checksum(body: &[u8]) -> [u8; 8] {
+    pub(super) fn checksum(body: &[u8]) -> [u8; 8] {
         let mut builder = FingerprintBuilder::new("PageToken");
         builder.field(body);
         let full = builder.finish();

@@ -425,5 +425,64 @@ impl StockLevel {
     }
 }
 
+/// What changed a SKU's level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MovementKind {
+    /// The level when the ledger began: the sum of every change before.
+    Opening,
+    Adjusted,
+    Set,
+    Held,
+    Confirmed,
+    Released,
+    Expired,
+}
+
+impl MovementKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Opening => "OPENING",
+            Self::Adjusted => "ADJUSTED",
+            Self::Set => "SET",
+            Self::Held => "HELD",
+            Self::Confirmed => "CONFIRMED",
+            Self::Released => "RELEASED",
+            Self::Expired => "EXPIRED",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        [
+            Self::Opening,
+            Self::Adjusted,
+            Self::Set,
+            Self::Held,
+            Self::Confirmed,
+            Self::Released,
+            Self::Expired,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == raw)
+    }
+}
+
+/// One change of a SKU's level, as the ledger keeps it: the version it produced, its deltas,
+/// the level after it, and who made it and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Movement {
+    pub kind: MovementKind,
+    /// The level right after the change; `level.version` is the version the change produced.
+    pub level: StockLevel,
+    pub on_hand_delta: i64,
+    pub reserved_delta: i64,
+    pub reason: String,
+    /// The caller that made the change (empty without authentication, or for expiry).
+    pub actor: String,
+    pub reservation_id: Option<ReservationId>,
+    pub order_id: Option<OrderId>,
+    pub idempotency_key: Option<String>,
+    pub occurred_at: std::time::SystemTime,
+}
+
 #[cfg(test)]
 mod tests;

@@ -146,6 +146,24 @@ pub enum Error {
         reserved: i64,
     },
 
+    /// The SKU is no longer at the version the caller expected: something changed it since
+    /// the caller looked. Nothing changed.
+    #[error("{sku} is at version {current}, not the expected {expected}")]
+    VersionMismatch {
+        sku: Sku,
+        expected: i64,
+        /// 0 when the SKU does not exist.
+        current: i64,
+    },
+
+    /// An absolute count below the units reservations hold.
+    #[error("cannot count {sku} at {requested}: {reserved} units are reserved")]
+    CountBelowReserved {
+        sku: Sku,
+        requested: i64,
+        reserved: i64,
+    },
+
     /// Adding the units would take `on_hand` above the largest level a SKU may hold.
     #[error("adding {requested} units of {sku} would exceed the stock limit of {limit}")]
     StockLimit {

@@ -38,6 +38,12 @@ pub enum Change {
         /// recorded.
         expires_at: Option<SystemTime>,
     },
+    /// A change took the SKU's `available` to 0 (`out_of_stock`) or from 0 to more.
+    Availability {
+        sku: Sku,
+        out_of_stock: bool,
+        level: StockLevel,
+    },
     /// A hold's expiry moved; no stock changed.
     ReservationExtended {
         reservation_id: ReservationId,

@@ -8,8 +8,9 @@ use std::{
 
 use crate::{
     command::{
-        AdjustStock, CancelOrder, ExtendReservation, GetStock, ListReservations, ReservationPage,
-        ReservationRef, Reserve, SettleReservation,
+        AdjustStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
+        ListStockMovements, MovementPage, ReservationPage, ReservationRef, Reserve, SetStock,
+        SettleReservation,
     },
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
@@ -27,12 +28,26 @@ pub trait StockStore: Send + Sync + 'static {
         command: &AdjustStock,
     ) -> impl Future<Output = Result<StockLevel, Error>> + Send;
 
+    /// Sets `on_hand` to the command's count (creating the SKU) under the same rules as an
+    /// adjustment: key, conditional statement, event, movement.
+    fn set_stock(
+        &self,
+        command: &SetStock,
+    ) -> impl Future<Output = Result<StockLevel, Error>> + Send;
+
     /// The current levels of the requested SKUs, in request order, or
     /// [`Error::UnknownSkus`] naming every SKU that does not exist.
     fn get_stock(
         &self,
         query: &GetStock,
     ) -> impl Future<Output = Result<Vec<StockLevel>, Error>> + Send;
+
+    /// One page of a SKU's movements, in version order ([`Error::UnknownSkus`] for a SKU that
+    /// never existed).
+    fn list_movements(
+        &self,
+        query: &ListStockMovements,
+    ) -> impl Future<Output = Result<MovementPage, Error>> + Send;
 }
 
 /// What a reservation write came to.

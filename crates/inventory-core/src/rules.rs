@@ -8,7 +8,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::{
-    command::{AdjustStock, Reserve, Settle},
+    command::{AdjustStock, Reserve, SetStock, Settle},
     domain::{
         FenceToken, Line, MAX_ON_HAND, Reservation, ReservationId, ReservationLine,
         ReservationState, Sku, StockLevel, Ttl,
@@ -30,6 +30,7 @@ pub fn adjust_stock(
     command: &AdjustStock,
 ) -> Result<StockLevel, Error> {
     let sku = &command.sku;
+    at_expected_version(sku, current, command.expected_version)?;
     let delta = command.delta.get();
     let Some(current) = current else {
         if delta < 0 {
@@ -61,6 +62,53 @@ pub fn adjust_stock(
     }
     Ok(StockLevel {
         on_hand: current.on_hand - units,
+        version: current.version + 1,
+        ..current.clone()
+    })
+}
+
+/// A compare-and-set: the change applies only while the SKU is at the version the caller
+/// expected (0: it does not exist).
+fn at_expected_version(
+    sku: &Sku,
+    current: Option<&StockLevel>,
+    expected: Option<i64>,
+) -> Result<(), Error> {
+    let version = current.map_or(0, |level| level.version);
+    match expected {
+        Some(expected) if expected != version => Err(Error::VersionMismatch {
+            sku: sku.clone(),
+            expected,
+            current: version,
+        }),
+        _ => Ok(()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SetStock
+
+/// The level after an absolute count of the SKU's locked row (`None`: no such SKU yet, which
+/// the count creates). The count may not fall below what reservations hold.
+pub fn set_stock(current: Option<&StockLevel>, command: &SetStock) -> Result<StockLevel, Error> {
+    at_expected_version(&command.sku, current, command.expected_version)?;
+    let Some(current) = current else {
+        return Ok(StockLevel {
+            sku: command.sku.clone(),
+            on_hand: command.on_hand,
+            reserved: 0,
+            version: 1,
+        });
+    };
+    if command.on_hand < current.reserved {
+        return Err(Error::CountBelowReserved {
+            sku: command.sku.clone(),
+            requested: command.on_hand,
+            reserved: current.reserved,
+        });
+    }
+    Ok(StockLevel {
+        on_hand: command.on_hand,
         version: current.version + 1,
         ..current.clone()
     })

@@ -13,8 +13,9 @@ use crate::{
         MAX_GROUPS, Queued, Queues, Submitted, Turn, TurnWait, Writing,
     },
     command::{
-        AdjustStock, CancelOrder, ExtendReservation, GetStock, ListReservations, ReservationList,
-        ReservationRef, Reserve, SettleReservation, page_token,
+        AdjustStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
+        ListStockMovements, MovementList, ReservationList, ReservationRef, Reserve, SetStock,
+        SettleReservation, movement_token, page_token,
     },
     domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
     error::Error,
@@ -94,6 +95,22 @@ where
 
     pub async fn get_stock(&self, query: &GetStock) -> Result<Vec<StockLevel>, Error> {
         self.store.get_stock(query).await
+    }
+
+    /// An absolute count (see [`StockStore::set_stock`]); no lease, like an adjustment.
+    pub async fn set_stock(&self, command: &SetStock) -> Result<StockLevel, Error> {
+        self.store.set_stock(command).await
+    }
+
+    /// A page of a SKU's movements, with the token of the next page.
+    pub async fn list_movements(&self, query: &ListStockMovements) -> Result<MovementList, Error> {
+        let page = self.store.list_movements(query).await?;
+        Ok(MovementList {
+            next_page_token: page.next.map_or_else(String::new, |last| {
+                movement_token::encode(last, &query.sku, query.after_version)
+            }),
+            movements: page.movements,
+        })
     }
 
     /// Leases for every line (in SKU order), then the fenced write. A single-line request

@@ -22,7 +22,7 @@ use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
     command::Reserve,
-    domain::{FenceToken, Reservation, StockLevel},
+    domain::{FenceToken, MovementKind, Reservation, StockLevel},
     pause::PausePoint,
     ports::{Answers, ReserveGroup, WriteOutcome},
     rules::{self, Earlier, GroupVerdict},
@@ -32,6 +32,7 @@ use crate::{
     PgStore,
     error::{from_db, from_pool},
     idempotency::{self, Key, Stored},
+    ledger::{self, Cause, NewMovement},
     orders, outbox,
     outcome::{RESERVE, ReserveOutcome},
     reservations, stock,
@@ -250,12 +251,32 @@ async fn write_decisions(
         .collect();
     let events: Vec<(&Reservation, &StockLevel)> =
         holds.iter().map(|h| (&h.reservation, &h.level)).collect();
-    // `biased`: sent in this order (reservations before their lines inside `insert_many`).
+    let movements: Vec<NewMovement<'_>> = holds
+        .iter()
+        .map(|h| {
+            let cause = Cause {
+                actor: h.command.caller.as_str(),
+                reason: "",
+                idempotency_key: Some(h.command.idempotency_key.as_str()),
+                reservation: None,
+            }
+            .of_reservation(h.reservation.id, &h.reservation.order_id);
+            NewMovement::of_units(
+                MovementKind::Held,
+                &h.level,
+                h.reservation.lines[0].quantity.get(),
+            )
+            .because(cause)
+        })
+        .collect();
+    // `biased`: sent in this order (reservations before their lines inside `insert_many`;
+    // each hold's event before its movement and any availability event).
     let (updated, ..) = tokio::try_join!(
         biased;
         stock::hold_many(tx, &per_sku),
         reservations::insert_many(tx, &new),
         outbox::append_held_many(tx, &events),
+        ledger::append(tx, &movements),
         idempotency::record_outcomes_many(tx, records),
         idempotency::unclaim_many(tx, unclaim),
     )

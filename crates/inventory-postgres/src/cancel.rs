@@ -13,7 +13,9 @@ use crate::{
     PgStore,
     error::{from_db, from_pool},
     expiry::end_holds,
-    idempotency, orders,
+    idempotency,
+    ledger::Cause,
+    orders,
     outcome::CANCEL_ORDER,
     reservations,
 };
@@ -69,7 +71,13 @@ impl PgStore {
             let names: Vec<&str> = callers.iter().map(String::as_str).collect();
             let mut live = reservations::lock_live_of_order(&tx, &command.order_id, &names).await?;
             if !live.is_empty() {
-                end_holds(&tx, &mut live, ReservationState::Released).await?;
+                let cause = Cause {
+                    actor: command.caller.as_str(),
+                    reason: command.reason.as_str(),
+                    idempotency_key: Some(command.idempotency_key.as_str()),
+                    reservation: None,
+                };
+                end_holds(&tx, &mut live, ReservationState::Released, cause).await?;
             }
             let outcome = CancelOutcome {
                 callers: callers.clone(),

@@ -185,6 +185,13 @@ struct LinePayload {
 }
 
 #[derive(Debug, Deserialize)]
+struct AvailabilityPayload {
+    on_hand: i64,
+    reserved: i64,
+    version: i64,
+}
+
+#[derive(Debug, Deserialize)]
 struct LevelPayload {
     sku: String,
     on_hand: i64,
@@ -198,7 +205,24 @@ fn event(row: &Row) -> Result<Event, Error> {
     let invalid = |problem: String| Error::internal(format!("stored event is invalid: {problem}"));
     let event_type: &str = row.try_get(2).map_err(Error::internal)?;
     let payload: serde_json::Value = row.try_get(5).map_err(Error::internal)?;
-    let change = if event_type == crate::outbox::STOCK_ADJUSTED {
+    let change = if event_type == crate::ledger::OUT_OF_STOCK
+        || event_type == crate::ledger::BACK_IN_STOCK
+    {
+        let sku: Option<&str> = row.try_get(4).map_err(Error::internal)?;
+        let sku = Sku::parse(sku.unwrap_or_default()).map_err(invalid)?;
+        let payload: AvailabilityPayload =
+            serde_json::from_value(payload).map_err(Error::internal)?;
+        Change::Availability {
+            out_of_stock: event_type == crate::ledger::OUT_OF_STOCK,
+            level: StockLevel {
+                sku: sku.clone(),
+                on_hand: payload.on_hand,
+                reserved: payload.reserved,
+                version: payload.version,
+            },
+            sku,
+        }
+    } else if event_type == crate::outbox::STOCK_ADJUSTED {
         let sku: Option<&str> = row.try_get(4).map_err(Error::internal)?;
         let sku = Sku::parse(sku.unwrap_or_default()).map_err(invalid)?;
         let payload: StockPayload = serde_json::from_value(payload).map_err(Error::internal)?;

@@ -7,13 +7,14 @@
 use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
-    domain::{Reservation, ReservationState, Sku, StockLevel},
+    domain::{MovementKind, Reservation, ReservationState, Sku, StockLevel},
     rules::{self, UnitMove},
 };
 
 use crate::{
     PgStore,
     error::{from_db, from_pool},
+    ledger::{self, Cause, NewMovement},
     outbox, reservations, stock,
 };
 
@@ -30,7 +31,7 @@ impl PgStore {
             if due.is_empty() {
                 return Ok(0);
             }
-            end_holds(&tx, &mut due, ReservationState::Expired).await?;
+            end_holds(&tx, &mut due, ReservationState::Expired, Cause::default()).await?;
             tx.commit().await.map_err(from_db)?;
             self.outbox_written();
             let metrics = crate::metrics::store();
@@ -48,11 +49,14 @@ impl PgStore {
 /// Ends locked holds: what each still holds goes back to `available`, SKU by SKU in one
 /// fixed order as every other writer does; each ends in the state the core gives it
 /// (`ended`, or `CONFIRMED` if some of its units were confirmed before) and gets its own
-/// event with the level its own change produced. `holds` become the reservations as ended.
+/// event with the level its own change produced, and one movement per SKU it moved (with
+/// `cause`: the cancel's caller, reason and key; none for expiry). `holds` become the
+/// reservations as ended.
 pub(crate) async fn end_holds(
     tx: &Transaction<'_>,
     holds: &mut [Reservation],
     ended: ReservationState,
+    cause: Cause<'_>,
 ) -> Result<(), Error> {
     let changes: Vec<UnitMove> = holds.iter().map(|r| rules::end_hold(r, ended)).collect();
     let mut per_sku: Vec<(Sku, i64, i64)> = Vec::new();
@@ -91,6 +95,10 @@ pub(crate) async fn end_holds(
     reservations::update_lines(tx, &rewritten)
         .await
         .map_err(from_db)?;
+    let kind = match ended {
+        ReservationState::Expired => MovementKind::Expired,
+        _ => MovementKind::Released,
+    };
     for change in &changes {
         let mut own = Vec::with_capacity(change.moves.len());
         for (sku, units) in &change.moves {
@@ -105,6 +113,13 @@ pub(crate) async fn end_holds(
         outbox::append_reservation_event(tx, change.event, &change.after, &own)
             .await
             .map_err(from_db)?;
+        let cause = cause.of_reservation(change.after.id, &change.after.order_id);
+        let movements: Vec<NewMovement<'_>> = own
+            .iter()
+            .zip(&change.moves)
+            .map(|(level, (_, units))| NewMovement::of_units(kind, level, *units).because(cause))
+            .collect();
+        ledger::append(tx, &movements).await.map_err(from_db)?;
     }
     for (hold, change) in holds.iter_mut().zip(changes) {
         *hold = change.after;

@@ -20,6 +20,8 @@
 //! - `cancel` — `CancelOrder`: the order's tombstone under its lock, its live holds released.
 //! - `orders` — tombstones of cancelled orders and the order locks a cancel and a `Reserve`
 //!   exclude each other with.
+//! - `ledger` — the stock movements every level change writes, and the availability events.
+//! - [`verify`] — every SKU recomputed from its ledger and its live holds.
 //! - `stock`, `reservations`, `idempotency`, `outbox` — the SQL, one module per table, each
 //!   statement in the module of the table it writes.
 //! - [`retention`] — pruning events, idempotency keys and final reservations past retention.
@@ -32,6 +34,7 @@ mod error;
 pub mod events;
 mod expiry;
 mod idempotency;
+mod ledger;
 mod metrics;
 pub mod migrate;
 mod orders;
@@ -43,6 +46,7 @@ pub mod retention;
 mod stock;
 mod store;
 pub mod tls;
+pub mod verify;
 
 pub use connect::{PgConfig, PoolSettings, ProbeError, UrlError, connect, parse_url, probe};
 pub use deadpool_postgres::Pool;

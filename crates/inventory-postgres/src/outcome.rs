@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use inventory_core::{
     Error,
-    command::AdjustStock,
+    command::{AdjustStock, SetStock},
     domain::{
         Line, MAX_ON_HAND, OrderId, Quantity, Reservation, ReservationId, ReservationLine,
         ReservationState, Sku, StockLevel,
@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 pub(crate) const RESERVE: &str = "Reserve";
 pub(crate) const ADJUST_STOCK: &str = "AdjustStock";
 pub(crate) const CANCEL_ORDER: &str = "CancelOrder";
+pub(crate) const SET_STOCK: &str = "SetStock";
 
 /// The stored outcome of a `Reserve`: what a retry with the same key gets back.
 #[derive(Debug, Serialize, Deserialize)]
@@ -155,6 +156,11 @@ pub(crate) enum AdjustOutcome {
         reserved: i64,
     },
     StockLimit,
+    /// Absent from outcomes stored before compare-and-set existed.
+    VersionMismatch {
+        expected: i64,
+        current: i64,
+    },
 }
 
 impl AdjustOutcome {
@@ -173,6 +179,12 @@ impl AdjustOutcome {
                 reserved: *reserved,
             },
             Err(Error::StockLimit { .. }) => Self::StockLimit,
+            Err(Error::VersionMismatch {
+                expected, current, ..
+            }) => Self::VersionMismatch {
+                expected: *expected,
+                current: *current,
+            },
             // Anything else is not an outcome of the request but a failure to carry it out.
             Err(_) => return None,
         })
@@ -203,6 +215,78 @@ impl AdjustOutcome {
                 sku,
                 requested,
                 limit: MAX_ON_HAND,
+            }),
+            Self::VersionMismatch { expected, current } => Err(Error::VersionMismatch {
+                sku,
+                expected,
+                current,
+            }),
+        }
+    }
+}
+
+/// The stored outcome of a `SetStock`; the SKU and count come from the request, whose
+/// fingerprint a replay shares.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub(crate) enum SetOutcome {
+    Set {
+        on_hand: i64,
+        reserved: i64,
+        version: i64,
+    },
+    BelowReserved {
+        reserved: i64,
+    },
+    VersionMismatch {
+        expected: i64,
+        current: i64,
+    },
+}
+
+impl SetOutcome {
+    pub(crate) fn from_result(result: &Result<StockLevel, Error>) -> Option<Self> {
+        Some(match result {
+            Ok(level) => Self::Set {
+                on_hand: level.on_hand,
+                reserved: level.reserved,
+                version: level.version,
+            },
+            Err(Error::CountBelowReserved { reserved, .. }) => Self::BelowReserved {
+                reserved: *reserved,
+            },
+            Err(Error::VersionMismatch {
+                expected, current, ..
+            }) => Self::VersionMismatch {
+                expected: *expected,
+                current: *current,
+            },
+            Err(_) => return None,
+        })
+    }
+
+    pub(crate) fn into_result(self, command: &SetStock) -> Result<StockLevel, Error> {
+        let sku = command.sku.clone();
+        match self {
+            Self::Set {
+                on_hand,
+                reserved,
+                version,
+            } => Ok(StockLevel {
+                sku,
+                on_hand,
+                reserved,
+                version,
+            }),
+            Self::BelowReserved { reserved } => Err(Error::CountBelowReserved {
+                sku,
+                requested: command.on_hand,
+                reserved,
+            }),
+            Self::VersionMismatch { expected, current } => Err(Error::VersionMismatch {
+                sku,
+                expected,
+                current,
             }),
         }
     }

@@ -11,8 +11,8 @@ use inventory_core::{
         Settle, SettleReservation,
     },
     domain::{
-        FenceToken, Line, Reservation, ReservationId, ReservationLine, ReservationState, Sku,
-        StockLevel, Ttl,
+        FenceToken, Line, MovementKind, Reservation, ReservationId, ReservationLine,
+        ReservationState, Sku, StockLevel, Ttl,
     },
     events::ReservationEvent,
     pause::PausePoint,
@@ -23,7 +23,9 @@ use inventory_core::{
 use crate::{
     PgStore,
     error::{from_db, from_pool},
-    idempotency, orders, outbox,
+    idempotency,
+    ledger::{self, Cause, NewMovement},
+    orders, outbox,
     outcome::{RESERVE, ReserveOutcome},
     reservations::{self, NewReservation},
     stock,
@@ -160,6 +162,27 @@ impl ReservationStore for PgStore {
                         )
                         .await
                         .map_err(from_db)?;
+                        let cause = Cause {
+                            actor: command.caller.as_str(),
+                            reason: "",
+                            idempotency_key: Some(command.idempotency_key.as_str()),
+                            reservation: None,
+                        }
+                        .of_reservation(id, &command.order_id);
+                        // `levels` are in SKU order, like `lines`.
+                        let movements: Vec<NewMovement<'_>> = levels
+                            .iter()
+                            .zip(&lines)
+                            .map(|(level, (line, _))| {
+                                NewMovement::of_units(
+                                    MovementKind::Held,
+                                    level,
+                                    line.quantity.get(),
+                                )
+                                .because(cause)
+                            })
+                            .collect();
+                        ledger::append(&tx, &movements).await.map_err(from_db)?;
                         Ok(reservation)
                     }
                 }
@@ -337,6 +360,23 @@ impl PgStore {
         outbox::append_reservation_event(&tx, change.event, &change.after, &levels)
             .await
             .map_err(from_db)?;
+        let cause = Cause {
+            actor: command.caller.as_str(),
+            reason: "",
+            idempotency_key: command.idempotency_key.as_ref().map(|k| k.as_str()),
+            reservation: None,
+        }
+        .of_reservation(target.id, &reservation.order_id);
+        let kind = match command.settle {
+            Settle::Confirm => MovementKind::Confirmed,
+            Settle::Release => MovementKind::Released,
+        };
+        let movements: Vec<NewMovement<'_>> = levels
+            .iter()
+            .zip(&change.moves)
+            .map(|(level, (_, units))| NewMovement::of_units(kind, level, *units).because(cause))
+            .collect();
+        ledger::append(&tx, &movements).await.map_err(from_db)?;
         if let Some(key) = &command.idempotency_key {
             idempotency::record(&tx, command.caller.as_str(), key, &Settled {}).await?;
         }

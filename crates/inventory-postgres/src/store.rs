@@ -6,8 +6,8 @@ use std::{sync::Arc, time::Duration};
 use deadpool_postgres::Pool;
 use inventory_core::{
     Dependency, Error,
-    command::{AdjustStock, GetStock},
-    domain::StockLevel,
+    command::{AdjustStock, GetStock, ListStockMovements, MovementPage, SetStock},
+    domain::{MovementKind, StockLevel},
     pause::PausePoints,
     ports::StockStore,
     rules,
@@ -17,8 +17,10 @@ use tokio::sync::Notify;
 
 use crate::{
     error::{from_db, from_pool},
-    idempotency, outbox,
-    outcome::{ADJUST_STOCK, AdjustOutcome},
+    idempotency,
+    ledger::{self, Cause, NewMovement},
+    outbox,
+    outcome::{ADJUST_STOCK, AdjustOutcome, SET_STOCK, SetOutcome},
     stock,
 };
 
@@ -118,6 +120,16 @@ impl StockStore for PgStore {
                 outbox::append_sku_event(&tx, outbox::STOCK_ADJUSTED, &command.sku, &payload)
                     .await
                     .map_err(from_db)?;
+                let cause = Cause {
+                    actor: command.caller.as_str(),
+                    reason: command.reason.as_str(),
+                    idempotency_key: Some(command.idempotency_key.as_str()),
+                    reservation: None,
+                };
+                let movement =
+                    NewMovement::new(MovementKind::Adjusted, level, command.delta.get(), 0)
+                        .because(cause);
+                ledger::append(&tx, &[movement]).await.map_err(from_db)?;
             }
             idempotency::record(
                 &tx,
@@ -131,6 +143,74 @@ impl StockStore for PgStore {
                 self.outbox_written();
             }
             result
+        })
+        .await
+    }
+
+    #[tracing::instrument(name = "sql.set_stock", skip_all, fields(sku = %command.sku, on_hand = command.on_hand))]
+    async fn set_stock(&self, command: &SetStock) -> Result<StockLevel, Error> {
+        self.bounded(async {
+            let mut client = self.pool.get().await.map_err(from_pool)?;
+            let tx = client.transaction().await.map_err(from_db)?;
+            if let idempotency::Claim::Replay(outcome) = idempotency::claim(
+                &tx,
+                &self.pauses,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                SET_STOCK,
+                &command.fingerprint(),
+            )
+            .await?
+            {
+                let outcome: SetOutcome =
+                    serde_json::from_value(outcome).map_err(Error::internal)?;
+                return outcome.into_result(command);
+            }
+            let result = apply_count(&tx, command).await?;
+            if let Ok((level, delta)) = &result {
+                let payload = json!({
+                    "delta": delta,
+                    "reason": command.reason.as_str(),
+                    "on_hand": level.on_hand,
+                    "reserved": level.reserved,
+                    "version": level.version,
+                });
+                outbox::append_sku_event(&tx, outbox::STOCK_ADJUSTED, &command.sku, &payload)
+                    .await
+                    .map_err(from_db)?;
+                let cause = Cause {
+                    actor: command.caller.as_str(),
+                    reason: command.reason.as_str(),
+                    idempotency_key: Some(command.idempotency_key.as_str()),
+                    reservation: None,
+                };
+                let movement = NewMovement::new(MovementKind::Set, level, *delta, 0).because(cause);
+                ledger::append(&tx, &[movement]).await.map_err(from_db)?;
+            }
+            let result = result.map(|(level, _)| level);
+            let outcome = SetOutcome::from_result(&result)
+                .expect("apply_count returns only storable outcomes");
+            idempotency::record(
+                &tx,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                &outcome,
+            )
+            .await?;
+            tx.commit().await.map_err(from_db)?;
+            if result.is_ok() {
+                self.outbox_written();
+            }
+            result
+        })
+        .await
+    }
+
+    #[tracing::instrument(name = "sql.list_stock_movements", skip_all, fields(sku = %query.sku))]
+    async fn list_movements(&self, query: &ListStockMovements) -> Result<MovementPage, Error> {
+        self.bounded(async {
+            let client = self.pool.get().await.map_err(from_pool)?;
+            ledger::page(&client, query).await
         })
         .await
     }
@@ -155,6 +235,45 @@ impl StockStore for PgStore {
             Ok(found)
         })
         .await
+    }
+}
+
+/// An absolute count: the row is locked (or created), the core decides, the count is written
+/// under guards that repeat the decision. Returns the level and the change of `on_hand`.
+async fn apply_count(
+    tx: &deadpool_postgres::Transaction<'_>,
+    command: &SetStock,
+) -> Result<Result<(StockLevel, i64), Error>, Error> {
+    let sku = &command.sku;
+    let mut current = stock::lock(tx, sku).await.map_err(from_db)?;
+    if current.is_none() {
+        let created = match rules::set_stock(None, command) {
+            Err(refusal) => return Ok(Err(refusal)),
+            Ok(first) => stock::create(tx, sku, first.on_hand)
+                .await
+                .map_err(from_db)?,
+        };
+        if let Some(level) = created {
+            let delta = level.on_hand;
+            return Ok(Ok((level, delta)));
+        }
+        // Created meanwhile by another transaction (committed: the insert waited for it).
+        current = stock::lock(tx, sku).await.map_err(from_db)?;
+    }
+    let before = current.as_ref().map_or(0, |level| level.on_hand);
+    let decided = match rules::set_stock(current.as_ref(), command) {
+        Err(refusal) => return Ok(Err(refusal)),
+        Ok(level) => level,
+    };
+    let delta = decided.on_hand - before;
+    match stock::adjust(tx, sku, delta).await.map_err(from_db)? {
+        Some(level) => {
+            debug_assert_eq!(level, decided, "the stored level is the decided one");
+            Ok(Ok((level, delta)))
+        }
+        None => Err(Error::internal(
+            "the locked stock row no longer matched its guards",
+        )),
     }
 }
 

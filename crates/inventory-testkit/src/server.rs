@@ -43,6 +43,19 @@ pub async fn ready(addr: &str) -> bool {
         .is_ok_and(|answer| answer.into_inner().status() == ServingStatus::Serving)
 }
 
+/// Runs `binary verify` (every SKU recomputed from its ledger and live holds) against
+/// `database_url`: whether it found no drift, and what it printed.
+pub async fn verify(binary: &Path, database_url: &str) -> anyhow::Result<(bool, String)> {
+    let output = tokio::process::Command::new(binary)
+        .args(["verify", "--database-url", database_url])
+        .output()
+        .await
+        .with_context(|| format!("run {} verify", binary.display()))?;
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    Ok((output.status.success(), text.trim().to_owned()))
+}
+
 /// One `inventory-server serve` process on loopback; its port stays the same across
 /// restarts, so clients reconnect to it.
 #[derive(Debug)]

@@ -10,6 +10,7 @@ fn adjust(sku: &str, delta: i64, key: &str, reason: &str) -> AdjustStock {
         delta: StockDelta::parse(delta).unwrap(),
         idempotency_key: IdempotencyKey::parse(key).unwrap(),
         reason: Reason::parse(reason).unwrap(),
+        expected_version: None,
     }
 }
 

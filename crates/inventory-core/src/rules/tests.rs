@@ -23,6 +23,7 @@ fn adjust(delta: i64) -> AdjustStock {
         delta: StockDelta::parse(delta).unwrap(),
         idempotency_key: IdempotencyKey::parse("k").unwrap(),
         reason: Reason::parse("r").unwrap(),
+        expected_version: None,
     }
 }
 

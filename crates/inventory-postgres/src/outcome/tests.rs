@@ -59,6 +59,7 @@ fn outcomes_stored_by_earlier_versions_still_read() {
         delta: StockDelta::parse(1).unwrap(),
         idempotency_key: IdempotencyKey::parse("k").unwrap(),
         reason: Reason::parse("r").unwrap(),
+        expected_version: None,
     };
     let level = serde_json::from_value::<AdjustOutcome>(old)
         .unwrap()

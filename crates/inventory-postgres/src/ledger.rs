@@ -1,0 +1,274 @@
+//! SQL for the `stock_movements` table, the stock ledger: one movement per change of a SKU's
+//! level, written by the transaction that makes the change, right after its outbox event.
+//!
+//! Invariant relied on: every statement that changes a `stock` row is followed, in the same
+//! transaction, by [`append`] with one movement per version it produced, so a SKU's versions
+//! are exactly its movements. The same call writes the availability events: a movement that
+//! takes `available` to 0 is followed by `OUT_OF_STOCK`, one that takes it from 0 to more by
+//! `BACK_IN_STOCK`.
+
+use std::time::SystemTime;
+
+use deadpool_postgres::{GenericClient, Transaction};
+use inventory_core::{
+    Error,
+    command::{ListStockMovements, MovementPage},
+    domain::{Movement, MovementKind, OrderId, ReservationId, Sku, StockLevel},
+};
+use serde_json::json;
+use uuid::Uuid;
+
+const APPEND: &str = "
+    INSERT INTO stock_movements
+        (sku, version, kind, on_hand_delta, reserved_delta, on_hand, reserved, reason, actor,
+         reservation_id, order_id, idempotency_key)
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[],
+                         $6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::uuid[],
+                         $11::text[], $12::text[])";
+
+const APPEND_AVAILABILITY: &str = "
+    INSERT INTO outbox (event_id, event_type, sku, payload)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[])";
+
+const PAGE: &str = "
+    SELECT version, kind, on_hand_delta, reserved_delta, on_hand, reserved, reason, actor,
+           reservation_id, order_id, idempotency_key, occurred_at
+    FROM stock_movements WHERE sku = $1 AND version > $2 ORDER BY version LIMIT $3";
+
+const SKU_EXISTS: &str = "
+    SELECT EXISTS (SELECT 1 FROM stock WHERE sku = $1)
+        OR EXISTS (SELECT 1 FROM stock_movements WHERE sku = $1)";
+
+/// Who made a change, why, and what it belongs to: the same for every movement of one call.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Cause<'a> {
+    pub actor: &'a str,
+    pub reason: &'a str,
+    pub idempotency_key: Option<&'a str>,
+    pub reservation: Option<(ReservationId, &'a OrderId)>,
+}
+
+impl<'a> Cause<'a> {
+    pub fn of_reservation(mut self, id: ReservationId, order_id: &'a OrderId) -> Self {
+        self.reservation = Some((id, order_id));
+        self
+    }
+}
+
+/// A movement about to be written: the level right after it, and its deltas.
+#[derive(Clone, Debug)]
+pub(crate) struct NewMovement<'a> {
+    pub kind: MovementKind,
+    pub level: StockLevel,
+    pub on_hand_delta: i64,
+    pub reserved_delta: i64,
+    pub cause: Cause<'a>,
+}
+
+impl<'a> NewMovement<'a> {
+    pub fn new(kind: MovementKind, level: &StockLevel, on_hand: i64, reserved: i64) -> Self {
+        Self {
+            kind,
+            level: level.clone(),
+            on_hand_delta: on_hand,
+            reserved_delta: reserved,
+            cause: Cause::default(),
+        }
+    }
+
+    pub fn because(mut self, cause: Cause<'a>) -> Self {
+        self.cause = cause;
+        self
+    }
+
+    /// Units of `kind` moving `units` held units of a reservation: a hold raises `reserved`,
+    /// a confirm lowers both columns, a release or expiry lowers `reserved`.
+    pub fn of_units(kind: MovementKind, level: &StockLevel, units: i64) -> Self {
+        let (on_hand, reserved) = match kind {
+            MovementKind::Held => (0, units),
+            MovementKind::Confirmed => (-units, -units),
+            _ => (0, -units),
+        };
+        Self::new(kind, level, on_hand, reserved)
+    }
+
+    /// `available` before the change.
+    fn available_before(&self) -> i64 {
+        self.level.available() - (self.on_hand_delta - self.reserved_delta)
+    }
+
+    /// The availability event the change causes, if it crossed 0. Not for the change that
+    /// created the SKU: its own event says so, and there was nothing to be back in stock.
+    fn crossing(&self) -> Option<&'static str> {
+        if self.level.version == 1 {
+            return None;
+        }
+        match (self.available_before() > 0, self.level.available() > 0) {
+            (true, false) => Some(OUT_OF_STOCK),
+            (false, true) => Some(BACK_IN_STOCK),
+            _ => None,
+        }
+    }
+}
+
+/// Writes the movements (one array statement) and the availability events they cause.
+pub(crate) async fn append(
+    tx: &Transaction<'_>,
+    movements: &[NewMovement<'_>],
+) -> Result<(), tokio_postgres::Error> {
+    if movements.is_empty() {
+        return Ok(());
+    }
+    let statement = tx.prepare_cached(APPEND).await?;
+    let mut columns = Columns::default();
+    for m in movements {
+        columns.push(m);
+    }
+    tx.execute(&statement, &columns.params()).await?;
+    let crossings: Vec<(&NewMovement<'_>, &str)> = movements
+        .iter()
+        .filter_map(|m| m.crossing().map(|kind| (m, kind)))
+        .collect();
+    if crossings.is_empty() {
+        return Ok(());
+    }
+    let statement = tx.prepare_cached(APPEND_AVAILABILITY).await?;
+    let ids: Vec<Uuid> = crossings.iter().map(|_| Uuid::new_v4()).collect();
+    let types: Vec<&str> = crossings.iter().map(|(_, t)| *t).collect();
+    let skus: Vec<&str> = crossings
+        .iter()
+        .map(|(m, _)| m.level.sku.as_str())
+        .collect();
+    let payloads: Vec<serde_json::Value> = crossings
+        .iter()
+        .map(|(m, _)| {
+            json!({
+                "on_hand": m.level.on_hand,
+                "reserved": m.level.reserved,
+                "version": m.level.version,
+            })
+        })
+        .collect();
+    tx.execute(&statement, &[&ids, &types, &skus, &payloads])
+        .await?;
+    Ok(())
+}
+
+pub(crate) const OUT_OF_STOCK: &str = "OUT_OF_STOCK";
+pub(crate) const BACK_IN_STOCK: &str = "BACK_IN_STOCK";
+
+/// The columns of [`APPEND`], one array each.
+#[derive(Default)]
+struct Columns<'a> {
+    skus: Vec<&'a str>,
+    versions: Vec<i64>,
+    kinds: Vec<&'static str>,
+    on_hand_deltas: Vec<i64>,
+    reserved_deltas: Vec<i64>,
+    on_hands: Vec<i64>,
+    reserveds: Vec<i64>,
+    reasons: Vec<&'a str>,
+    actors: Vec<&'a str>,
+    reservation_ids: Vec<Option<Uuid>>,
+    order_ids: Vec<Option<&'a str>>,
+    keys: Vec<Option<&'a str>>,
+}
+
+impl<'a> Columns<'a> {
+    fn push(&mut self, m: &'a NewMovement<'a>) {
+        self.skus.push(m.level.sku.as_str());
+        self.versions.push(m.level.version);
+        self.kinds.push(m.kind.as_str());
+        self.on_hand_deltas.push(m.on_hand_delta);
+        self.reserved_deltas.push(m.reserved_delta);
+        self.on_hands.push(m.level.on_hand);
+        self.reserveds.push(m.level.reserved);
+        self.reasons.push(m.cause.reason);
+        self.actors.push(m.cause.actor);
+        self.reservation_ids
+            .push(m.cause.reservation.map(|(id, _)| id.as_uuid()));
+        self.order_ids
+            .push(m.cause.reservation.map(|(_, order)| order.as_str()));
+        self.keys.push(m.cause.idempotency_key);
+    }
+
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 12] {
+        [
+            &self.skus,
+            &self.versions,
+            &self.kinds,
+            &self.on_hand_deltas,
+            &self.reserved_deltas,
+            &self.on_hands,
+            &self.reserveds,
+            &self.reasons,
+            &self.actors,
+            &self.reservation_ids,
+            &self.order_ids,
+            &self.keys,
+        ]
+    }
+}
+
+/// One page of a SKU's movements, in version order; a SKU that never existed is unknown.
+pub(crate) async fn page(
+    client: &impl GenericClient,
+    query: &ListStockMovements,
+) -> Result<MovementPage, Error> {
+    let statement = client
+        .prepare_cached(PAGE)
+        .await
+        .map_err(crate::error::from_db)?;
+    let limit = i64::try_from(query.page_size + 1).unwrap_or(i64::MAX);
+    let rows = client
+        .query(&statement, &[&query.sku.as_str(), &query.cursor, &limit])
+        .await
+        .map_err(crate::error::from_db)?;
+    if rows.is_empty() {
+        let exists = client
+            .query_one(SKU_EXISTS, &[&query.sku.as_str()])
+            .await
+            .map_err(crate::error::from_db)?;
+        if !exists.get::<_, bool>(0) {
+            return Err(Error::UnknownSkus(vec![query.sku.clone()]));
+        }
+    }
+    let mut movements = rows
+        .iter()
+        .map(|row| movement(&query.sku, row))
+        .collect::<Result<Vec<_>, Error>>()?;
+    let more = movements.len() > query.page_size;
+    movements.truncate(query.page_size);
+    let next = more
+        .then(|| movements.last().map(|m| m.level.version))
+        .flatten();
+    Ok(MovementPage { movements, next })
+}
+
+fn movement(sku: &Sku, row: &tokio_postgres::Row) -> Result<Movement, Error> {
+    let get_err = Error::internal;
+    let kind: &str = row.try_get(1).map_err(get_err)?;
+    let reservation_id: Option<Uuid> = row.try_get(8).map_err(get_err)?;
+    let order_id: Option<&str> = row.try_get(9).map_err(get_err)?;
+    Ok(Movement {
+        kind: MovementKind::parse(kind)
+            .ok_or_else(|| Error::internal(format!("unknown movement kind {kind:?}")))?,
+        level: StockLevel {
+            sku: sku.clone(),
+            on_hand: row.try_get(4).map_err(get_err)?,
+            reserved: row.try_get(5).map_err(get_err)?,
+            version: row.try_get(0).map_err(get_err)?,
+        },
+        on_hand_delta: row.try_get(2).map_err(get_err)?,
+        reserved_delta: row.try_get(3).map_err(get_err)?,
+        reason: row.try_get(6).map_err(get_err)?,
+        actor: row.try_get(7).map_err(get_err)?,
+        reservation_id: reservation_id.map(ReservationId::from_uuid),
+        order_id: order_id
+            .map(OrderId::parse)
+            .transpose()
+            .map_err(Error::internal)?,
+        idempotency_key: row.try_get(10).map_err(get_err)?,
+        occurred_at: row.try_get::<_, SystemTime>(11).map_err(get_err)?,
+    })
+}

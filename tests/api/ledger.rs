@@ -1,0 +1,391 @@
+//! Stock control: the ledger every level change writes, `verify` finding drift made behind the
+//! service's back, compare-and-set counts and adjustments, and the availability events.
+
+use std::process::Command;
+
+use futures::future::join_all;
+use inventory_server::proto::{
+    AdjustStockRequest, CancelOrderRequest, ConfirmReservationRequest, EventType,
+    ListStockMovementsRequest, MovementKind, ReleaseReservationRequest, ReservationLine,
+    SetStockRequest, StockMovement,
+};
+use tonic::Code;
+use tonic_types::StatusExt as _;
+
+use crate::{
+    events::{take, watch},
+    helpers::{TestApp, error_reason, spawn_app, violated_fields},
+    reservations::stock,
+};
+
+fn set(sku: &str, on_hand: i64, expected: Option<i64>, key: &str) -> SetStockRequest {
+    SetStockRequest {
+        sku: sku.into(),
+        on_hand,
+        expected_version: expected,
+        idempotency_key: key.into(),
+        reason: "cycle count".into(),
+    }
+}
+
+async fn movements(app: &TestApp, sku: &str) -> Vec<StockMovement> {
+    let mut all = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = app
+            .client
+            .clone()
+            .list_stock_movements(ListStockMovementsRequest {
+                sku: sku.into(),
+                page_size: 2,
+                page_token: token,
+                after_version: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        all.extend(page.movements);
+        if page.next_page_token.is_empty() {
+            return all;
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// Runs `inventory-server verify` against the test's database: (success, stdout).
+async fn verify(app: &TestApp) -> (bool, String) {
+    let url = app.database_url().await;
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_inventory-server"))
+            .args(["verify", "--database-url", &url])
+            .output()
+            .expect("run inventory-server verify")
+    })
+    .await
+    .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn every_change_of_a_level_is_one_movement_and_they_add_up_to_it() {
+    let mut app = spawn_app().await;
+    stock(&app, "MUG", 10).await;
+    let held = app.hold("order", &[("MUG", 4)]).await;
+    app.client
+        .confirm_reservation(ConfirmReservationRequest {
+            reservation_id: held.reservation_id.clone(),
+            lines: vec![ReservationLine {
+                sku: "MUG".into(),
+                quantity: 1,
+                ..Default::default()
+            }],
+            idempotency_key: "ship-1".into(),
+        })
+        .await
+        .unwrap();
+    app.client
+        .release_reservation(ReleaseReservationRequest {
+            reservation_id: held.reservation_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let second = app.hold("second", &[("MUG", 2)]).await;
+    app.client
+        .cancel_order(CancelOrderRequest {
+            order_id: "order-second".into(),
+            idempotency_key: "cancel".into(),
+            reason: "changed mind".into(),
+        })
+        .await
+        .unwrap();
+    app.client
+        .set_stock(set("MUG", 20, Some(6), "count-1"))
+        .await
+        .unwrap();
+
+    let ledger = movements(&app, "MUG").await;
+    let kinds: Vec<MovementKind> = ledger.iter().map(|m| m.kind()).collect();
+    assert_eq!(
+        kinds,
+        [
+            MovementKind::Adjusted,
+            MovementKind::Held,
+            MovementKind::Confirmed,
+            MovementKind::Released,
+            MovementKind::Held,
+            MovementKind::Released,
+            MovementKind::Set,
+        ]
+    );
+    let versions: Vec<i64> = ledger.iter().map(|m| m.version).collect();
+    assert_eq!(
+        versions,
+        (1..=7).collect::<Vec<_>>(),
+        "one movement per version"
+    );
+    let (mut on_hand, mut reserved) = (0, 0);
+    for m in &ledger {
+        on_hand += m.on_hand_delta;
+        reserved += m.reserved_delta;
+        let level = m.level.as_ref().unwrap();
+        assert_eq!(
+            (level.on_hand, level.reserved),
+            (on_hand, reserved),
+            "{m:?}"
+        );
+    }
+    assert_eq!((on_hand, reserved), app.level("MUG").await);
+    assert_eq!((on_hand, reserved), (20, 0));
+    // Who, why and what for.
+    assert_eq!(ledger[2].reservation_id, held.reservation_id);
+    assert_eq!(ledger[2].idempotency_key, "ship-1");
+    assert_eq!(
+        (ledger[2].on_hand_delta, ledger[2].reserved_delta),
+        (-1, -1)
+    );
+    assert_eq!(ledger[5].reservation_id, second.reservation_id);
+    assert_eq!(ledger[5].reason, "changed mind");
+    assert_eq!(ledger[5].order_id, "order-second");
+    assert_eq!(ledger[6].reason, "cycle count");
+    assert_eq!(ledger[6].on_hand_delta, 11, "counted 20 where 9 were");
+
+    // Paging resumes after a version; tokens are bound to their request.
+    let later = app
+        .client
+        .list_stock_movements(ListStockMovementsRequest {
+            sku: "MUG".into(),
+            after_version: 5,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(later.movements, ledger[5..]);
+    let first = app
+        .client
+        .list_stock_movements(ListStockMovementsRequest {
+            sku: "MUG".into(),
+            page_size: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let foreign = app
+        .client
+        .list_stock_movements(ListStockMovementsRequest {
+            sku: "CAP".into(),
+            page_token: first.next_page_token,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(violated_fields(&foreign), ["page_token"]);
+    let unknown = app
+        .client
+        .list_stock_movements(ListStockMovementsRequest {
+            sku: "NOPE".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+
+    let (ok, out) = verify(&app).await;
+    assert!(ok, "{out}");
+    assert!(out.contains("0 drift(s)"), "{out}");
+}
+
+#[tokio::test]
+async fn verify_names_every_drift_made_behind_the_services_back() {
+    let app = spawn_app().await;
+    for sku in ["A", "B", "C", "D"] {
+        stock(&app, sku, 5).await;
+    }
+    app.hold("k", &[("C", 2)]).await;
+    app.hold("l", &[("D", 1)]).await;
+    let (ok, out) = verify(&app).await;
+    assert!(
+        ok && out.contains("verified 4 SKUs and 6 movements"),
+        "{out}"
+    );
+
+    // A: a counter changed by hand. B: a movement lost. C: reserved units nobody holds.
+    // D: a hold's line edited, so its units no longer match reserved.
+    app.db
+        .batch_execute(
+            "UPDATE stock SET on_hand = on_hand + 1 WHERE sku = 'A';
+             DELETE FROM stock_movements WHERE sku = 'B';
+             UPDATE stock SET reserved = reserved + 1 WHERE sku = 'C';
+             UPDATE reservation_lines SET released = 1 WHERE sku = 'D';",
+        )
+        .await
+        .unwrap();
+    let (ok, out) = verify(&app).await;
+    assert!(!ok, "drift fails the command: {out}");
+    for expected in [
+        "drift A: the row says 6/0 at version 1, the ledger 5/0 at version 1",
+        "drift B: a stock row with no movements",
+        "drift C: the row says 5/3 at version 2, the ledger 5/2 at version 2",
+        "drift C: reserved is 3, live holds hold 2",
+        "drift D: reserved is 1, live holds hold 0",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+    assert!(out.contains("5 drift(s)"), "{out}");
+}
+
+#[tokio::test]
+async fn a_count_or_adjustment_at_a_stale_version_changes_nothing() {
+    let mut app = spawn_app().await;
+    // Creating with expected version 0 (no such SKU yet).
+    let created = app
+        .client
+        .set_stock(set("MUG", 10, Some(0), "count-0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((created.on_hand, created.version), (10, 1));
+
+    // Two counts taken at version 1 race: exactly one wins.
+    let calls = (0..2).map(|i| {
+        let mut client = app.client.clone();
+        async move {
+            client
+                .set_stock(set("MUG", 20 + i, Some(1), &format!("count-{}", i + 1)))
+                .await
+        }
+    });
+    let results = join_all(calls).await;
+    let winners: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    let winner = winners[0].get_ref().clone();
+    let loser = results.iter().find_map(|r| r.as_ref().err()).unwrap();
+    assert_eq!(loser.code(), Code::Aborted, "{loser:?}");
+    assert_eq!(error_reason(loser), "VERSION_MISMATCH");
+    let info = loser.get_details_error_info().unwrap();
+    assert_eq!(info.metadata["current_version"], "2");
+    assert_eq!(info.metadata["expected_version"], "1");
+    // The winner's key replays its answer.
+    let key = format!("count-{}", winner.on_hand - 19);
+    let replay = app
+        .client
+        .set_stock(set("MUG", winner.on_hand, Some(1), &key))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replay, winner);
+
+    // An adjustment against the right version applies; against a stale one it does not.
+    let adjust = |delta: i64, expected: i64, key: &str| AdjustStockRequest {
+        sku: "MUG".into(),
+        delta,
+        idempotency_key: key.into(),
+        reason: String::new(),
+        expected_version: Some(expected),
+    };
+    let stale = app
+        .client
+        .adjust_stock(adjust(5, 1, "adj-1"))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&stale), "VERSION_MISMATCH");
+    let applied = app
+        .client
+        .adjust_stock(adjust(5, 2, "adj-2"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((applied.on_hand, applied.version), (winner.on_hand + 5, 3));
+    // A stale key replays its refusal: versions only grow, so it stays refused.
+    let again = app
+        .client
+        .adjust_stock(adjust(5, 1, "adj-1"))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&again), "VERSION_MISMATCH");
+
+    // A count below what is held names the reserved units.
+    app.hold("k", &[("MUG", 4)]).await;
+    let below = app
+        .client
+        .set_stock(set("MUG", 3, None, "count-low"))
+        .await
+        .unwrap_err();
+    assert_eq!(below.code(), Code::FailedPrecondition);
+    assert_eq!(error_reason(&below), "BELOW_RESERVED");
+    assert_eq!(
+        below.get_details_error_info().unwrap().metadata["reserved"],
+        "4"
+    );
+    let bad = app
+        .client
+        .set_stock(SetStockRequest {
+            on_hand: -1,
+            expected_version: Some(-2),
+            ..set("bad sku", 0, None, "")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        violated_fields(&bad),
+        ["sku", "on_hand", "idempotency_key", "expected_version"]
+    );
+    assert_eq!(app.level("MUG").await, (winner.on_hand + 5, 4));
+    let (ok, out) = verify(&app).await;
+    assert!(ok, "{out}");
+}
+
+#[tokio::test]
+async fn out_of_stock_and_back_in_stock_come_at_the_crossings_in_commit_order() {
+    let mut app = spawn_app().await;
+    stock(&app, "LAST", 2).await;
+    let mut stream = watch(&app, 0).await;
+    let first = app.hold("a", &[("LAST", 1)]).await;
+    let second = app.hold("b", &[("LAST", 1)]).await;
+    app.client
+        .release_reservation(ReleaseReservationRequest {
+            reservation_id: second.reservation_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    app.client
+        .confirm_reservation(ConfirmReservationRequest {
+            reservation_id: first.reservation_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // Confirming a held unit changes no availability; counting to zero does.
+    app.client
+        .set_stock(set("LAST", 0, None, "count"))
+        .await
+        .unwrap();
+    let events = take(&mut stream, 8).await;
+    let types: Vec<EventType> = events.iter().map(|e| e.r#type()).collect();
+    assert_eq!(
+        types,
+        [
+            EventType::StockAdjusted,
+            EventType::ReservationHeld,
+            EventType::ReservationHeld,
+            EventType::OutOfStock,
+            EventType::ReservationReleased,
+            EventType::BackInStock,
+            EventType::ReservationConfirmed,
+            EventType::StockAdjusted,
+        ]
+    );
+    let more = take(&mut stream, 1).await;
+    assert_eq!(more[0].r#type(), EventType::OutOfStock);
+    let level = match &more[0].payload {
+        Some(inventory_server::proto::event::Payload::Availability(a)) => a.level.clone().unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((level.on_hand, level.available, level.version), (0, 0, 6));
+}

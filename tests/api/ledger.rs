@@ -107,6 +107,17 @@ async fn every_change_of_a_level_is_one_movement_and_they_add_up_to_it() {
         .await
         .unwrap();
 
+    // A count that finds what is stored changes nothing: no version, event or movement.
+    let events = app.count("SELECT count(*) FROM outbox").await;
+    let same = app
+        .client
+        .set_stock(set("MUG", 20, None, "count-2"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((same.on_hand, same.version), (20, 7));
+    assert_eq!(app.count("SELECT count(*) FROM outbox").await, events);
+
     let ledger = movements(&app, "MUG").await;
     let kinds: Vec<MovementKind> = ledger.iter().map(|m| m.kind()).collect();
     assert_eq!(

@@ -167,7 +167,8 @@ impl StockStore for PgStore {
                 return outcome.into_result(command);
             }
             let result = apply_count(&tx, command).await?;
-            if let Ok((level, delta)) = &result {
+            let changed = matches!(&result, Ok(Count { changed: true, .. }));
+            if let (true, Ok(Count { level, delta, .. })) = (changed, &result) {
                 let payload = json!({
                     "delta": delta,
                     "reason": command.reason.as_str(),
@@ -187,7 +188,7 @@ impl StockStore for PgStore {
                 let movement = NewMovement::new(MovementKind::Set, level, *delta, 0).because(cause);
                 ledger::append(&tx, &[movement]).await.map_err(from_db)?;
             }
-            let result = result.map(|(level, _)| level);
+            let result = result.map(|count| count.level);
             let outcome = SetOutcome::from_result(&result)
                 .expect("apply_count returns only storable outcomes");
             idempotency::record(
@@ -198,7 +199,7 @@ impl StockStore for PgStore {
             )
             .await?;
             tx.commit().await.map_err(from_db)?;
-            if result.is_ok() {
+            if changed {
                 self.outbox_written();
             }
             result
@@ -238,12 +239,20 @@ impl StockStore for PgStore {
     }
 }
 
+/// What a count came to: the level after it, the change of `on_hand`, and whether anything
+/// was written (a count equal to what is stored writes nothing).
+struct Count {
+    level: StockLevel,
+    delta: i64,
+    changed: bool,
+}
+
 /// An absolute count: the row is locked (or created), the core decides, the count is written
-/// under guards that repeat the decision. Returns the level and the change of `on_hand`.
+/// under guards that repeat the decision.
 async fn apply_count(
     tx: &deadpool_postgres::Transaction<'_>,
     command: &SetStock,
-) -> Result<Result<(StockLevel, i64), Error>, Error> {
+) -> Result<Result<Count, Error>, Error> {
     let sku = &command.sku;
     let mut current = stock::lock(tx, sku).await.map_err(from_db)?;
     if current.is_none() {
@@ -255,7 +264,11 @@ async fn apply_count(
         };
         if let Some(level) = created {
             let delta = level.on_hand;
-            return Ok(Ok((level, delta)));
+            return Ok(Ok(Count {
+                level,
+                delta,
+                changed: true,
+            }));
         }
         // Created meanwhile by another transaction (committed: the insert waited for it).
         current = stock::lock(tx, sku).await.map_err(from_db)?;
@@ -266,10 +279,24 @@ async fn apply_count(
         Ok(level) => level,
     };
     let delta = decided.on_hand - before;
+    if delta == 0
+        && let Some(current) = current
+    {
+        // The count confirms what is stored: no change, no version, no movement.
+        return Ok(Ok(Count {
+            level: current,
+            delta: 0,
+            changed: false,
+        }));
+    }
     match stock::adjust(tx, sku, delta).await.map_err(from_db)? {
         Some(level) => {
             debug_assert_eq!(level, decided, "the stored level is the decided one");
-            Ok(Ok((level, delta)))
+            Ok(Ok(Count {
+                level,
+                delta,
+                changed: true,
+            }))
         }
         None => Err(Error::internal(
             "the locked stock row no longer matched its guards",

@@ -203,6 +203,24 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "BatchSetStock"))]
+    async fn batch_set_stock(
+        &self,
+        request: Request<proto::BatchSetStockRequest>,
+    ) -> Result<Response<proto::BatchSetStockResponse>, Status> {
+        self.unary(
+            request,
+            Action::Adjust,
+            |inventory, command, _| async move {
+                inventory
+                    .batch_set_stock(&command)
+                    .await
+                    .map(crate::wire::BatchLevels)
+            },
+        )
+        .await
+    }
+
     #[tracing::instrument(skip_all, fields(rpc = "ListStockMovements"))]
     async fn list_stock_movements(
         &self,

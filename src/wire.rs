@@ -7,7 +7,7 @@ mod decode;
 mod encode;
 
 pub use decode::Decode;
-pub use encode::Encode;
+pub use encode::{BatchLevels, Encode};
 
 #[cfg(test)]
 mod tests;

@@ -8,9 +8,10 @@ use std::time::Duration;
 use inventory_core::{
     Error, FieldViolation,
     command::{
-        AdjustStock, CancelOrder, DEFAULT_PAGE_SIZE, ExtendReservation, GetStock, ListReservations,
-        ListStockMovements, MAX_PAGE_SIZE, ReservationFilter, ReservationRef, Reserve, SetStock,
-        Settle, SettleReservation, WatchEvents, movement_token, page_token,
+        AdjustStock, BatchSetStock, CancelOrder, DEFAULT_PAGE_SIZE, ExtendReservation, GetStock,
+        ListReservations, ListStockMovements, MAX_BATCH_COUNTS, MAX_PAGE_SIZE, ReservationFilter,
+        ReservationRef, Reserve, SetStock, Settle, SettleReservation, WatchEvents, movement_token,
+        page_token,
     },
     domain::{
         IdempotencyKey, Line, MAX_LINES, MAX_ON_HAND, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
@@ -96,29 +97,90 @@ impl Decode for proto::SetStockRequest {
 
     fn into_command(self, who: &Principal) -> Result<SetStock, Error> {
         let mut violations = Violations::default();
-        let sku = violations.check("sku", Sku::parse(&self.sku));
-        let on_hand = violations.check(
-            "on_hand",
-            if (0..=MAX_ON_HAND).contains(&self.on_hand) {
-                Ok(self.on_hand)
-            } else {
-                Err(format!("must be between 0 and {MAX_ON_HAND}"))
-            },
-        );
         let idempotency_key = violations.check(
             "idempotency_key",
             IdempotencyKey::parse(&self.idempotency_key),
         );
-        let reason = violations.check("reason", Reason::parse(&self.reason));
-        let expected_version = expected_version(&mut violations, self.expected_version);
+        let count = count(&self, "", idempotency_key.as_ref(), who, &mut violations);
+        violations.finish(|| count)
+    }
+}
+
+/// One count (of a `SetStock`, or an entry of a batch under the batch's key), its fields
+/// named after `prefix`. `None` if a field is invalid (each is reported).
+fn count(
+    request: &proto::SetStockRequest,
+    prefix: &str,
+    key: Option<&IdempotencyKey>,
+    who: &Principal,
+    violations: &mut Violations,
+) -> Option<SetStock> {
+    let sku = violations.check(format!("{prefix}sku"), Sku::parse(&request.sku));
+    let on_hand = violations.check(
+        format!("{prefix}on_hand"),
+        if (0..=MAX_ON_HAND).contains(&request.on_hand) {
+            Ok(request.on_hand)
+        } else {
+            Err(format!("must be between 0 and {MAX_ON_HAND}"))
+        },
+    );
+    let reason = violations.check(format!("{prefix}reason"), Reason::parse(&request.reason));
+    let expected_version = match request.expected_version {
+        Some(version) if version < 0 => {
+            violations.add(format!("{prefix}expected_version"), "must not be negative");
+            None
+        }
+        raw => Some(raw),
+    };
+    Some(SetStock {
+        caller: who.caller().clone(),
+        sku: sku?,
+        on_hand: on_hand?,
+        expected_version: expected_version?,
+        idempotency_key: key?.clone(),
+        reason: reason?,
+    })
+}
+
+impl Decode for proto::BatchSetStockRequest {
+    type Command = BatchSetStock;
+
+    fn into_command(self, who: &Principal) -> Result<BatchSetStock, Error> {
+        let mut violations = Violations::default();
+        let idempotency_key = violations.check(
+            "idempotency_key",
+            IdempotencyKey::parse(&self.idempotency_key),
+        );
+        if self.requests.is_empty() {
+            violations.add("requests", "must have at least one count");
+        }
+        if self.requests.len() > MAX_BATCH_COUNTS {
+            violations.add(
+                "requests",
+                format!("must have at most {MAX_BATCH_COUNTS} counts"),
+            );
+            return violations.finish(|| None);
+        }
+        let mut counts = Vec::with_capacity(self.requests.len());
+        let mut first_seen: HashMap<&str, usize> = HashMap::new();
+        for (index, request) in self.requests.iter().enumerate() {
+            let prefix = format!("requests[{index}].");
+            if let Some(first) = first_seen.get(request.sku.as_str()) {
+                violations.add(
+                    format!("{prefix}sku"),
+                    format!("duplicates requests[{first}].sku"),
+                );
+                continue;
+            }
+            first_seen.insert(&request.sku, index);
+            let key = idempotency_key.as_ref();
+            counts.extend(count(request, &prefix, key, who, &mut violations));
+        }
         violations.finish(|| {
-            Some(SetStock {
+            Some(BatchSetStock {
                 caller: who.caller().clone(),
-                sku: sku?,
-                on_hand: on_hand?,
-                expected_version: expected_version?,
                 idempotency_key: idempotency_key?,
-                reason: reason?,
+                counts,
             })
         })
     }

@@ -95,6 +95,20 @@ impl Encode for Vec<Reservation> {
     }
 }
 
+/// The levels after a batch of counts, in request order.
+#[derive(Debug)]
+pub struct BatchLevels(pub Vec<StockLevel>);
+
+impl Encode for BatchLevels {
+    type Message = proto::BatchSetStockResponse;
+
+    fn into_message(self) -> proto::BatchSetStockResponse {
+        proto::BatchSetStockResponse {
+            levels: self.0.into_iter().map(Encode::into_message).collect(),
+        }
+    }
+}
+
 impl Encode for Movement {
     type Message = proto::StockMovement;
 

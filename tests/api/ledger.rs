@@ -5,8 +5,8 @@ use std::process::Command;
 
 use futures::future::join_all;
 use inventory_server::proto::{
-    AdjustStockRequest, CancelOrderRequest, ConfirmReservationRequest, EventType,
-    ListStockMovementsRequest, MovementKind, ReleaseReservationRequest, ReservationLine,
+    AdjustStockRequest, BatchSetStockRequest, CancelOrderRequest, ConfirmReservationRequest,
+    EventType, ListStockMovementsRequest, MovementKind, ReleaseReservationRequest, ReservationLine,
     SetStockRequest, StockMovement,
 };
 use tonic::Code;
@@ -344,7 +344,7 @@ async fn a_count_or_adjustment_at_a_stale_version_changes_nothing() {
         .unwrap_err();
     assert_eq!(
         violated_fields(&bad),
-        ["sku", "on_hand", "idempotency_key", "expected_version"]
+        ["idempotency_key", "sku", "on_hand", "expected_version"]
     );
     assert_eq!(app.level("MUG").await, (winner.on_hand + 5, 4));
     let (ok, out) = verify(&app).await;
@@ -399,4 +399,129 @@ async fn out_of_stock_and_back_in_stock_come_at_the_crossings_in_commit_order() 
         other => panic!("{other:?}"),
     };
     assert_eq!((level.on_hand, level.available, level.version), (0, 0, 6));
+}
+
+async fn events(app: &TestApp) -> i64 {
+    app.count("SELECT count(*) FROM outbox").await
+}
+
+fn batch(key: &str, counts: &[(String, i64, Option<i64>)]) -> BatchSetStockRequest {
+    BatchSetStockRequest {
+        idempotency_key: key.into(),
+        requests: counts
+            .iter()
+            .map(|(sku, on_hand, expected)| SetStockRequest {
+                sku: sku.clone(),
+                on_hand: *on_hand,
+                expected_version: *expected,
+                idempotency_key: String::new(),
+                reason: "erp sync".into(),
+            })
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn a_batch_of_counts_is_all_or_nothing_with_one_event_and_movement_per_change() {
+    let mut app = spawn_app().await;
+    let skus: Vec<String> = (0..1_000).map(|i| format!("ERP-{i:04}")).collect();
+    let first: Vec<_> = skus.iter().map(|s| (s.clone(), 10, None)).collect();
+    let created = app
+        .client
+        .batch_set_stock(batch("sync-1", &first))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(created.levels.len(), 1_000);
+    assert!(
+        created
+            .levels
+            .iter()
+            .all(|l| l.on_hand == 10 && l.version == 1)
+    );
+    assert_eq!(events(&app).await, 1_000);
+
+    // 1,000 counts, ten of which find what is stored.
+    let second: Vec<_> = skus
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.clone(), if i % 100 == 0 { 10 } else { 20 }, Some(1)))
+        .collect();
+    let synced = app
+        .client
+        .batch_set_stock(batch("sync-2", &second))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(synced.levels[0].version, 1, "unchanged: no new version");
+    assert_eq!(
+        (synced.levels[1].on_hand, synced.levels[1].version),
+        (20, 2)
+    );
+    assert_eq!(events(&app).await, 1_990);
+    assert_eq!(
+        app.count("SELECT count(*) FROM stock_movements").await,
+        1_990
+    );
+    let replay = app
+        .client
+        .batch_set_stock(batch("sync-2", &second))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replay, synced);
+    assert_eq!(events(&app).await, 1_990);
+
+    // One stale entry refuses the batch: nothing changes.
+    app.hold("k", &[("ERP-0003", 5)]).await;
+    let before = (events(&app).await, app.level("ERP-0001").await);
+    let stale = vec![
+        ("ERP-0001".to_string(), 30, None),
+        ("ERP-0002".to_string(), 30, Some(1)),
+        ("NEW-SKU".to_string(), 30, None),
+    ];
+    let refused = app
+        .client
+        .batch_set_stock(batch("sync-3", &stale))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&refused), "VERSION_MISMATCH");
+    assert!(refused.message().contains("ERP-0002"), "{refused:?}");
+    let below = vec![("ERP-0003".to_string(), 4, None)];
+    let refused = app
+        .client
+        .batch_set_stock(batch("sync-4", &below))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&refused), "BELOW_RESERVED");
+    assert_eq!((events(&app).await, app.level("ERP-0001").await), before);
+    assert_eq!(
+        app.count("SELECT count(*) FROM stock WHERE sku = 'NEW-SKU'")
+            .await,
+        0
+    );
+
+    // Every bad field is named, and nothing is looked at.
+    let malformed = vec![
+        ("ERP-0001".to_string(), 1, None),
+        ("ERP-0002".to_string(), -1, None),
+        ("ERP-0001".to_string(), 1, None),
+        ("bad sku".to_string(), 1, Some(-1)),
+    ];
+    let invalid = app
+        .client
+        .batch_set_stock(batch("sync-5", &malformed))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        violated_fields(&invalid),
+        [
+            "requests[1].on_hand",
+            "requests[2].sku",
+            "requests[3].sku",
+            "requests[3].expected_version"
+        ]
+    );
+    let (ok, out) = verify(&app).await;
+    assert!(ok, "{out}");
 }

@@ -103,6 +103,29 @@ impl SetStock {
     }
 }
 
+/// Most counts one `BatchSetStock` may carry.
+pub const MAX_BATCH_COUNTS: usize = 1_000;
+
+/// Up to [`MAX_BATCH_COUNTS`] counts of distinct SKUs, all or none, under one key (each
+/// count's own key is the batch's).
+#[derive(Clone, Debug)]
+pub struct BatchSetStock {
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
+    pub idempotency_key: IdempotencyKey,
+    pub counts: Vec<SetStock>,
+}
+
+impl BatchSetStock {
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new("BatchSetStock");
+        for count in &self.counts {
+            builder.field(count.fingerprint().as_bytes());
+        }
+        builder.finish()
+    }
+}
+
 /// A page of a SKU's movements, in version order.
 #[derive(Clone, Debug)]
 pub struct ListStockMovements {

@@ -8,7 +8,7 @@ use std::{
 
 use crate::{
     command::{
-        AdjustStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
+        AdjustStock, BatchSetStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
         ListStockMovements, MovementPage, ReservationPage, ReservationRef, Reserve, SetStock,
         SettleReservation,
     },
@@ -34,6 +34,13 @@ pub trait StockStore: Send + Sync + 'static {
         &self,
         command: &SetStock,
     ) -> impl Future<Output = Result<StockLevel, Error>> + Send;
+
+    /// Every count of the batch in one transaction, all or none: the levels in request order,
+    /// or the first refusal in request order.
+    fn batch_set_stock(
+        &self,
+        command: &BatchSetStock,
+    ) -> impl Future<Output = Result<Vec<StockLevel>, Error>> + Send;
 
     /// The current levels of the requested SKUs, in request order, or
     /// [`Error::UnknownSkus`] naming every SKU that does not exist.

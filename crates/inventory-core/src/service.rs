@@ -13,7 +13,7 @@ use crate::{
         MAX_GROUPS, Queued, Queues, Submitted, Turn, TurnWait, Writing,
     },
     command::{
-        AdjustStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
+        AdjustStock, BatchSetStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
         ListStockMovements, MovementList, ReservationList, ReservationRef, Reserve, SetStock,
         SettleReservation, movement_token, page_token,
     },
@@ -100,6 +100,11 @@ where
     /// An absolute count (see [`StockStore::set_stock`]); no lease, like an adjustment.
     pub async fn set_stock(&self, command: &SetStock) -> Result<StockLevel, Error> {
         self.store.set_stock(command).await
+    }
+
+    /// Many counts, all or none (see [`StockStore::batch_set_stock`]).
+    pub async fn batch_set_stock(&self, command: &BatchSetStock) -> Result<Vec<StockLevel>, Error> {
+        self.store.batch_set_stock(command).await
     }
 
     /// A page of a SKU's movements, with the token of the next page.

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use inventory_core::{
     Error,
-    command::{AdjustStock, SetStock},
+    command::{AdjustStock, BatchSetStock, SetStock},
     domain::{
         Line, MAX_ON_HAND, OrderId, Quantity, Reservation, ReservationId, ReservationLine,
         ReservationState, Sku, StockLevel,
@@ -23,6 +23,7 @@ pub(crate) const RESERVE: &str = "Reserve";
 pub(crate) const ADJUST_STOCK: &str = "AdjustStock";
 pub(crate) const CANCEL_ORDER: &str = "CancelOrder";
 pub(crate) const SET_STOCK: &str = "SetStock";
+pub(crate) const BATCH_SET_STOCK: &str = "BatchSetStock";
 
 /// The stored outcome of a `Reserve`: what a retry with the same key gets back.
 #[derive(Debug, Serialize, Deserialize)]
@@ -221,6 +222,68 @@ impl AdjustOutcome {
                 expected,
                 current,
             }),
+        }
+    }
+}
+
+/// The stored outcome of a `BatchSetStock`: every level, or the refused entry's outcome.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub(crate) enum BatchSetOutcome {
+    Set { levels: Vec<(i64, i64, i64)> },
+    Refused { index: usize, refusal: SetOutcome },
+}
+
+impl BatchSetOutcome {
+    pub(crate) fn from_result(
+        command: &BatchSetStock,
+        result: &Result<Vec<StockLevel>, Error>,
+    ) -> Option<Self> {
+        Some(match result {
+            Ok(levels) => Self::Set {
+                levels: levels
+                    .iter()
+                    .map(|l| (l.on_hand, l.reserved, l.version))
+                    .collect(),
+            },
+            Err(error) => {
+                let sku = match error {
+                    Error::VersionMismatch { sku, .. } | Error::CountBelowReserved { sku, .. } => {
+                        sku
+                    }
+                    _ => return None,
+                };
+                let index = command.counts.iter().position(|c| &c.sku == sku)?;
+                Self::Refused {
+                    index,
+                    refusal: SetOutcome::from_result(&Err(error.clone()))?,
+                }
+            }
+        })
+    }
+
+    pub(crate) fn into_result(self, command: &BatchSetStock) -> Result<Vec<StockLevel>, Error> {
+        match self {
+            Self::Set { levels } => Ok(command
+                .counts
+                .iter()
+                .zip(levels)
+                .map(|(count, (on_hand, reserved, version))| StockLevel {
+                    sku: count.sku.clone(),
+                    on_hand,
+                    reserved,
+                    version,
+                })
+                .collect()),
+            Self::Refused { index, refusal } => {
+                let count = command
+                    .counts
+                    .get(index)
+                    .ok_or_else(|| Error::internal("a stored refusal names no entry"))?;
+                refusal
+                    .into_result(count)
+                    .and_then(|_| Err(Error::internal("a stored refusal holds a level")))
+            }
         }
     }
 }

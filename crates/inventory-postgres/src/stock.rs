@@ -75,6 +75,13 @@ const UNRESERVE: &str = "
     WHERE sku = $1
     RETURNING on_hand, reserved, version";
 
+/// Decided counts, one row each; the guard repeats the rule (never below the reserved units).
+const SET_MANY: &str = "
+    UPDATE stock s SET on_hand = u.on_hand, version = s.version + 1, updated_at = now()
+    FROM unnest($1::text[], $2::bigint[]) AS u(sku, on_hand)
+    WHERE s.sku = u.sku AND u.on_hand >= s.reserved
+    RETURNING s.sku, s.on_hand, s.reserved, s.version";
+
 const READ_MANY: &str = "SELECT sku, on_hand, reserved, version FROM stock WHERE sku = ANY($1)";
 
 /// The SKU's row, locked until the transaction ends; `None` if there is no such SKU.
@@ -240,4 +247,33 @@ fn level(sku: &Sku, row: &Row) -> StockLevel {
         reserved: row.get(1),
         version: row.get(2),
     }
+}
+
+/// Writes decided counts of locked rows (`(sku, on_hand)`); returns the levels written, in no
+/// particular order.
+pub(crate) async fn set_many(
+    tx: &Transaction<'_>,
+    counts: &[(&str, i64)],
+) -> Result<Vec<StockLevel>, Error> {
+    if counts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let statement = tx.prepare_cached(SET_MANY).await.map_err(from_db)?;
+    let skus: Vec<&str> = counts.iter().map(|c| c.0).collect();
+    let on_hands: Vec<i64> = counts.iter().map(|c| c.1).collect();
+    let rows = tx
+        .query(&statement, &[&skus, &on_hands])
+        .await
+        .map_err(from_db)?;
+    rows.iter()
+        .map(|row| {
+            let sku: &str = row.try_get(0).map_err(Error::internal)?;
+            Ok(StockLevel {
+                sku: Sku::parse(sku).map_err(Error::internal)?,
+                on_hand: row.try_get(1).map_err(Error::internal)?,
+                reserved: row.try_get(2).map_err(Error::internal)?,
+                version: row.try_get(3).map_err(Error::internal)?,
+            })
+        })
+        .collect()
 }

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 use deadpool_postgres::Pool;
 use inventory_core::{
     Dependency, Error,
-    command::{AdjustStock, GetStock, ListStockMovements, MovementPage, SetStock},
+    command::{AdjustStock, BatchSetStock, GetStock, ListStockMovements, MovementPage, SetStock},
     domain::{MovementKind, StockLevel},
     pause::PausePoints,
     ports::StockStore,
@@ -20,7 +20,9 @@ use crate::{
     idempotency,
     ledger::{self, Cause, NewMovement},
     outbox,
-    outcome::{ADJUST_STOCK, AdjustOutcome, SET_STOCK, SetOutcome},
+    outcome::{
+        ADJUST_STOCK, AdjustOutcome, BATCH_SET_STOCK, BatchSetOutcome, SET_STOCK, SetOutcome,
+    },
     stock,
 };
 
@@ -207,6 +209,42 @@ impl StockStore for PgStore {
         .await
     }
 
+    #[tracing::instrument(name = "sql.batch_set_stock", skip_all, fields(counts = command.counts.len()))]
+    async fn batch_set_stock(&self, command: &BatchSetStock) -> Result<Vec<StockLevel>, Error> {
+        self.bounded(async {
+            let mut client = self.pool.get().await.map_err(from_pool)?;
+            let tx = client.transaction().await.map_err(from_db)?;
+            if let idempotency::Claim::Replay(outcome) = idempotency::claim(
+                &tx,
+                &self.pauses,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                BATCH_SET_STOCK,
+                &command.fingerprint(),
+            )
+            .await?
+            {
+                let outcome: BatchSetOutcome =
+                    serde_json::from_value(outcome).map_err(Error::internal)?;
+                return outcome.into_result(command);
+            }
+            let result = apply_counts(&tx, command).await?;
+            let outcome = BatchSetOutcome::from_result(command, &result)
+                .expect("apply_counts returns only storable outcomes");
+            idempotency::record(
+                &tx,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                &outcome,
+            )
+            .await?;
+            tx.commit().await.map_err(from_db)?;
+            self.outbox_written();
+            result
+        })
+        .await
+    }
+
     #[tracing::instrument(name = "sql.list_stock_movements", skip_all, fields(sku = %query.sku))]
     async fn list_movements(&self, query: &ListStockMovements) -> Result<MovementPage, Error> {
         self.bounded(async {
@@ -302,6 +340,119 @@ async fn apply_count(
             "the locked stock row no longer matched its guards",
         )),
     }
+}
+
+/// A batch of counts: existing rows locked in SKU order, missing SKUs created in SKU order
+/// (creation takes the new row's lock), every count decided in request order (the first
+/// refusal refuses the batch, and the transaction is dropped), then the changed rows written
+/// with one statement, one event and one movement each.
+async fn apply_counts(
+    tx: &deadpool_postgres::Transaction<'_>,
+    command: &BatchSetStock,
+) -> Result<Result<Vec<StockLevel>, Error>, Error> {
+    let mut skus: Vec<&str> = command.counts.iter().map(|c| c.sku.as_str()).collect();
+    skus.sort_unstable();
+    let mut current: std::collections::HashMap<String, StockLevel> = stock::lock_many(tx, &skus)
+        .await?
+        .into_iter()
+        .map(|(sku, locked)| (sku, locked.level))
+        .collect();
+    // Decide first: a refusal writes nothing, not even a new SKU.
+    for count in &command.counts {
+        if let Err(refusal) = rules::set_stock(current.get(count.sku.as_str()), count) {
+            return Ok(Err(refusal));
+        }
+    }
+    let mut created = Vec::new();
+    for sku in &skus {
+        if current.contains_key(*sku) {
+            continue;
+        }
+        let count = command
+            .counts
+            .iter()
+            .find(|c| c.sku.as_str() == *sku)
+            .expect("every SKU comes from a count");
+        match stock::create(tx, &count.sku, count.on_hand)
+            .await
+            .map_err(from_db)?
+        {
+            Some(level) => {
+                created.push(level.sku.clone());
+                current.insert(sku.to_string(), level);
+            }
+            None => {
+                // Created meanwhile by another transaction (committed: the insert waited for
+                // it): lock it and decide again.
+                let Some(level) = stock::lock(tx, &count.sku).await.map_err(from_db)? else {
+                    return Err(Error::internal("a SKU vanished while it was created"));
+                };
+                if let Err(refusal) = rules::set_stock(Some(&level), count) {
+                    return Ok(Err(refusal));
+                }
+                current.insert(sku.to_string(), level);
+            }
+        }
+    }
+    let changes: Vec<(&str, i64)> = command
+        .counts
+        .iter()
+        .filter(|c| !created.contains(&c.sku))
+        .filter(|c| current[c.sku.as_str()].on_hand != c.on_hand)
+        .map(|c| (c.sku.as_str(), c.on_hand))
+        .collect();
+    let mut changed = stock::set_many(tx, &changes).await?;
+    if changed.len() != changes.len() {
+        return Err(Error::internal(
+            "the locked stock rows no longer matched their guards",
+        ));
+    }
+    let mut movements = Vec::new();
+    let mut events = Vec::new();
+    for count in &command.counts {
+        let before = current[count.sku.as_str()].on_hand;
+        let level = if created.contains(&count.sku) {
+            current[count.sku.as_str()].clone()
+        } else if let Some(i) = changed.iter().position(|l| l.sku == count.sku) {
+            changed.swap_remove(i)
+        } else {
+            continue;
+        };
+        let delta = if created.contains(&count.sku) {
+            level.on_hand
+        } else {
+            level.on_hand - before
+        };
+        let cause = Cause {
+            actor: command.caller.as_str(),
+            reason: count.reason.as_str(),
+            idempotency_key: Some(command.idempotency_key.as_str()),
+            reservation: None,
+        };
+        events.push((
+            count,
+            json!({
+                "delta": delta,
+                "reason": count.reason.as_str(),
+                "on_hand": level.on_hand,
+                "reserved": level.reserved,
+                "version": level.version,
+            }),
+        ));
+        movements.push(NewMovement::new(MovementKind::Set, &level, delta, 0).because(cause));
+        current.insert(count.sku.as_str().to_owned(), level);
+    }
+    futures::future::try_join_all(events.iter().map(|(count, payload)| {
+        outbox::append_sku_event(tx, outbox::STOCK_ADJUSTED, &count.sku, payload)
+    }))
+    .await
+    .map_err(from_db)?;
+    ledger::append(tx, &movements).await.map_err(from_db)?;
+    Ok(Ok(command
+        .counts
+        .iter()
+        .map(|c| current[c.sku.as_str()].clone())
+        .collect()))
 }
 
 /// The stock change itself: the row is locked, the core decides, the decision is written

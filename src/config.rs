@@ -187,6 +187,11 @@ pub struct ServeArgs {
     #[arg(long, env = "RESERVATION_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
     pub reservation_retention: Duration,
 
+    /// How long stock movements are kept (a SKU's latest always is); unset keeps the ledger
+    /// forever.
+    #[arg(long, env = "LEDGER_RETENTION", value_parser = humantime::parse_duration)]
+    pub ledger_retention: Option<Duration>,
+
     /// How long an idempotency key and its stored outcome are kept (at least 24h).
     #[arg(long, env = "IDEMPOTENCY_RETENTION", default_value = "48h", value_parser = humantime::parse_duration)]
     pub idempotency_retention: Duration,
@@ -533,6 +538,7 @@ impl Settings {
                             events: args.event_retention,
                             idempotency_keys: args.idempotency_retention,
                             reservations: args.reservation_retention,
+                            ledger: args.ledger_retention,
                         },
                     },
                     auth: AuthSettings {

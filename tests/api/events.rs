@@ -300,6 +300,7 @@ async fn a_cursor_behind_retention_is_out_of_range_naming_the_oldest_kept() {
         events: Duration::ZERO,
         idempotency_keys: Duration::from_secs(86_400),
         reservations: Duration::from_secs(86_400),
+        ledger: None,
     };
     let pruned = app.store.prune(&retention, 3).await.unwrap();
     assert_eq!(pruned.events, 3, "pruned in batches, oldest first");

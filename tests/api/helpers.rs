@@ -188,6 +188,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
                 events: Duration::from_secs(7 * 24 * 3600),
                 idempotency_keys: Duration::from_secs(48 * 3600),
                 reservations: Duration::from_secs(30 * 24 * 3600),
+                ledger: None,
             },
         },
         auth: AuthSettings {

@@ -22,6 +22,9 @@ pub struct Retention {
     pub idempotency_keys: Duration,
     /// Final reservations (confirmed, released, expired), from their last change.
     pub reservations: Duration,
+    /// Stock movements; `None` keeps the ledger forever. A SKU's latest movement is always
+    /// kept.
+    pub ledger: Option<Duration>,
 }
 
 /// What one pass deleted.
@@ -32,6 +35,7 @@ pub struct Pruned {
     pub reservations: u64,
     /// Tombstones of cancelled orders, kept as long as final reservations.
     pub cancelled_orders: u64,
+    pub movements: u64,
 }
 
 impl Pruned {
@@ -42,6 +46,7 @@ impl Pruned {
             || self.idempotency_keys >= batch
             || self.reservations >= batch
             || self.cancelled_orders >= batch
+            || self.movements >= batch
     }
 
     pub fn is_empty(&self) -> bool {
@@ -91,6 +96,25 @@ const PRUNE_CANCELLED_ORDERS: &str = "
         WHERE cancelled_at < clock_timestamp() - make_interval(secs => $1)
         ORDER BY cancelled_at LIMIT $2)";
 
+/// The oldest movements past retention, never a SKU's latest (so every SKU keeps the level
+/// its row must match); `ledger_pruned` records through which version each SKU was pruned.
+const PRUNE_MOVEMENTS: &str = "
+    WITH gone AS (
+        DELETE FROM stock_movements WHERE (sku, version) IN (
+            SELECT m.sku, m.version FROM stock_movements m
+            WHERE m.occurred_at < clock_timestamp() - make_interval(secs => $1)
+              AND m.version < (SELECT s.version FROM stock s WHERE s.sku = m.sku)
+            ORDER BY m.occurred_at LIMIT $2)
+        RETURNING sku, version
+    ), recorded AS (
+        INSERT INTO ledger_pruned (sku, through_version)
+        SELECT sku, max(version) FROM gone GROUP BY sku
+        ON CONFLICT (sku) DO UPDATE
+        SET through_version = greatest(ledger_pruned.through_version, excluded.through_version)
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone";
+
 impl PgStore {
     /// One pass: up to `batch` of each kind of row past its retention.
     pub async fn prune(&self, retention: &Retention, batch: usize) -> Result<Pruned, Error> {
@@ -127,11 +151,26 @@ impl PgStore {
                 .execute(&statement, &[&retention.reservations.as_secs_f64(), &limit])
                 .await
                 .map_err(from_db)?;
+            let movements: i64 = match retention.ledger {
+                None => 0,
+                Some(ledger) => {
+                    let statement = client
+                        .prepare_cached(PRUNE_MOVEMENTS)
+                        .await
+                        .map_err(from_db)?;
+                    client
+                        .query_one(&statement, &[&ledger.as_secs_f64(), &limit])
+                        .await
+                        .map_err(from_db)?
+                        .get(0)
+                }
+            };
             Ok(Pruned {
                 events: u64::try_from(events).unwrap_or(0),
                 idempotency_keys,
                 reservations,
                 cancelled_orders,
+                movements: u64::try_from(movements).unwrap_or(0),
             })
         })
         .await

@@ -3,7 +3,8 @@
 //!
 //! 1. along each SKU's movements in version order, versions are dense and each level is the
 //!    previous one plus the movement's deltas (the first movement is version 1, or the
-//!    opening balance, and its level is its own deltas);
+//!    opening balance, and its level is its own deltas; under `LEDGER_RETENTION`, it follows
+//!    the version pruning recorded in `ledger_pruned`);
 //! 2. each SKU's last movement is its `stock` row (level and version), and every `stock` row
 //!    has movements;
 //! 3. each SKU's `reserved` is exactly what its `HELD` reservations still hold.
@@ -13,19 +14,23 @@ use std::fmt;
 use serde::Serialize;
 
 const CHAIN: &str = "
-    SELECT sku, version, kind, on_hand_delta, reserved_delta, on_hand, reserved,
-           prev_version, prev_on_hand, prev_reserved
+    SELECT c.sku, version, kind, on_hand_delta, reserved_delta, on_hand, reserved,
+           prev_version, prev_on_hand, prev_reserved, p.through_version
     FROM (
         SELECT m.*, lag(version) OVER w AS prev_version, lag(on_hand) OVER w AS prev_on_hand,
                lag(reserved) OVER w AS prev_reserved
         FROM stock_movements m WINDOW w AS (PARTITION BY sku ORDER BY version)) c
-    WHERE CASE WHEN prev_version IS NULL
-        THEN NOT ((version = 1 OR kind = 'OPENING')
-                  AND on_hand = on_hand_delta AND reserved = reserved_delta)
+    LEFT JOIN ledger_pruned p ON p.sku = c.sku
+    WHERE CASE
+        WHEN prev_version IS NULL AND p.through_version IS NOT NULL
+            THEN version <> p.through_version + 1
+        WHEN prev_version IS NULL
+            THEN NOT ((version = 1 OR kind = 'OPENING')
+                      AND on_hand = on_hand_delta AND reserved = reserved_delta)
         ELSE version <> prev_version + 1 OR on_hand <> prev_on_hand + on_hand_delta
              OR reserved <> prev_reserved + reserved_delta
     END
-    ORDER BY sku COLLATE \"C\", version";
+    ORDER BY c.sku COLLATE \"C\", version";
 
 const LAST: &str = "
     SELECT coalesce(s.sku, l.sku), s.on_hand, s.reserved, s.version,
@@ -91,15 +96,20 @@ pub async fn verify(client: &mut tokio_postgres::Client) -> Result<Report, tokio
         let (d_on, d_res, on_hand, reserved): (i64, i64, i64, i64) =
             (row.get(3), row.get(4), row.get(5), row.get(6));
         let previous: Option<i64> = row.get(7);
-        let problem = match previous {
-            None => format!(
+        let pruned: Option<i64> = row.get(10);
+        let problem = match (previous, pruned) {
+            (None, Some(through)) => format!(
+                "pruned through version {through}, yet the ledger resumes at version {version}: \
+                 movements are missing"
+            ),
+            (None, None) => format!(
                 "the ledger begins at version {version} ({kind}) with {on_hand}/{reserved} \
                  (on hand/reserved) from deltas {d_on}/{d_res}"
             ),
-            Some(previous) if version != previous + 1 => {
+            (Some(previous), _) if version != previous + 1 => {
                 format!("version {version} follows version {previous}: movements are missing")
             }
-            Some(_) => {
+            (Some(_), _) => {
                 let (p_on, p_res): (i64, i64) = (row.get(8), row.get(9));
                 format!(
                     "version {version} ({kind}): {p_on}/{p_res} moved by {d_on}/{d_res} is not \

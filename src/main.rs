@@ -67,6 +67,13 @@ async fn run(command: Command, registry: prometheus::Registry) -> anyhow::Result
             for drift in &report.drifts {
                 println!("drift {drift}");
             }
+            // Exported over OTLP when configured (flushed on exit), so a scheduled run can be
+            // alerted on: inventory_verify_drift > 0.
+            opentelemetry::global::meter("inventory-server")
+                .u64_gauge("inventory.verify.drift")
+                .with_description("Drifts the last verify run found between the stock rows, the ledger and the live holds")
+                .build()
+                .record(report.drifts.len() as u64, &[]);
             println!(
                 "verified {} SKUs and {} movements in {:.3} s: {} drift(s)",
                 report.skus,

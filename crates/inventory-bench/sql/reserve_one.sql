@@ -12,7 +12,7 @@ SAVEPOINT lines;
 UPDATE stock
     SET reserved = reserved + 1, fence_token = fence_token + 1, version = version + 1, updated_at = now()
     WHERE sku = 'P-' || :n::text AND on_hand - reserved >= 1
-    RETURNING on_hand, reserved, version;
+    RETURNING on_hand AS s_on_hand, reserved AS s_reserved, version AS s_version \gset
 RELEASE SAVEPOINT lines;
 INSERT INTO reservations (reservation_id, order_id, state, caller, idempotency_key, expires_at)
     VALUES (gen_random_uuid(), 'o-' || :k::text, 'HELD', 'pgbench', 'k' || :client_id::text || '-' || :k::text,
@@ -23,9 +23,17 @@ INSERT INTO reservation_lines (reservation_id, sku, quantity, fence_token)
 INSERT INTO outbox (event_id, event_type, reservation_id, payload)
     VALUES (gen_random_uuid(), 'RESERVATION_HELD', :rid::uuid,
             jsonb_build_object('order_id', 'o-' || :k::text, 'state', 'HELD',
-                'lines', jsonb_build_array(jsonb_build_object('sku', 'P-' || :n::text, 'quantity', 1)),
+                'lines', jsonb_build_array(jsonb_build_object('sku', 'P-' || :n::text, 'quantity', 1,
+                    'held', 1, 'confirmed', 0, 'released', 0)),
                 'levels', jsonb_build_array(jsonb_build_object('sku', 'P-' || :n::text, 'on_hand', 1000000000,
                     'reserved', 1, 'version', 1))));
+INSERT INTO stock_movements
+    (sku, version, kind, on_hand_delta, reserved_delta, on_hand, reserved, reason, actor,
+     reservation_id, order_id, idempotency_key)
+    SELECT * FROM unnest(ARRAY['P-' || :n::text], ARRAY[:s_version::bigint], ARRAY['HELD'],
+        ARRAY[0::bigint], ARRAY[1::bigint], ARRAY[:s_on_hand::bigint], ARRAY[:s_reserved::bigint],
+        ARRAY[''], ARRAY['pgbench'], ARRAY[:rid::uuid], ARRAY['o-' || :k::text],
+        ARRAY['k' || :client_id::text || '-' || :k::text]);
 UPDATE idempotency_keys
     SET outcome = jsonb_build_object('outcome', 'held', 'reservation', jsonb_build_object(
         'reservation_id', :rid::uuid, 'order_id', 'o-' || :k::text, 'lines', jsonb_build_array(jsonb_build_array('P-' || :n::text, 1)),

@@ -41,6 +41,9 @@ fn is_unavailable(error: &tokio_postgres::Error) -> bool {
                     // statement_timeout and lock_timeout: the database is too slow right now.
                     SqlState::QUERY_CANCELED,
                     SqlState::LOCK_NOT_AVAILABLE,
+                    // Nothing was written; the same call succeeds when retried.
+                    SqlState::T_R_DEADLOCK_DETECTED,
+                    SqlState::T_R_SERIALIZATION_FAILURE,
                 ]
                 .contains(code)
         }

@@ -104,7 +104,7 @@ const PRUNE_MOVEMENTS: &str = "
             SELECT m.sku, m.version FROM stock_movements m
             WHERE m.occurred_at < clock_timestamp() - make_interval(secs => $1)
               AND m.version < (SELECT s.version FROM stock s WHERE s.sku = m.sku)
-            ORDER BY m.occurred_at LIMIT $2)
+            ORDER BY m.occurred_at, m.sku, m.version LIMIT $2)
         RETURNING sku, version
     ), recorded AS (
         INSERT INTO ledger_pruned (sku, through_version)

@@ -213,7 +213,7 @@ impl StockStore for PgStore {
     async fn batch_set_stock(&self, command: &BatchSetStock) -> Result<Vec<StockLevel>, Error> {
         self.bounded(async {
             let mut client = self.pool.get().await.map_err(from_pool)?;
-            let tx = client.transaction().await.map_err(from_db)?;
+            let mut tx = client.transaction().await.map_err(from_db)?;
             if let idempotency::Claim::Replay(outcome) = idempotency::claim(
                 &tx,
                 &self.pauses,
@@ -228,7 +228,15 @@ impl StockStore for PgStore {
                     serde_json::from_value(outcome).map_err(Error::internal)?;
                 return outcome.into_result(command);
             }
-            let result = apply_counts(&tx, command).await?;
+            // Under a savepoint: a refusal undoes every row the batch wrote (SKUs it created
+            // included) but keeps the claim, so the refusal itself is stored and replayed.
+            let savepoint = tx.savepoint("counts").await.map_err(from_db)?;
+            let result = apply_counts(&savepoint, command).await?;
+            if result.is_ok() {
+                savepoint.commit().await.map_err(from_db)?;
+            } else {
+                savepoint.rollback().await.map_err(from_db)?;
+            }
             let outcome = BatchSetOutcome::from_result(command, &result)
                 .expect("apply_counts returns only storable outcomes");
             idempotency::record(
@@ -342,56 +350,49 @@ async fn apply_count(
     }
 }
 
-/// A batch of counts: existing rows locked in SKU order, missing SKUs created in SKU order
-/// (creation takes the new row's lock), every count decided in request order (the first
-/// refusal refuses the batch, and the transaction is dropped), then the changed rows written
-/// with one statement, one event and one movement each.
+/// A batch of counts, under a savepoint the caller rolls back on a refusal. One pass in SKU
+/// order, like every writer: each SKU's row is locked, or created (which locks the new row),
+/// or locked after all if another transaction created it meanwhile. Then every count is
+/// decided in request order (the first refusal refuses the batch), and the changed rows are
+/// written with one statement, one event and one movement each.
 async fn apply_counts(
     tx: &deadpool_postgres::Transaction<'_>,
     command: &BatchSetStock,
 ) -> Result<Result<Vec<StockLevel>, Error>, Error> {
-    let mut skus: Vec<&str> = command.counts.iter().map(|c| c.sku.as_str()).collect();
-    skus.sort_unstable();
-    let mut current: std::collections::HashMap<String, StockLevel> = stock::lock_many(tx, &skus)
-        .await?
-        .into_iter()
-        .map(|(sku, locked)| (sku, locked.level))
-        .collect();
-    // Decide first: a refusal writes nothing, not even a new SKU.
-    for count in &command.counts {
-        if let Err(refusal) = rules::set_stock(current.get(count.sku.as_str()), count) {
-            return Ok(Err(refusal));
-        }
-    }
+    let mut by_sku: Vec<&SetStock> = command.counts.iter().collect();
+    by_sku.sort_by(|a, b| a.sku.cmp(&b.sku));
+    let mut current: std::collections::HashMap<String, StockLevel> =
+        std::collections::HashMap::with_capacity(by_sku.len());
     let mut created = Vec::new();
-    for sku in &skus {
-        if current.contains_key(*sku) {
+    for count in by_sku {
+        let level = match stock::lock(tx, &count.sku).await.map_err(from_db)? {
+            Some(level) => level,
+            // A count the core refuses for a missing SKU creates nothing; it is decided below.
+            None if rules::set_stock(None, count).is_err() => continue,
+            None => match stock::create(tx, &count.sku, count.on_hand)
+                .await
+                .map_err(from_db)?
+            {
+                Some(level) => {
+                    created.push(count.sku.clone());
+                    level
+                }
+                // Created meanwhile by another transaction (committed: the insert waited
+                // for it): lock it and decide on it below.
+                None => stock::lock(tx, &count.sku)
+                    .await
+                    .map_err(from_db)?
+                    .ok_or_else(|| Error::internal("a SKU vanished while it was created"))?,
+            },
+        };
+        current.insert(count.sku.as_str().to_owned(), level);
+    }
+    for count in &command.counts {
+        if created.contains(&count.sku) {
             continue;
         }
-        let count = command
-            .counts
-            .iter()
-            .find(|c| c.sku.as_str() == *sku)
-            .expect("every SKU comes from a count");
-        match stock::create(tx, &count.sku, count.on_hand)
-            .await
-            .map_err(from_db)?
-        {
-            Some(level) => {
-                created.push(level.sku.clone());
-                current.insert(sku.to_string(), level);
-            }
-            None => {
-                // Created meanwhile by another transaction (committed: the insert waited for
-                // it): lock it and decide again.
-                let Some(level) = stock::lock(tx, &count.sku).await.map_err(from_db)? else {
-                    return Err(Error::internal("a SKU vanished while it was created"));
-                };
-                if let Err(refusal) = rules::set_stock(Some(&level), count) {
-                    return Ok(Err(refusal));
-                }
-                current.insert(sku.to_string(), level);
-            }
+        if let Err(refusal) = rules::set_stock(current.get(count.sku.as_str()), count) {
+            return Ok(Err(refusal));
         }
     }
     let changes: Vec<(&str, i64)> = command

@@ -562,3 +562,44 @@ async fn a_pruned_ledger_keeps_each_skus_latest_movement_and_still_verifies() {
         "{out}"
     );
 }
+
+#[tokio::test]
+async fn batches_racing_to_create_a_sku_leave_nothing_of_the_refused_one() {
+    let app = spawn_app().await;
+    for round in 0..5 {
+        let (a, shared, b) = (
+            format!("N{round}-1"),
+            format!("N{round}-2"),
+            format!("N{round}-3"),
+        );
+        let first = batch(
+            &format!("first-{round}"),
+            &[(a.clone(), 5, Some(0)), (shared.clone(), 5, Some(0))],
+        );
+        let second = batch(
+            &format!("second-{round}"),
+            &[(shared.clone(), 7, Some(0)), (b.clone(), 7, Some(0))],
+        );
+        let (mut c1, mut c2) = (app.client.clone(), app.client.clone());
+        let (r1, r2) = tokio::join!(c1.batch_set_stock(first), c2.batch_set_stock(second));
+        assert!(
+            r1.is_ok() != r2.is_ok(),
+            "exactly one creates {shared}: {r1:?} {r2:?}"
+        );
+        let (loser, only_loser) = if r1.is_ok() { (&r2, &b) } else { (&r1, &a) };
+        assert_eq!(
+            error_reason(loser.as_ref().unwrap_err()),
+            "VERSION_MISMATCH"
+        );
+        assert_eq!(
+            app.count(&format!(
+                "SELECT count(*) FROM stock WHERE sku = '{only_loser}'"
+            ))
+            .await,
+            0,
+            "the refused batch created nothing"
+        );
+    }
+    let (ok, out) = verify(&app).await;
+    assert!(ok, "{out}");
+}

@@ -173,29 +173,16 @@ pub mod movement_token {
     }
 
     pub fn encode(last_version: i64, sku: &Sku, after_version: i64) -> String {
-        let mut bytes = Vec::with_capacity(LEN);
-        bytes.push(VERSION);
-        bytes.extend_from_slice(&last_version.to_be_bytes());
-        bytes.extend_from_slice(&binding(sku, after_version));
-        let checksum = page_token::checksum(&bytes);
-        bytes.extend_from_slice(&checksum);
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
+        let mut body = Vec::with_capacity(LEN - 8);
+        body.push(VERSION);
+        body.extend_from_slice(&last_version.to_be_bytes());
+        body.extend_from_slice(&binding(sku, after_version));
+        page_token::seal(body)
     }
 
     /// The last version listed, for a token issued for this SKU and `after_version`.
     pub fn decode(token: &str, sku: &Sku, after_version: i64) -> Result<i64, String> {
-        const INVALID: &str = "is not a page token issued for this request";
-        if token.len() != LEN * 2 || !token.is_ascii() {
-            return Err(INVALID.into());
-        }
-        let bytes: Vec<u8> = (0..LEN)
-            .map(|i| u8::from_str_radix(&token[2 * i..2 * i + 2], 16))
-            .collect::<Result<_, _>>()
-            .map_err(|_| INVALID.to_string())?;
-        let (body, sum) = bytes.split_at(LEN - 8);
-        if sum != page_token::checksum(body) || body[0] != VERSION {
-            return Err(INVALID.into());
-        }
+        let body = page_token::open(token, LEN, VERSION)?;
         if body[9..17] != binding(sku, after_version) {
             return Err("belongs to a request with other filters".into());
         }
@@ -452,14 +439,12 @@ pub mod page_token {
             .created_at
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-        let mut bytes = Vec::with_capacity(LEN);
-        bytes.push(VERSION);
-        bytes.extend_from_slice(&micros.to_be_bytes());
-        bytes.extend_from_slice(cursor.id.as_uuid().as_bytes());
-        bytes.extend_from_slice(&filter.fingerprint(scope));
-        let checksum = checksum(&bytes);
-        bytes.extend_from_slice(&checksum);
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
+        let mut body = Vec::with_capacity(LEN - 8);
+        body.push(VERSION);
+        body.extend_from_slice(&micros.to_be_bytes());
+        body.extend_from_slice(cursor.id.as_uuid().as_bytes());
+        body.extend_from_slice(&filter.fingerprint(scope));
+        seal(body)
     }
 
     /// The cursor of a token issued for these filters and scope.
@@ -468,18 +453,7 @@ pub mod page_token {
         filter: &ReservationFilter,
         scope: &Scope,
     ) -> Result<Cursor, String> {
-        const INVALID: &str = "is not a page token issued for this request";
-        if token.len() != LEN * 2 || !token.is_ascii() {
-            return Err(INVALID.into());
-        }
-        let bytes: Vec<u8> = (0..LEN)
-            .map(|i| u8::from_str_radix(&token[2 * i..2 * i + 2], 16))
-            .collect::<Result<_, _>>()
-            .map_err(|_| INVALID.to_string())?;
-        let (body, sum) = bytes.split_at(LEN - 8);
-        if sum != checksum(body) || body[0] != VERSION {
-            return Err(INVALID.into());
-        }
+        let body = open(token, LEN, VERSION)?;
         if body[25..33] != filter.fingerprint(scope) {
             return Err("belongs to a request with other filters".into());
         }
@@ -491,7 +465,33 @@ pub mod page_token {
         })
     }
 
-    pub(super) fn checksum(body: &[u8]) -> [u8; 8] {
+    const INVALID: &str = "is not a page token issued for this request";
+
+    /// A token's text: `body` (its format version first) and a checksum, in hex.
+    pub(super) fn seal(mut body: Vec<u8>) -> String {
+        let sum = checksum(&body);
+        body.extend_from_slice(&sum);
+        body.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The body of a token of `len` bytes (checksum included) in format `version`, if the
+    /// checksum holds.
+    pub(super) fn open(token: &str, len: usize, version: u8) -> Result<Vec<u8>, String> {
+        if token.len() != len * 2 || !token.is_ascii() {
+            return Err(INVALID.into());
+        }
+        let mut bytes: Vec<u8> = (0..len)
+            .map(|i| u8::from_str_radix(&token[2 * i..2 * i + 2], 16))
+            .collect::<Result<_, _>>()
+            .map_err(|_| INVALID.to_string())?;
+        let sum = bytes.split_off(len - 8);
+        if sum != checksum(&bytes) || bytes[0] != version {
+            return Err(INVALID.into());
+        }
+        Ok(bytes)
+    }
+
+    fn checksum(body: &[u8]) -> [u8; 8] {
         let mut builder = FingerprintBuilder::new("PageToken");
         builder.field(body);
         let full = builder.finish();

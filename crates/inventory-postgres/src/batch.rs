@@ -254,12 +254,11 @@ async fn write_decisions(
     let movements: Vec<NewMovement<'_>> = holds
         .iter()
         .map(|h| {
-            let cause = Cause {
-                actor: h.command.caller.as_str(),
-                reason: "",
-                idempotency_key: Some(h.command.idempotency_key.as_str()),
-                reservation: None,
-            }
+            let cause = Cause::call(
+                h.command.caller.as_str(),
+                "",
+                Some(h.command.idempotency_key.as_str()),
+            )
             .of_reservation(h.reservation.id, &h.reservation.order_id);
             NewMovement::of_units(
                 MovementKind::Held,

@@ -71,12 +71,11 @@ impl PgStore {
             let names: Vec<&str> = callers.iter().map(String::as_str).collect();
             let mut live = reservations::lock_live_of_order(&tx, &command.order_id, &names).await?;
             if !live.is_empty() {
-                let cause = Cause {
-                    actor: command.caller.as_str(),
-                    reason: command.reason.as_str(),
-                    idempotency_key: Some(command.idempotency_key.as_str()),
-                    reservation: None,
-                };
+                let cause = Cause::call(
+                    command.caller.as_str(),
+                    command.reason.as_str(),
+                    Some(command.idempotency_key.as_str()),
+                );
                 end_holds(&tx, &mut live, ReservationState::Released, cause).await?;
             }
             let outcome = CancelOutcome {

@@ -49,6 +49,16 @@ pub(crate) struct Cause<'a> {
 }
 
 impl<'a> Cause<'a> {
+    /// A call's caller, reason and key.
+    pub fn call(actor: &'a str, reason: &'a str, idempotency_key: Option<&'a str>) -> Self {
+        Self {
+            actor,
+            reason,
+            idempotency_key,
+            reservation: None,
+        }
+    }
+
     pub fn of_reservation(mut self, id: ReservationId, order_id: &'a OrderId) -> Self {
         self.reservation = Some((id, order_id));
         self

@@ -162,12 +162,11 @@ impl ReservationStore for PgStore {
                         )
                         .await
                         .map_err(from_db)?;
-                        let cause = Cause {
-                            actor: command.caller.as_str(),
-                            reason: "",
-                            idempotency_key: Some(command.idempotency_key.as_str()),
-                            reservation: None,
-                        }
+                        let cause = Cause::call(
+                            command.caller.as_str(),
+                            "",
+                            Some(command.idempotency_key.as_str()),
+                        )
                         .of_reservation(id, &command.order_id);
                         // `levels` are in SKU order, like `lines`.
                         let movements: Vec<NewMovement<'_>> = levels
@@ -360,12 +359,11 @@ impl PgStore {
         outbox::append_reservation_event(&tx, change.event, &change.after, &levels)
             .await
             .map_err(from_db)?;
-        let cause = Cause {
-            actor: command.caller.as_str(),
-            reason: "",
-            idempotency_key: command.idempotency_key.as_ref().map(|k| k.as_str()),
-            reservation: None,
-        }
+        let cause = Cause::call(
+            command.caller.as_str(),
+            "",
+            command.idempotency_key.as_ref().map(|k| k.as_str()),
+        )
         .of_reservation(target.id, &reservation.order_id);
         let kind = match command.settle {
             Settle::Confirm => MovementKind::Confirmed,

@@ -112,26 +112,14 @@ impl StockStore for PgStore {
             let outcome = AdjustOutcome::from_result(&result)
                 .expect("apply_adjustment returns only storable outcomes");
             if let Ok(level) = &result {
-                let payload = json!({
-                    "delta": command.delta.get(),
-                    "reason": command.reason.as_str(),
-                    "on_hand": level.on_hand,
-                    "reserved": level.reserved,
-                    "version": level.version,
-                });
-                outbox::append_sku_event(&tx, outbox::STOCK_ADJUSTED, &command.sku, &payload)
-                    .await
-                    .map_err(from_db)?;
-                let cause = Cause {
-                    actor: command.caller.as_str(),
-                    reason: command.reason.as_str(),
-                    idempotency_key: Some(command.idempotency_key.as_str()),
-                    reservation: None,
-                };
-                let movement =
-                    NewMovement::new(MovementKind::Adjusted, level, command.delta.get(), 0)
-                        .because(cause);
-                ledger::append(&tx, &[movement]).await.map_err(from_db)?;
+                let cause = Cause::call(
+                    command.caller.as_str(),
+                    command.reason.as_str(),
+                    Some(command.idempotency_key.as_str()),
+                );
+                let change =
+                    StockChange::new(MovementKind::Adjusted, level, command.delta.get(), cause);
+                record_changes(&tx, &[change]).await?;
             }
             idempotency::record(
                 &tx,
@@ -171,24 +159,16 @@ impl StockStore for PgStore {
             let result = apply_count(&tx, command).await?;
             let changed = matches!(&result, Ok(Count { changed: true, .. }));
             if let (true, Ok(Count { level, delta, .. })) = (changed, &result) {
-                let payload = json!({
-                    "delta": delta,
-                    "reason": command.reason.as_str(),
-                    "on_hand": level.on_hand,
-                    "reserved": level.reserved,
-                    "version": level.version,
-                });
-                outbox::append_sku_event(&tx, outbox::STOCK_ADJUSTED, &command.sku, &payload)
-                    .await
-                    .map_err(from_db)?;
-                let cause = Cause {
-                    actor: command.caller.as_str(),
-                    reason: command.reason.as_str(),
-                    idempotency_key: Some(command.idempotency_key.as_str()),
-                    reservation: None,
-                };
-                let movement = NewMovement::new(MovementKind::Set, level, *delta, 0).because(cause);
-                ledger::append(&tx, &[movement]).await.map_err(from_db)?;
+                let cause = Cause::call(
+                    command.caller.as_str(),
+                    command.reason.as_str(),
+                    Some(command.idempotency_key.as_str()),
+                );
+                record_changes(
+                    &tx,
+                    &[StockChange::new(MovementKind::Set, level, *delta, cause)],
+                )
+                .await?;
             }
             let result = result.map(|count| count.level);
             let outcome = SetOutcome::from_result(&result)
@@ -408,52 +388,67 @@ async fn apply_counts(
             "the locked stock rows no longer matched their guards",
         ));
     }
-    let mut movements = Vec::new();
-    let mut events = Vec::new();
+    let mut changes = Vec::with_capacity(command.counts.len());
     for count in &command.counts {
-        let before = current[count.sku.as_str()].on_hand;
-        let level = if created.contains(&count.sku) {
-            current[count.sku.as_str()].clone()
+        let (level, before) = if created.contains(&count.sku) {
+            (current[count.sku.as_str()].clone(), 0)
         } else if let Some(i) = changed.iter().position(|l| l.sku == count.sku) {
-            changed.swap_remove(i)
+            (changed.swap_remove(i), current[count.sku.as_str()].on_hand)
         } else {
             continue;
         };
-        let delta = if created.contains(&count.sku) {
-            level.on_hand
-        } else {
-            level.on_hand - before
-        };
-        let cause = Cause {
-            actor: command.caller.as_str(),
-            reason: count.reason.as_str(),
-            idempotency_key: Some(command.idempotency_key.as_str()),
-            reservation: None,
-        };
-        events.push((
-            count,
-            json!({
-                "delta": delta,
-                "reason": count.reason.as_str(),
-                "on_hand": level.on_hand,
-                "reserved": level.reserved,
-                "version": level.version,
-            }),
-        ));
-        movements.push(NewMovement::new(MovementKind::Set, &level, delta, 0).because(cause));
+        let cause = Cause::call(
+            command.caller.as_str(),
+            count.reason.as_str(),
+            Some(command.idempotency_key.as_str()),
+        );
+        let delta = level.on_hand - before;
+        changes.push(StockChange::new(MovementKind::Set, &level, delta, cause));
         current.insert(count.sku.as_str().to_owned(), level);
     }
-    futures::future::try_join_all(events.iter().map(|(count, payload)| {
-        outbox::append_sku_event(tx, outbox::STOCK_ADJUSTED, &count.sku, payload)
-    }))
-    .await
-    .map_err(from_db)?;
-    ledger::append(tx, &movements).await.map_err(from_db)?;
+    record_changes(tx, &changes).await?;
     Ok(Ok(command
         .counts
         .iter()
         .map(|c| current[c.sku.as_str()].clone())
         .collect()))
+}
+
+/// A change of `on_hand` by an adjustment or a count, to be recorded: its `STOCK_ADJUSTED`
+/// event and its movement.
+struct StockChange<'a> {
+    payload: serde_json::Value,
+    movement: NewMovement<'a>,
+}
+
+impl<'a> StockChange<'a> {
+    fn new(kind: MovementKind, level: &StockLevel, delta: i64, cause: Cause<'a>) -> Self {
+        Self {
+            payload: json!({
+                "delta": delta,
+                "reason": cause.reason,
+                "on_hand": level.on_hand,
+                "reserved": level.reserved,
+                "version": level.version,
+            }),
+            movement: NewMovement::new(kind, level, delta, 0).because(cause),
+        }
+    }
+}
+
+/// Writes the events of `changes` (pipelined) and then their movements (one statement).
+async fn record_changes(
+    tx: &deadpool_postgres::Transaction<'_>,
+    changes: &[StockChange<'_>],
+) -> Result<(), Error> {
+    futures::future::try_join_all(changes.iter().map(|change| {
+        let sku = &change.movement.level.sku;
+        outbox::append_sku_event(tx, outbox::STOCK_ADJUSTED, sku, &change.payload)
+    }))
+    .await
+    .map_err(from_db)?;
+    let movements: Vec<NewMovement<'_>> = changes.iter().map(|c| c.movement.clone()).collect();
+    ledger::append(tx, &movements).await.map_err(from_db)
 }
 
 /// The stock change itself: the row is locked, the core decides, the decision is written

@@ -121,3 +121,18 @@ fn a_page_token_is_refused_for_other_filters_another_scope_or_when_damaged() {
         );
     }
 }
+
+#[test]
+fn a_movement_token_gives_back_its_version_only_for_its_sku_and_start() {
+    let sku = Sku::parse("MUG").unwrap();
+    let token = movement_token::encode(42, &sku, 7);
+    assert_eq!(movement_token::decode(&token, &sku, 7), Ok(42));
+    let other = Sku::parse("CAP").unwrap();
+    assert!(movement_token::decode(&token, &other, 7).is_err());
+    assert!(movement_token::decode(&token, &sku, 8).is_err());
+    let mut damaged = token.clone().into_bytes();
+    damaged[4] = if damaged[4] == b'0' { b'1' } else { b'0' };
+    let damaged = String::from_utf8(damaged).unwrap();
+    assert!(movement_token::decode(&damaged, &sku, 7).is_err());
+    assert!(movement_token::decode("zz", &sku, 7).is_err());
+}

@@ -4,7 +4,7 @@
 
 SERVICES := deploy/local/services.sh
 
-.PHONY: run test bench chaos lint stop build
+.PHONY: run test bench bench-compare chaos lint stop build
 
 run: ## Start PostgreSQL and Redis, migrate, seed demo SKUs and serve (Ctrl-C stops all)
 	@$(SERVICES) run
@@ -14,6 +14,9 @@ test: ## Run the whole test suite against throwaway PostgreSQL and Redis
 
 bench: ## Benchmark suite: pgbench's raw-SQL ceiling against the service, as ratios (~10 min)
 	@$(SERVICES) bench
+
+bench-compare: ## The service now against git revision BASELINE, sides alternating, as ratios (BENCH_ROUNDS=4, BENCH_CLIENTS=)
+	@$(SERVICES) bench-compare "$(BASELINE)"
 
 chaos: ## Fault suite: 3 replicas, Redis single/Sentinel/Cluster, seeded faults, history checker (DURATION=3m per topology, SEED=, TOPOLOGIES=)
 	@$(SERVICES) chaos

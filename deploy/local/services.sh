@@ -11,6 +11,8 @@
 #   services.sh run     start services, migrate, seed demo SKUs, serve on 127.0.0.1:50051
 #   services.sh test    start services, run the whole test suite, stop them
 #   services.sh bench   start services (durable: fsync on), run the benchmark suite, stop them
+#   services.sh bench-compare REV   the same services; the service as built now against the
+#                       one at git revision REV (built in target/baseline/), alternating
 #   services.sh chaos   the fault suite (it starts its own PostgreSQL, Redis and servers);
 #                       TOPOLOGIES, DURATION and SEED pick what it runs
 #   services.sh start PROFILE | stop PROFILE | env PROFILE
@@ -258,6 +260,35 @@ cmd_bench() {
     --out target/bench)
 }
 
+cmd_bench_compare() {
+  local rev
+  rev=$(cd "$ROOT" && git rev-parse --short "${1:?a git revision to compare against, e.g. BASELINE=HEAD~3}^{commit}")
+  PROFILE=bench
+  profile_settings bench
+  ensure_packages
+  local tree="$ROOT/target/baseline/$rev" target="$ROOT/target/baseline/target"
+  if [ ! -d "$tree" ]; then
+    log "checking out $rev in $tree"
+    (cd "$ROOT" && git worktree add --detach "$tree" "$rev" >/dev/null)
+  fi
+  # Seeded from this tree's release build, so only what changed since REV is compiled again.
+  if [ ! -d "$target/release" ] && [ -d "$ROOT/target/release" ]; then
+    mkdir -p "$target" && cp -a "$ROOT/target/release" "$target/"
+  fi
+  log "building release binaries (this tree, then $rev)"
+  (cd "$ROOT" && cargo build --release --locked -p inventory-server -p inventory-bench)
+  (cd "$tree" && CARGO_TARGET_DIR="$target" cargo build --release --locked -p inventory-server)
+  start_services
+  trap stop_services EXIT
+  log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); baseline $rev, candidate $(cd "$ROOT" && git describe --always --dirty)"
+  (cd "$ROOT" && target/release/inventory-bench compare \
+    --database-url "postgres://postgres@127.0.0.1:$PG_PORT/postgres" \
+    --redis-url "redis://127.0.0.1:$REDIS_PORT" \
+    --server target/release/inventory-server \
+    --baseline "$target/release/inventory-server" \
+    --out target/bench)
+}
+
 cmd_chaos() {
   ensure_packages
   log "building release binaries"
@@ -336,6 +367,7 @@ case "${1:-}" in
   run) cmd_run ;;
   test) cmd_test ;;
   bench) cmd_bench ;;
+  bench-compare) cmd_bench_compare "${2:-}" ;;
   chaos) cmd_chaos ;;
   stop) cmd_stop ;;
   start) PROFILE=${2:?profile}; profile_settings "$PROFILE"; start_services ;;

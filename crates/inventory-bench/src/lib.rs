@@ -6,8 +6,11 @@
 //! - [`profile`] — CPU per process and the server's step timings, for where the time goes.
 //! - [`report`] — latency percentiles (HDR histogram), JSON results and an SVG chart.
 //! - [`suite`] — `make bench`: pgbench's raw-SQL ceiling against the service, as ratios.
+//! - [`compare`] — `make bench-compare`: the service against an earlier build of it, rounds
+//!   alternating, as ratios with their spread.
 
 pub mod audit;
+pub mod compare;
 pub mod load;
 pub mod profile;
 pub mod report;

@@ -6,6 +6,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use clap::{Args, Parser, Subcommand};
 use inventory_bench::{
     audit,
+    compare::{self, CompareConfig, Variant},
     load::{self, LoadConfig, Scenario},
     report::{RunResult, svg},
     suite::{self, SuiteConfig},
@@ -28,6 +29,24 @@ enum Command {
     Run(Box<RunArgs>),
     /// The benchmark suite: pgbench's raw-SQL ceiling, then the service, as ratios.
     Suite(SuiteArgs),
+    /// The service as built now against an earlier build, sides alternating, as ratios.
+    Compare(CompareArgs),
+}
+
+#[derive(Debug, Args)]
+struct CompareArgs {
+    #[command(flatten)]
+    suite: SuiteArgs,
+    /// The inventory-server binary of the earlier revision.
+    #[arg(long, env = "BENCH_BASELINE")]
+    baseline: PathBuf,
+    /// Runs of each side per cell.
+    #[arg(long, env = "BENCH_ROUNDS", default_value_t = 4)]
+    rounds: usize,
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "coalesced")]
+    variants: Vec<Variant>,
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "uniform,hot")]
+    scenarios: Vec<Scenario>,
 }
 
 #[derive(Debug, Args)]
@@ -121,29 +140,46 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Suite(args) => {
-            let out = args.out.join(timestamp());
-            let config = SuiteConfig {
-                database_url: args.database_url,
-                redis_url: args.redis_url,
-                server: args.server,
-                pgbench: args.pgbench,
-                duration: args.duration,
-                clients: args.clients,
-                skus: args.skus,
-                out,
-            };
-            match suite::run(config).await {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => {
-                    eprintln!("error: an oversell audit FAILED");
-                    ExitCode::from(2)
-                }
-                Err(error) => {
-                    eprintln!("error: {error:#}");
-                    ExitCode::FAILURE
-                }
-            }
+        Command::Suite(args) => exit(suite::run(args.config()).await),
+        Command::Compare(args) => exit(
+            compare::run(CompareConfig {
+                suite: args.suite.config(),
+                baseline: args.baseline,
+                rounds: args.rounds.max(1),
+                variants: args.variants,
+                scenarios: args.scenarios,
+            })
+            .await,
+        ),
+    }
+}
+
+impl SuiteArgs {
+    fn config(self) -> SuiteConfig {
+        SuiteConfig {
+            database_url: self.database_url,
+            redis_url: self.redis_url,
+            server: self.server,
+            pgbench: self.pgbench,
+            duration: self.duration,
+            clients: self.clients,
+            skus: self.skus,
+            out: self.out.join(timestamp()),
+        }
+    }
+}
+
+/// `Ok(false)`: an audit failed.
+fn exit(outcome: anyhow::Result<bool>) -> ExitCode {
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("error: an audit FAILED");
+            ExitCode::from(2)
+        }
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -63,6 +63,17 @@ pub struct RunResult {
     pub distribution: Vec<(f64, u64)>,
     pub audit: Option<Audit>,
     pub profile: Option<Profile>,
+    /// Bytes on disk and of WAL per reservation, when the run measured them.
+    pub storage: Option<Storage>,
+}
+
+/// What one reservation of a run cost on disk: every table and index a reservation writes,
+/// and the WAL the run wrote, each divided by the reservations made.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Storage {
+    pub reservations: i64,
+    pub bytes_per_reservation: i64,
+    pub wal_per_reservation: i64,
 }
 
 impl RunResult {
@@ -124,6 +135,7 @@ impl RunResult {
             distribution,
             audit,
             profile: None,
+            storage: None,
         }
     }
 

@@ -21,7 +21,7 @@ use crate::{
     audit,
     load::{self, LoadConfig, Scenario},
     profile::{self, CpuSnapshot, Profile},
-    report::{RunResult, svg, us},
+    report::{RunResult, Storage, svg, us},
 };
 
 /// The service's one-request Reserve transaction, statement for statement.
@@ -96,11 +96,16 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
             );
             let mut measured = Vec::new();
             for (variant, max_batch) in [("lease-only", 1), ("coalesced", 64)] {
-                let label = format!("{variant}-{scenario:?}-{clients}").to_lowercase();
-                let result = service(
-                    &config, &databases, serial, &label, scenario, clients, max_batch,
-                )
-                .await?;
+                let run = ServiceRun {
+                    server: &config.server,
+                    verify: true,
+                    label: format!("{variant}-{scenario:?}-{clients}").to_lowercase(),
+                    serial,
+                    scenario,
+                    clients,
+                    max_batch,
+                };
+                let result = service(&config, &databases, run).await?;
                 result.print();
                 all_audits_passed &= result.audit.as_ref().is_some_and(|a| a.passed);
                 measured.push(Measured::of(&result, raw_tps));
@@ -118,18 +123,19 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
         }
     }
     serial += 1;
-    let race = service(
-        &config,
-        &databases,
+    let run = ServiceRun {
+        server: &config.server,
+        verify: true,
+        label: "coalesced-race".into(),
         serial,
-        "coalesced-race",
-        Scenario::Race,
-        64,
-        64,
-    )
-    .await?;
+        scenario: Scenario::Race,
+        clients: 64,
+        max_batch: 64,
+    };
+    let race = service(&config, &databases, run).await?;
     race.print();
     all_audits_passed &= race.audit.as_ref().is_some_and(|a| a.passed);
+    all_audits_passed &= verify_speed(&config, &databases).await?;
 
     let table = table(&rows);
     println!("\n{table}");
@@ -244,16 +250,37 @@ async fn raw(
     Ok((tps, latency))
 }
 
+/// One measured run of a service binary.
+#[derive(Debug)]
+pub(crate) struct ServiceRun<'a> {
+    pub server: &'a Path,
+    /// Run `server verify` on the database afterwards (a binary without the ledger cannot).
+    pub verify: bool,
+    pub label: String,
+    /// Tells the run's database, Redis keys and seed apart from every other run's.
+    pub serial: usize,
+    pub scenario: Scenario,
+    pub clients: usize,
+    /// `COALESCE_MAX_BATCH`: 1 is the lease-only service, 64 the service as shipped.
+    pub max_batch: usize,
+}
+
 /// The service under load: a fresh database, its own server process, then the audit.
-async fn service(
+pub(crate) async fn service(
     config: &SuiteConfig,
     databases: &TemplateDatabases,
-    serial: usize,
-    label: &str,
-    scenario: Scenario,
-    clients: usize,
-    max_batch: usize,
+    run: ServiceRun<'_>,
 ) -> anyhow::Result<RunResult> {
+    let ServiceRun {
+        server: binary,
+        verify,
+        label,
+        serial,
+        scenario,
+        clients,
+        max_batch,
+    } = run;
+    let label = label.as_str();
     let name = format!("bench_service_{serial}_{max_batch}");
     let db_config = databases.create(&name).await?;
     let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
@@ -272,7 +299,7 @@ async fn service(
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     let log = config.out.join(format!("{label}.server.log"));
-    let mut server = ServerProcess::start(&config.server, env, log).await?;
+    let mut server = ServerProcess::start(binary, env, log).await?;
     let addr = server.addr();
     let outcome = async {
         let load = LoadConfig {
@@ -304,11 +331,12 @@ async fn service(
         let cpu = CpuSnapshot::take().since(&cpu);
         let steps = profile::steps(&page, &profile::scrape(admin_addr).await);
         let mut audit = audit::audit(&load, &observed, Some(&url(&db_config))).await?;
-        audit
-            .verify_ledger(&config.server, &url(&db_config))
-            .await?;
-        print_storage(label, &db_config, &wal_before).await?;
+        if verify {
+            audit.verify_ledger(binary, &url(&db_config)).await?;
+        }
+        let storage = storage(label, &db_config, &wal_before).await?;
         let mut result = RunResult::new(label, scenario, clients, &observed, Some(audit));
+        result.storage = storage;
         result.profile = Some(Profile::new(
             cpu,
             observed.elapsed.as_secs_f64(),
@@ -329,6 +357,64 @@ async fn service(
     outcome
 }
 
+/// SKUs and movements per SKU of the verify measurement.
+const VERIFY_SKUS: i64 = 100_000;
+const VERIFY_MOVEMENTS_PER_SKU: i64 = 10;
+/// What `verify` must reach, in SKUs per second.
+const VERIFY_TARGET: f64 = 10_000.0;
+
+/// `inventory-server verify` over a ledger of 100,000 SKUs with 10 movements each, against a
+/// bare scan of the same movements (the floor any verifier pays). `Ok(false)`: verify found
+/// drift where there is none.
+async fn verify_speed(config: &SuiteConfig, databases: &TemplateDatabases) -> anyhow::Result<bool> {
+    let name = "bench_verify";
+    let db_config = databases.create(name).await?;
+    let db = connect(&db_config).await?;
+    // Each SKU: an opening of 10 units, then 9 adjustments of +10, so 100 on hand at version 10.
+    db.execute(
+        "INSERT INTO stock (sku, on_hand, reserved, version)
+         SELECT 'V-' || g, 10 * $2::bigint, 0, $2::bigint FROM generate_series(1, $1::bigint) g",
+        &[&VERIFY_SKUS, &VERIFY_MOVEMENTS_PER_SKU],
+    )
+    .await?;
+    db.execute(
+        "INSERT INTO stock_movements
+             (sku, version, kind, on_hand_delta, reserved_delta, on_hand, reserved)
+         SELECT 'V-' || g, v, CASE WHEN v = 1 THEN 'OPENING' ELSE 'ADJUSTED' END, 10, 0, 10 * v, 0
+         FROM generate_series(1, $1::bigint) g, generate_series(1, $2::bigint) v",
+        &[&VERIFY_SKUS, &VERIFY_MOVEMENTS_PER_SKU],
+    )
+    .await?;
+    db.batch_execute("VACUUM ANALYZE").await?;
+    let started = std::time::Instant::now();
+    db.query_one(
+        "SELECT count(*), sum(on_hand_delta) FROM stock_movements",
+        &[],
+    )
+    .await?;
+    let scan = started.elapsed().as_secs_f64();
+    let started = std::time::Instant::now();
+    let (verified, report) =
+        inventory_testkit::server::verify(&config.server, &url(&db_config)).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    drop(db);
+    databases.drop_database(name).await?;
+    let rate = VERIFY_SKUS as f64 / seconds;
+    println!(
+        "verify: {VERIFY_SKUS} SKUs, {} movements in {seconds:.2} s (process included): {rate:.0} SKUs/s, \
+         {:.2}x the target of {VERIFY_TARGET:.0}/s; a bare scan of the movements takes {scan:.2} s \
+         ({:.1}x as long as verify) — {}",
+        VERIFY_SKUS * VERIFY_MOVEMENTS_PER_SKU,
+        rate / VERIFY_TARGET,
+        seconds / scan.max(1e-9),
+        if verified { "no drift, as seeded" } else { "DRIFT REPORTED" }
+    );
+    if !verified {
+        println!("{report}");
+    }
+    Ok(verified)
+}
+
 async fn wal_position(config: &PgConfig) -> anyhow::Result<String> {
     let db = connect(config).await?;
     Ok(db
@@ -338,28 +424,39 @@ async fn wal_position(config: &PgConfig) -> anyhow::Result<String> {
 }
 
 /// What one reservation costs on disk after the run: every table and index it writes
-/// (reservation, lines, idempotency record, events), and the WAL the run wrote, each divided
-/// by the reservations made. The run is the cluster's only writer, so the WAL is its own.
-async fn print_storage(label: &str, config: &PgConfig, wal_before: &str) -> anyhow::Result<()> {
+/// (reservation, lines, idempotency record, events, stock movements), and the WAL the run
+/// wrote, each divided by the reservations made. The run is the cluster's only writer, so the
+/// WAL is its own.
+async fn storage(
+    label: &str,
+    config: &PgConfig,
+    wal_before: &str,
+) -> anyhow::Result<Option<Storage>> {
     let db = connect(config).await?;
     db.batch_execute("CHECKPOINT").await?;
     let row = db
         .query_one(
             "SELECT (SELECT count(*) FROM reservations),
-                    (SELECT sum(pg_total_relation_size(t))::bigint FROM unnest(ARRAY[
-                        'reservations', 'reservation_lines', 'idempotency_keys', 'outbox'
+                    (SELECT coalesce(sum(pg_total_relation_size(t)), 0)::bigint FROM unnest(ARRAY[
+                        'reservations', 'reservation_lines', 'idempotency_keys', 'outbox',
+                        'stock_movements'
                     ]::regclass[]) AS t),
                     pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::bigint",
             &[&wal_before],
         )
         .await?;
     let (reservations, bytes, wal): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-    if reservations > 0 {
-        println!(
-            "storage after {label}: {reservations} reservations, {} bytes each on disk (tables and indexes), {} bytes of WAL each",
-            bytes / reservations,
-            wal / reservations
-        );
+    if reservations == 0 {
+        return Ok(None);
     }
-    Ok(())
+    let storage = Storage {
+        reservations,
+        bytes_per_reservation: bytes / reservations,
+        wal_per_reservation: wal / reservations,
+    };
+    println!(
+        "storage after {label}: {reservations} reservations, {} bytes each on disk (tables and indexes), {} bytes of WAL each",
+        storage.bytes_per_reservation, storage.wal_per_reservation
+    );
+    Ok(Some(storage))
 }

@@ -4,8 +4,12 @@
 //! is compiled once, in one crate, and every other crate depends on that crate. The descriptor
 //! set is also written to `OUT_DIR` for server reflection, which is what lets `grpcurl` call
 //! the service without a local copy of the proto files.
+//!
+//! It also names the commit being built (`INVENTORY_BUILD_COMMIT`, read by the crate as
+//! `BUILD_COMMIT` and exported as `inventory_build_info`): `GIT_COMMIT` when set (the
+//! Dockerfile's build argument: its context has no `.git`), else the checkout's `HEAD`.
 
-use std::{env, fs, path::PathBuf};
+use std::{env, fs, path::Path, path::PathBuf, process::Command};
 
 use protox::prost::Message as _;
 
@@ -29,5 +33,43 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)?;
+
+    println!(
+        "cargo:rustc-env=INVENTORY_BUILD_COMMIT={}",
+        build_commit(&manifest_dir.join("../.."))
+    );
     Ok(())
+}
+
+fn build_commit(workspace: &Path) -> String {
+    println!("cargo:rerun-if-env-changed=GIT_COMMIT");
+    if let Some(commit) = env::var("GIT_COMMIT").ok().filter(|c| !c.trim().is_empty()) {
+        return commit.trim().to_owned();
+    }
+    // Built again when HEAD moves: a checkout of another branch, or a commit on this one.
+    let git = workspace.join(".git");
+    if git.is_dir() {
+        println!("cargo:rerun-if-changed={}", git.join("HEAD").display());
+        // A branch's ref is a file of its own once committed to, else a line of packed-refs
+        // (a fresh clone); a path that does not exist would rerun this script every build.
+        if let Ok(head) = fs::read_to_string(git.join("HEAD"))
+            && let Some(reference) = head.trim().strip_prefix("ref: ")
+        {
+            for watched in [git.join(reference), git.join("packed-refs")] {
+                if watched.exists() {
+                    println!("cargo:rerun-if-changed={}", watched.display());
+                }
+            }
+        }
+    }
+    Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(workspace)
+        .output()
+        .ok()
+        .filter(|output| output.status.success())
+        .and_then(|output| String::from_utf8(output.stdout).ok())
+        .map(|commit| commit.trim().to_owned())
+        .filter(|commit| !commit.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
 }

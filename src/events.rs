@@ -39,13 +39,32 @@ const TAILER_TICK: Duration = Duration::from_secs(1);
 /// What a watcher hands to its `WatchEvents` response stream.
 type Delivery = Result<proto::Event, Status>;
 
+type Watchers = Mutex<Vec<mpsc::WeakSender<Delivery>>>;
+
+fn open_watchers(watchers: &Watchers) -> usize {
+    let mut watchers = watchers.lock().expect("watchers lock");
+    watchers.retain(|w| w.strong_count() > 0);
+    watchers.len()
+}
+
+/// See [`EventHub::watcher_count`].
+#[derive(Clone, Debug)]
+pub struct WatcherCount(std::sync::Weak<Watchers>);
+
+impl WatcherCount {
+    /// `None` once the hub is gone.
+    pub fn get(&self) -> Option<usize> {
+        self.0.upgrade().map(|watchers| open_watchers(&watchers))
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct EventHub {
     store: PgStore,
     live: broadcast::Sender<Arc<Event>>,
     stopping: watch::Receiver<bool>,
     /// Senders of the open watchers, to count them and report how much they have queued.
-    watchers: Arc<Mutex<Vec<mpsc::WeakSender<Delivery>>>>,
+    watchers: Arc<Watchers>,
     /// Most watchers open at once (`MAX_WATCHERS`).
     max_watchers: usize,
 }
@@ -63,9 +82,12 @@ impl EventHub {
 
     /// Watchers open now.
     pub fn watching(&self) -> usize {
-        let mut watchers = self.watchers.lock().expect("watchers lock");
-        watchers.retain(|w| w.strong_count() > 0);
-        watchers.len()
+        open_watchers(&self.watchers)
+    }
+
+    /// Counts this hub's open watchers without keeping the hub alive (for a metric).
+    pub fn watcher_count(&self) -> WatcherCount {
+        WatcherCount(Arc::downgrade(&self.watchers))
     }
 
     /// Starts a watcher after checking its cursor against retention. Beyond `MAX_WATCHERS`

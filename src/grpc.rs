@@ -40,13 +40,13 @@ impl InventoryApi {
         inventory: Arc<Service>,
         auth: Gate,
         events: EventHub,
-        max_in_flight: usize,
+        admission: &crate::metrics::Admission,
     ) -> Self {
         Self {
             inventory,
             auth,
             events,
-            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            in_flight: Arc::clone(&admission.permits),
         }
     }
 

@@ -1,33 +1,116 @@
-//! The server's own instruments (the adapters record theirs). Every instrument comes from the
-//! global meter provider that `telemetry::init` installs, and shows on `/metrics`.
+//! The server's own instruments (the adapters record theirs; the call's duration is recorded
+//! by [`crate::telemetry::RpcLayer`]). Every instrument comes from the global meter provider
+//! that `telemetry::init` installs, and shows on `/metrics`.
+//!
+//! Saturation is read when the metrics are collected, from the parts that know it: the
+//! PostgreSQL pool, the admission limit (`MAX_IN_FLIGHT`) and the event hub. The callbacks
+//! hold weak references, so an application that stopped reports nothing.
 
-use std::{sync::OnceLock, time::Duration};
+use std::sync::{Arc, Weak};
 
-use opentelemetry::{KeyValue, global, metrics::Histogram};
+use opentelemetry::{KeyValue, global};
+use tokio::sync::Semaphore;
+
+use crate::events::EventHub;
 
 /// Latency buckets in seconds, from half a millisecond to ten seconds.
-pub const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+pub use inventory_core::metrics::SECONDS_BUCKETS as LATENCY_BUCKETS;
 
-fn rpc_duration() -> &'static Histogram<f64> {
-    static INSTRUMENT: OnceLock<Histogram<f64>> = OnceLock::new();
-    INSTRUMENT.get_or_init(|| {
-        global::meter("inventory-server")
-            .f64_histogram("inventory.rpc.duration")
-            .with_unit("s")
-            .with_description("Time to answer a call, by method and status code")
-            .with_boundaries(LATENCY_BUCKETS.to_vec())
-            .build()
-    })
+/// The commit this binary was built from (`GIT_COMMIT` at build time, else the checkout's
+/// `HEAD`, else `unknown`).
+pub const BUILD_COMMIT: &str = inventory_proto::BUILD_COMMIT;
+
+/// `inventory_build_info{version, commit} 1`: which build each replica runs.
+pub fn record_build_info() {
+    global::meter("inventory-server")
+        .u64_gauge("inventory.build.info")
+        .with_description("Always 1; its labels say which build this replica runs")
+        .build()
+        .record(
+            1,
+            &[
+                KeyValue::new("version", env!("CARGO_PKG_VERSION")),
+                KeyValue::new("commit", BUILD_COMMIT),
+            ],
+        );
 }
 
-pub fn rpc_finished(method: &str, code: tonic::Code, took: Duration) {
-    rpc_duration().record(
-        took.as_secs_f64(),
-        &[
-            KeyValue::new("rpc.method", method.to_owned()),
-            KeyValue::new("rpc.grpc.status_code", format!("{code:?}")),
-        ],
-    );
+/// The admission limit: calls answered now against `MAX_IN_FLIGHT`.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    pub permits: Arc<Semaphore>,
+    pub limit: usize,
+}
+
+/// Creates the adapters' instruments, so their counters show at 0 before their first event.
+pub fn init_adapters() {
+    inventory_postgres::init_metrics();
+    inventory_redis::init_metrics();
+}
+
+/// Registers the saturation gauges of one application.
+pub fn register_saturation(
+    pool: &inventory_postgres::Pool,
+    admission: &Admission,
+    events: &EventHub,
+) {
+    let meter = global::meter("inventory-server");
+    let weak_pool = pool.weak();
+    meter
+        .u64_observable_gauge("inventory.db.pool.connections")
+        .with_description(
+            "PostgreSQL pool connections by state: in use, idle, and the pool's maximum",
+        )
+        .with_callback(move |observer| {
+            if let Some(pool) = weak_pool.upgrade() {
+                let status = pool.status();
+                let in_use = status.size.saturating_sub(status.available);
+                observer.observe(in_use as u64, &[KeyValue::new("state", "used")]);
+                observer.observe(status.available as u64, &[KeyValue::new("state", "idle")]);
+                observer.observe(status.max_size as u64, &[KeyValue::new("state", "max")]);
+            }
+        })
+        .build();
+    let weak_pool = pool.weak();
+    meter
+        .u64_observable_gauge("inventory.db.pool.waiting")
+        .with_description("Requests waiting for a PostgreSQL connection")
+        .with_callback(move |observer| {
+            if let Some(pool) = weak_pool.upgrade() {
+                observer.observe(pool.status().waiting as u64, &[]);
+            }
+        })
+        .build();
+    let permits: Weak<Semaphore> = Arc::downgrade(&admission.permits);
+    let limit = admission.limit;
+    meter
+        .u64_observable_gauge("inventory.rpc.in_flight")
+        .with_description("Calls being answered now; new calls are refused (RESOURCE_EXHAUSTED) at inventory_rpc_in_flight_limit")
+        .with_callback(move |observer| {
+            if let Some(permits) = permits.upgrade() {
+                let in_flight = limit.saturating_sub(permits.available_permits());
+                observer.observe(in_flight as u64, &[]);
+            }
+        })
+        .build();
+    let permits: Weak<Semaphore> = Arc::downgrade(&admission.permits);
+    meter
+        .u64_observable_gauge("inventory.rpc.in_flight.limit")
+        .with_description("MAX_IN_FLIGHT: calls answered at once before new ones are refused")
+        .with_callback(move |observer| {
+            if permits.strong_count() > 0 {
+                observer.observe(limit as u64, &[]);
+            }
+        })
+        .build();
+    let watchers = events.watcher_count();
+    meter
+        .u64_observable_gauge("inventory.events.watchers")
+        .with_description("Open WatchEvents streams; new ones are refused at MAX_WATCHERS")
+        .with_callback(move |observer| {
+            if let Some(open) = watchers.get() {
+                observer.observe(open as u64, &[]);
+            }
+        })
+        .build();
 }

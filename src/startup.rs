@@ -224,11 +224,18 @@ impl Application {
 
     /// Serves until `shutdown` completes, then drains and closes.
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let admission = crate::metrics::Admission {
+            permits: Arc::new(tokio::sync::Semaphore::new(self.max_in_flight)),
+            limit: self.max_in_flight,
+        };
+        crate::metrics::register_saturation(&self.pool, &admission, &self.events);
+        crate::metrics::record_build_info();
+        crate::metrics::init_adapters();
         let api = InventoryServiceServer::new(InventoryApi::new(
             Arc::clone(&self.inventory),
             self.auth.clone(),
             self.events.clone(),
-            self.max_in_flight,
+            &admission,
         ))
         .max_decoding_message_size(self.max_message_bytes);
         let background = [

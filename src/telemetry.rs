@@ -10,21 +10,16 @@
 //! - Metrics: one meter provider feeds both the Prometheus registry behind the admin
 //!   `/metrics` page and, when an OTLP endpoint is set, the OTLP exporter.
 
-use std::{future::Future, pin::Pin, task};
+mod rpc;
 
-use opentelemetry::{
-    global,
-    propagation::Extractor,
-    trace::{TraceContextExt as _, TracerProvider as _},
-};
+pub use rpc::{Method, OTHER, RpcLayer, RpcService, is_server_error, recognise};
+
+use opentelemetry::{global, trace::TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::{
     Resource, metrics::SdkMeterProvider, propagation::TraceContextPropagator,
     trace::SdkTracerProvider,
 };
-use tonic::codegen::http;
-use tracing::Instrument as _;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 use crate::config::LogFormat;
@@ -102,6 +97,11 @@ pub fn init(format: LogFormat, settings: &TelemetrySettings) -> anyhow::Result<T
     };
 
     let registry = prometheus::Registry::new();
+    // CPU, memory, open files and threads of this process (Linux), as `process_*`.
+    #[cfg(target_os = "linux")]
+    registry.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))?;
     let mut meter = SdkMeterProvider::builder()
         .with_resource(resource())
         .with_reader(
@@ -151,109 +151,4 @@ pub fn init(format: LogFormat, settings: &TelemetrySettings) -> anyhow::Result<T
         meter,
         registry,
     })
-}
-
-/// Reads W3C trace context from HTTP/2 headers (gRPC metadata).
-struct HeaderExtractor<'a>(&'a http::HeaderMap);
-
-impl Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|value| value.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(http::HeaderName::as_str).collect()
-    }
-}
-
-/// A tower layer that opens the span of each call, continuing the caller's trace, and records
-/// its duration and status code.
-#[derive(Clone, Debug, Default)]
-pub struct RpcLayer;
-
-impl<S> tower::Layer<S> for RpcLayer {
-    type Service = RpcService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RpcService { inner }
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct RpcService<S> {
-    inner: S,
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S, B, R> tower::Service<http::Request<B>> for RpcService<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut task::Context<'_>) -> task::Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let method = request.uri().path().to_owned();
-        let parent =
-            global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(request.headers())));
-        let span = tracing::info_span!(
-            "rpc",
-            otel.name = %method,
-            otel.kind = "server",
-            rpc.system = "grpc",
-            rpc.method = %method,
-            rpc.grpc.status_code = tracing::field::Empty,
-            trace_id = tracing::field::Empty,
-            span_id = tracing::field::Empty,
-        );
-        let incoming = parent.span().span_context().clone();
-        if incoming.is_valid() {
-            let _ = span.set_parent(parent);
-        }
-        // Log lines inside the call carry the ids (JSON logs print the current span's fields).
-        let context = span.context();
-        let own = context.span().span_context().clone();
-        let trace_id = if own.is_valid() {
-            own.trace_id()
-        } else {
-            incoming.trace_id()
-        };
-        if trace_id != opentelemetry::trace::TraceId::INVALID {
-            span.record("trace_id", trace_id.to_string());
-        }
-        if own.is_valid() {
-            span.record("span_id", own.span_id().to_string());
-        }
-        let started = std::time::Instant::now();
-        let future = self.inner.call(request);
-        Box::pin(
-            async move {
-                let result = future.await;
-                let code = match &result {
-                    // A status in the headers is a trailers-only answer: an error. Success
-                    // sends its status in the trailers.
-                    Ok(response) => response
-                        .headers()
-                        .get("grpc-status")
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.parse::<i32>().ok())
-                        .unwrap_or(0),
-                    Err(_) => 2,
-                };
-                let code = tonic::Code::from_i32(code);
-                tracing::Span::current().record("rpc.grpc.status_code", format!("{code:?}"));
-                crate::metrics::rpc_finished(&method, code, started.elapsed());
-                result
-            }
-            .instrument(span),
-        )
-    }
 }

@@ -96,7 +96,44 @@ fn handshake_failed(peer: SocketAddr, why: &str) {
 }
 
 fn acceptor(material: &TlsSettings) -> anyhow::Result<TlsAcceptor> {
-    Ok(TlsAcceptor::from(Arc::new(server_config(material)?)))
+    let acceptor = TlsAcceptor::from(Arc::new(server_config(material)?));
+    record_expiry(material);
+    Ok(acceptor)
+}
+
+/// `inventory_tls_certificate_not_after_seconds{certificate}`: when the server's certificate
+/// (`server`, the first of its chain) and the earliest client CA (`client_ca`) expire, as
+/// Unix time, for an alert weeks ahead. Recorded whenever the material is (re)loaded.
+fn record_expiry(material: &TlsSettings) {
+    let gauge = opentelemetry::global::meter("inventory-server")
+        .i64_gauge("inventory.tls.certificate.not_after")
+        .with_unit("s")
+        .with_description("When the gRPC port's certificate (server) and its earliest client CA (client_ca) expire, as Unix time")
+        .build();
+    let not_after = |pem: &[u8]| {
+        CertificateDer::pem_slice_iter(pem)
+            .filter_map(Result::ok)
+            .filter_map(|der| {
+                x509_parser::parse_x509_certificate(&der)
+                    .ok()
+                    .map(|(_, certificate)| certificate.validity().not_after.timestamp())
+            })
+            .collect::<Vec<i64>>()
+    };
+    if let Some(leaf) = not_after(&material.cert_pem).first() {
+        gauge.record(
+            *leaf,
+            &[opentelemetry::KeyValue::new("certificate", "server")],
+        );
+    }
+    if let Some(ca) = &material.client_ca_pem
+        && let Some(earliest) = not_after(ca).into_iter().min()
+    {
+        gauge.record(
+            earliest,
+            &[opentelemetry::KeyValue::new("certificate", "client_ca")],
+        );
+    }
 }
 
 fn server_config(material: &TlsSettings) -> anyhow::Result<ServerConfig> {

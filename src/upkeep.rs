@@ -1,6 +1,6 @@
 //! Upkeep, one loop per replica: every interval it expires overdue holds (their stock goes
 //! back to `available`), then prunes events, idempotency keys and final reservations past
-//! their retention. Several replicas run it at once without waiting on each other.
+//! their retention; every 30 s it counts what is held, for the held gauges. Several replicas run it at once without waiting on each other.
 
 use std::{
     sync::Arc,
@@ -13,6 +13,10 @@ use inventory_postgres::{
 };
 
 use crate::Service;
+
+/// How often the sweeper counts what is held (`inventory_reservations_held`,
+/// `inventory_stock_reserved_units`).
+pub const HELD_GAUGES_EVERY: Duration = Duration::from_secs(30);
 
 /// What the loop does each round.
 #[derive(Clone, Copy, Debug)]
@@ -37,10 +41,18 @@ pub async fn run(
     } = upkeep;
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut counted: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
             _ = stopped.changed() => return,
+        }
+        // The held gauges: a count over the holds and the stock rows, so not every round.
+        if counted.is_none_or(|at| at.elapsed() >= HELD_GAUGES_EVERY) {
+            counted = Some(Instant::now());
+            if let Err(error) = store.refresh_held_gauges().await {
+                tracing::debug!(%error, "cannot count held reservations");
+            }
         }
         loop {
             match inventory.expire_due(batch).await {

@@ -212,12 +212,40 @@ cmd_lint_deploy() {
     log "WARNING: kubectl (with kustomize, 1.27 or newer) not found: manifests not rendered"
     return 0
   fi
-  local overlay
+  local promtool overlay checked="$TOOLS/lint" rendered
+  promtool=$(ensure_promtool)
+  mkdir -p "$checked"
   for overlay in "$ROOT"/deploy/k8s/overlays/*/; do
     log "kustomize + validate (Kubernetes $K8S_VERSION, strict): ${overlay#"$ROOT"/}"
-    kubectl kustomize "$overlay" |
-      "$TOOLS/venv/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" -
+    rendered="$checked/$(basename "$overlay")"
+    kubectl kustomize "$overlay" >"$rendered.yaml"
+    # Prometheus Operator kinds are not Kubernetes's: their rules go to promtool instead.
+    "$TOOLS/venv/bin/python" "$ROOT/deploy/local/split-monitoring.py" "$rendered.rules.yaml" \
+      <"$rendered.yaml" | "$TOOLS/venv/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" -
+    if grep -q 'alert:' "$rendered.rules.yaml"; then
+      log "promtool check rules + alert unit tests: ${overlay#"$ROOT"/}"
+      "$promtool" check rules "$rendered.rules.yaml"
+      cp "$rendered.rules.yaml" "$checked/rules.yaml"
+      cp "$ROOT/deploy/k8s/components/monitoring/alerts.test.yaml" "$checked/"
+      (cd "$checked" && "$promtool" test rules alerts.test.yaml)
+    fi
   done
+}
+
+# promtool from Debian's prometheus package, unpacked under target/tools: installing the
+# package would also start a Prometheus server.
+ensure_promtool() {
+  local dir="$TOOLS/promtool"
+  if [ ! -x "$dir/promtool" ]; then
+    log "fetching promtool (Debian's prometheus package) into $dir"
+    mkdir -p "$dir/deb"
+    (cd "$dir/deb" && { apt-get download prometheus >/dev/null 2>&1 ||
+      { as_root apt-get update -qq && apt-get download prometheus >/dev/null; }; })
+    dpkg-deb -x "$dir"/deb/prometheus_*.deb "$dir/deb/root"
+    mv "$dir/deb/root/usr/bin/promtool" "$dir/promtool"
+    rm -rf "$dir/deb"
+  fi
+  echo "$dir/promtool"
 }
 
 cmd_test() {

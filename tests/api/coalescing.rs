@@ -36,13 +36,13 @@ async fn send_until_waiting(
 }
 
 /// Sends `request` and returns once it waits in the SKU's queue (behind a held leader).
-async fn queue(app: &TestApp, sku: &str, request: ReserveRequest) -> Call {
+pub(crate) async fn queue(app: &TestApp, sku: &str, request: ReserveRequest) -> Call {
     let sku = Sku::parse(sku).unwrap();
     send_until_waiting(app, request, || app.inventory.queued(&sku)).await
 }
 
 /// Holds a leader for `sku` at its lease, so that what follows queues behind it.
-async fn hold_leader(app: &TestApp, sku: &str) -> (inventory_core::pause::Held, Call) {
+pub(crate) async fn hold_leader(app: &TestApp, sku: &str) -> (inventory_core::pause::Held, Call) {
     let mut held = app.pauses.arm(PausePoint::LeaseGranted);
     let mut client = app.client.clone();
     let request = reserve("leader", &[(sku, 1)]);

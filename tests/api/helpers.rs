@@ -67,6 +67,8 @@ pub async fn empty_database() -> PgConfig {
 pub struct TestApp {
     pub addr: SocketAddr,
     pub health_addr: Option<SocketAddr>,
+    /// The admin port (`/metrics`), when the settings asked for one.
+    pub admin_addr: Option<SocketAddr>,
     pub client: InventoryServiceClient<Channel>,
     /// Direct access to the test's database, to check what a call did (or did not) change.
     pub db: tokio_postgres::Client,
@@ -204,6 +206,11 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(settings: Settings) -> TestApp {
+    spawn_app_exporting(settings, prometheus::Registry::new()).await
+}
+
+/// An app whose admin `/metrics` serves `registry` (the one `telemetry::init` filled).
+pub async fn spawn_app_exporting(settings: Settings, registry: prometheus::Registry) -> TestApp {
     let db = connect(&settings.database.config).await;
     let key_prefix = settings.redis.client.key_prefix.clone();
     // Bounded and reconnecting, so a test that kills its Redis never hangs on this client.
@@ -215,11 +222,12 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         .build()
         .unwrap();
     redis.init().await.expect("connect to the test Redis");
-    let application = Application::build(settings)
+    let application = Application::build_with_registry(settings, registry)
         .await
         .expect("build the server");
     let addr = application.local_addr();
     let health_addr = application.health_addr();
+    let admin_addr = application.admin_addr();
     let inventory = application.inventory();
     let store = application.store();
     let events = application.events();
@@ -237,6 +245,7 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
     TestApp {
         addr,
         health_addr,
+        admin_addr,
         client,
         db,
         inventory,

@@ -100,9 +100,12 @@ pub fn steps(before: &str, after: &str) -> Steps {
     };
     let (rpc_us, _) = mean_us("inventory_rpc_duration_seconds", "Reserve\"");
     let (lease_acquire_us, _) = mean_us("inventory_lease_acquire_duration_seconds", "granted");
+    // Coalesced transactions only: the batch sizes are theirs (a lone request's write
+    // records `path="single"`).
+    let coalesced = "path=\"coalesced\"";
     let (transaction_us, transactions) =
-        mean_us("inventory_reserve_transaction_duration_seconds", "");
-    let (commit_us, _) = mean_us("inventory_reserve_commit_duration_seconds", "");
+        mean_us("inventory_reserve_transaction_duration_seconds", coalesced);
+    let (commit_us, _) = mean_us("inventory_reserve_commit_duration_seconds", coalesced);
     let (b0, _) = histogram(before, "inventory_reserve_batch_size", "");
     let (b1, _) = histogram(after, "inventory_reserve_batch_size", "");
     Steps {

@@ -407,7 +407,11 @@ async fn verify_speed(config: &SuiteConfig, databases: &TemplateDatabases) -> an
         VERIFY_SKUS * VERIFY_MOVEMENTS_PER_SKU,
         rate / VERIFY_TARGET,
         seconds / scan.max(1e-9),
-        if verified { "no drift, as seeded" } else { "DRIFT REPORTED" }
+        if verified {
+            "no drift, as seeded"
+        } else {
+            "DRIFT REPORTED"
+        }
     );
     if !verified {
         println!("{report}");

@@ -144,6 +144,7 @@ impl Queues {
         let State { next_id, queues } = &mut *state;
         let Some(queue) = queues.get_mut(sku) else {
             queues.insert(sku.clone(), VecDeque::new());
+            crate::metrics::queue_depth().record(0, &[]);
             return Ok(Joined::Lead);
         };
         if queue.len() >= max_queued {
@@ -159,6 +160,7 @@ impl Queues {
             enqueued: Instant::now(),
             reply,
         });
+        crate::metrics::queue_depth().record(queue.len() as u64, &[]);
         Ok(Joined::Wait { id: *next_id, turn })
     }
 

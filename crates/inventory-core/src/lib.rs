@@ -4,7 +4,8 @@
 //! caller can see. It talks to storage only through the traits in [`ports`], which the
 //! adapters (`inventory-postgres`, `inventory-redis`) implement. It must not depend on tonic,
 //! fred, tokio-postgres or any other I/O crate (tokio's `sync` and `time` only, for the
-//! coalescing queues): `cargo tree -p inventory-core` shows it.
+//! coalescing queues; OpenTelemetry's API only, for its instruments): `cargo tree -p
+//! inventory-core` shows it.
 //!
 //! # Layout
 //! - [`domain`] — newtypes that can only hold valid values (`Sku`, `IdempotencyKey`, ...), and the
@@ -20,6 +21,7 @@
 //! - [`budget`] — the time a call has: the caller's deadline and the server's lease bound.
 //! - [`coalesce`] — the per-SKU queues that let one lease and one transaction serve many
 //!   `Reserve` calls for a hot SKU.
+//! - [`metrics`] — the queue-depth histogram and the buckets every duration in seconds uses.
 
 pub mod budget;
 pub mod coalesce;
@@ -27,6 +29,7 @@ pub mod command;
 pub mod domain;
 pub mod error;
 pub mod events;
+pub mod metrics;
 pub mod pause;
 pub mod ports;
 pub mod rules;

@@ -18,7 +18,54 @@ use crate::{
     outbox, reservations, stock,
 };
 
+/// What is held across every SKU, for the saturation gauges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeldTotals {
+    /// Reservations in state `HELD` (overdue ones included until swept).
+    pub reservations: i64,
+    /// Of those, the ones past their expiry that no sweep has returned yet.
+    pub overdue: i64,
+    /// Units reserved across every SKU (`stock.reserved`).
+    pub units: i64,
+}
+
 impl PgStore {
+    /// Counts what is held now and records it as `inventory_reservations_held`,
+    /// `inventory_reservations_overdue` and `inventory_stock_reserved_units`. Two scans (the HELD index, the stock table): the
+    /// sweeper calls it now and then, not per call.
+    pub async fn refresh_held_gauges(&self) -> Result<HeldTotals, Error> {
+        let totals = self
+            .bounded(async {
+                let client = self.pool().get().await.map_err(from_pool)?;
+                let row = client
+                    .query_one(
+                        "SELECT count(*), count(*) FILTER (WHERE expires_at <= now()),
+                                (SELECT coalesce(sum(reserved), 0)::bigint FROM stock)
+                         FROM reservations WHERE state = 'HELD'",
+                        &[],
+                    )
+                    .await
+                    .map_err(from_db)?;
+                Ok(HeldTotals {
+                    reservations: row.get(0),
+                    overdue: row.get(1),
+                    units: row.get(2),
+                })
+            })
+            .await?;
+        let metrics = crate::metrics::store();
+        metrics
+            .held_reservations
+            .record(u64::try_from(totals.reservations).unwrap_or(0), &[]);
+        metrics
+            .overdue_reservations
+            .record(u64::try_from(totals.overdue).unwrap_or(0), &[]);
+        metrics
+            .held_units
+            .record(u64::try_from(totals.units).unwrap_or(0), &[]);
+        Ok(totals)
+    }
+
     /// Expires up to `batch` holds past their expiry in one transaction and returns their
     /// stock; several replicas sweep at once without waiting on each other.
     #[tracing::instrument(name = "sql.sweep", skip_all, fields(expired))]

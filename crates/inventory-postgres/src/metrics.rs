@@ -2,6 +2,8 @@
 
 use std::sync::OnceLock;
 
+use inventory_core::metrics::SECONDS_BUCKETS;
+
 use opentelemetry::{
     KeyValue, global,
     metrics::{Counter, Gauge, Histogram},
@@ -19,12 +21,17 @@ pub(crate) struct StoreMetrics {
     pub swept: Counter<u64>,
     /// Requests written by one coalesced `Reserve` transaction.
     pub batch_size: Histogram<u64>,
-    /// How long a coalesced `Reserve` transaction took, from taking a connection to the end of
-    /// its commit, and the commit alone (seconds).
+    /// How long a `Reserve` transaction took, from taking a connection to the end of its
+    /// commit, and the commit alone (seconds), by path.
     pub batch_duration: Histogram<f64>,
     pub commit_duration: Histogram<f64>,
     /// Committed events still waiting for a stream position after a sequencer run.
     pub unpositioned: Gauge<u64>,
+    /// Reservations in state HELD, and units reserved, as the sweeper last counted them.
+    pub held_reservations: Gauge<u64>,
+    /// Holds past their expiry that no sweep has returned yet: a stuck sweeper.
+    pub overdue_reservations: Gauge<u64>,
+    pub held_units: Gauge<u64>,
 }
 
 pub(crate) fn store() -> &'static StoreMetrics {
@@ -64,19 +71,46 @@ pub(crate) fn store() -> &'static StoreMetrics {
             batch_duration: meter
                 .f64_histogram("inventory.reserve.transaction.duration")
                 .with_unit("s")
-                .with_description("Coalesced Reserve transactions, from taking a connection to the end of the commit")
+                .with_description("Reserve transactions, from taking a connection to the end of the commit, by path (single, coalesced)")
+                .with_boundaries(SECONDS_BUCKETS.to_vec())
                 .build(),
             commit_duration: meter
                 .f64_histogram("inventory.reserve.commit.duration")
                 .with_unit("s")
-                .with_description("The COMMIT of coalesced Reserve transactions")
+                .with_description("The COMMIT of Reserve transactions, by path (single, coalesced)")
+                .with_boundaries(SECONDS_BUCKETS.to_vec())
                 .build(),
             unpositioned: meter
                 .u64_gauge("inventory.outbox.unpositioned")
                 .with_description("Committed events not yet in the stream after the last sequencer run (outbox lag)")
                 .build(),
+            held_reservations: meter
+                .u64_gauge("inventory.reservations.held")
+                .with_description("Reservations in state HELD, as the sweeper last counted them")
+                .build(),
+            overdue_reservations: meter
+                .u64_gauge("inventory.reservations.overdue")
+                .with_description("Holds past their expiry not yet returned by a sweep, as the sweeper last counted them")
+                .build(),
+            held_units: meter
+                .u64_gauge("inventory.stock.reserved.units")
+                .with_description("Units reserved across every SKU, as the sweeper last counted them")
+                .build(),
         }
     })
+}
+
+/// Creates the instruments and starts the counters without labels at 0, so `/metrics` lists
+/// them (and `rate()` has a start) before their first event.
+pub fn init() {
+    let metrics = store();
+    for counter in [
+        &metrics.fence_rejected,
+        &metrics.insufficient,
+        &metrics.swept,
+    ] {
+        counter.add(0, &[]);
+    }
 }
 
 pub(crate) fn reservation(outcome: &'static str) {
@@ -87,4 +121,12 @@ pub(crate) fn reservation(outcome: &'static str) {
 
 pub(crate) fn operation(name: &'static str) -> [KeyValue; 1] {
     [KeyValue::new("operation", name)]
+}
+
+/// The `path` attribute of the Reserve transaction durations.
+pub(crate) fn reserve_path(coalesced: bool) -> [KeyValue; 1] {
+    [KeyValue::new(
+        "path",
+        if coalesced { "coalesced" } else { "single" },
+    )]
 }

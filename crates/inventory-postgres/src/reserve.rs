@@ -81,6 +81,7 @@ impl ReservationStore for PgStore {
                 })
                 .collect();
 
+            let started = std::time::Instant::now();
             let mut client = self.pool().get().await.map_err(from_pool)?;
             let mut tx = client.transaction().await.map_err(from_db)?;
             let fingerprint = command.fingerprint();
@@ -193,7 +194,16 @@ impl ReservationStore for PgStore {
                 &ReserveOutcome::of(&result),
             )
             .await?;
+            let committing = std::time::Instant::now();
             tx.commit().await.map_err(from_db)?;
+            let metrics = crate::metrics::store();
+            let path = crate::metrics::reserve_path(false);
+            metrics
+                .commit_duration
+                .record(committing.elapsed().as_secs_f64(), &path);
+            metrics
+                .batch_duration
+                .record(started.elapsed().as_secs_f64(), &path);
             if result.is_ok() {
                 self.outbox_written();
                 crate::metrics::reservation("HELD");

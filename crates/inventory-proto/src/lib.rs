@@ -15,3 +15,7 @@ pub use inventory::v1::*;
 
 /// The encoded descriptors of `proto/`, served by reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("inventory_descriptor");
+
+/// The commit this build was made from: `GIT_COMMIT` at build time, else the checkout's
+/// `HEAD`, else `unknown`.
+pub const BUILD_COMMIT: &str = env!("INVENTORY_BUILD_COMMIT");

@@ -30,6 +30,7 @@ use inventory_core::{
     domain::{FenceToken, Sku},
     ports::{Lease, LeaseService},
 };
+use opentelemetry::KeyValue;
 
 use crate::client::Redis;
 
@@ -132,15 +133,18 @@ impl RedisLeases {
         let prefix = self.redis.prefix();
         let ttl_ms = self.settings.ttl.as_millis().max(1) as i64;
         let token: i64 = self
-            .bounded(self.acquire.evalsha_with_reload(
-                self.redis.client(),
-                vec![prefix.lease(sku), prefix.fence(sku)],
-                vec![
-                    holder.to_owned(),
-                    ttl_ms.to_string(),
-                    self.fence_ttl_ms().to_string(),
-                ],
-            ))
+            .bounded(
+                "acquire",
+                self.acquire.evalsha_with_reload(
+                    self.redis.client(),
+                    vec![prefix.lease(sku), prefix.fence(sku)],
+                    vec![
+                        holder.to_owned(),
+                        ttl_ms.to_string(),
+                        self.fence_ttl_ms().to_string(),
+                    ],
+                ),
+            )
             .await?;
         Ok((token > 0).then(|| FenceToken::new(token)))
     }
@@ -181,18 +185,34 @@ impl RedisLeases {
         i64::try_from(self.settings.fence_ttl.as_millis().max(1)).unwrap_or(i64::MAX)
     }
 
-    /// Refuses at once while disconnected, and bounds the call by the command timeout.
+    /// Refuses at once while disconnected, and bounds the call by the command timeout. Each
+    /// call sent is timed as `command` (`inventory_redis_command_duration_seconds`).
     async fn bounded<T>(
         &self,
+        command: &'static str,
         call: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, Error> {
         if !self.redis.is_connected() {
             return Err(Error::unavailable(Dependency::Redis, "not connected"));
         }
-        match tokio::time::timeout(self.redis.command_timeout() * 2, call).await {
-            Ok(result) => result.map_err(classify),
-            Err(_) => Err(Error::unavailable(Dependency::Redis, "command timed out")),
-        }
+        let started = Instant::now();
+        let (result, outcome) =
+            match tokio::time::timeout(self.redis.command_timeout() * 2, call).await {
+                Ok(Ok(value)) => (Ok(value), "ok"),
+                Ok(Err(error)) => (Err(classify(error)), "error"),
+                Err(_) => (
+                    Err(Error::unavailable(Dependency::Redis, "command timed out")),
+                    "timeout",
+                ),
+            };
+        crate::metrics::leases().command_duration.record(
+            started.elapsed().as_secs_f64(),
+            &[
+                KeyValue::new("command", command),
+                KeyValue::new("outcome", outcome),
+            ],
+        );
+        result
     }
 }
 
@@ -206,7 +226,7 @@ impl LeaseService for RedisLeases {
         let outcome = |name: &'static str| {
             metrics.acquire_duration.record(
                 started.elapsed().as_secs_f64(),
-                &[opentelemetry::KeyValue::new("outcome", name)],
+                &[KeyValue::new("outcome", name)],
             );
             tracing::Span::current().record("wait_ms", started.elapsed().as_millis() as u64);
         };
@@ -254,11 +274,14 @@ impl LeaseService for RedisLeases {
 
     async fn release(&self, lease: &Lease) -> Result<bool, Error> {
         let deleted: i64 = self
-            .bounded(self.release.evalsha_with_reload(
-                self.redis.client(),
-                vec![self.redis.prefix().lease(&lease.sku)],
-                vec![lease.holder.clone()],
-            ))
+            .bounded(
+                "release",
+                self.release.evalsha_with_reload(
+                    self.redis.client(),
+                    vec![self.redis.prefix().lease(&lease.sku)],
+                    vec![lease.holder.clone()],
+                ),
+            )
             .await?;
         Ok(deleted == 1)
     }
@@ -266,6 +289,7 @@ impl LeaseService for RedisLeases {
     async fn is_held(&self, lease: &Lease) -> Result<bool, Error> {
         let holder: Option<String> = self
             .bounded(
+                "read_lease",
                 self.redis
                     .client()
                     .get(self.redis.prefix().lease(&lease.sku)),
@@ -280,11 +304,14 @@ impl LeaseService for RedisLeases {
 
     async fn forget_fence(&self, lease: &Lease) -> Result<(), Error> {
         let _: i64 = self
-            .bounded(self.forget_fence.evalsha_with_reload(
-                self.redis.client(),
-                vec![self.redis.prefix().fence(&lease.sku)],
-                vec![lease.fence.get().to_string()],
-            ))
+            .bounded(
+                "forget_fence",
+                self.forget_fence.evalsha_with_reload(
+                    self.redis.client(),
+                    vec![self.redis.prefix().fence(&lease.sku)],
+                    vec![lease.fence.get().to_string()],
+                ),
+            )
             .await?;
         Ok(())
     }
@@ -292,11 +319,14 @@ impl LeaseService for RedisLeases {
     async fn raise_fence(&self, sku: &Sku, floor: FenceToken) -> Result<(), Error> {
         crate::metrics::leases().fence_raised.add(1, &[]);
         let _: i64 = self
-            .bounded(self.raise_fence.evalsha_with_reload(
-                self.redis.client(),
-                vec![self.redis.prefix().fence(sku)],
-                vec![floor.get().to_string(), self.fence_ttl_ms().to_string()],
-            ))
+            .bounded(
+                "raise_fence",
+                self.raise_fence.evalsha_with_reload(
+                    self.redis.client(),
+                    vec![self.redis.prefix().fence(sku)],
+                    vec![floor.get().to_string(), self.fence_ttl_ms().to_string()],
+                ),
+            )
             .await?;
         Ok(())
     }

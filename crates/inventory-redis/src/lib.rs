@@ -15,6 +15,7 @@ pub mod client;
 pub mod keys;
 pub mod leases;
 mod metrics;
+pub use metrics::init as init_metrics;
 
 pub use client::{
     Redis, RedisProbeError, RedisSettings, RedisTlsFiles, parse_url, parse_url_with_tls, probe,

@@ -2,6 +2,7 @@
 
 use std::sync::OnceLock;
 
+use inventory_core::metrics::SECONDS_BUCKETS;
 use opentelemetry::{
     global,
     metrics::{Counter, Histogram},
@@ -18,6 +19,8 @@ pub(crate) struct LeaseMetrics {
     pub lost: Counter<u64>,
     /// Fence counters raised because Redis had fallen behind PostgreSQL.
     pub fence_raised: Counter<u64>,
+    /// Each Redis round trip of the leases, by command and outcome.
+    pub command_duration: Histogram<f64>,
 }
 
 pub(crate) fn leases() -> &'static LeaseMetrics {
@@ -29,10 +32,7 @@ pub(crate) fn leases() -> &'static LeaseMetrics {
                 .f64_histogram("inventory.lease.acquire.duration")
                 .with_unit("s")
                 .with_description("Time to obtain a SKU lease, by outcome")
-                .with_boundaries(vec![
-                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                    10.0,
-                ])
+                .with_boundaries(SECONDS_BUCKETS.to_vec())
                 .build(),
             contended: meter
                 .u64_counter("inventory.lease.contended")
@@ -50,6 +50,26 @@ pub(crate) fn leases() -> &'static LeaseMetrics {
                 .u64_counter("inventory.fence.raised")
                 .with_description("Fence counters raised after Redis fell behind PostgreSQL")
                 .build(),
+            command_duration: meter
+                .f64_histogram("inventory.redis.command.duration")
+                .with_unit("s")
+                .with_description("Redis round trips of the leases, by command (acquire, release, read_lease, forget_fence, raise_fence) and outcome (ok, error, timeout)")
+                .with_boundaries(SECONDS_BUCKETS.to_vec())
+                .build(),
         }
     })
+}
+
+/// Creates the instruments and starts the counters at 0, so `/metrics` lists them (and
+/// `rate()` has a start) before their first event.
+pub fn init() {
+    let metrics = leases();
+    for counter in [
+        &metrics.contended,
+        &metrics.retries,
+        &metrics.lost,
+        &metrics.fence_raised,
+    ] {
+        counter.add(0, &[]);
+    }
 }

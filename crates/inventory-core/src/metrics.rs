@@ -1,0 +1,34 @@
+//! The core's instruments, and the buckets every duration in seconds uses.
+//!
+//! Only OpenTelemetry's API is used here (no SDK, no exporter): without a meter provider
+//! installed, recording does nothing. The server installs one.
+
+use std::sync::OnceLock;
+
+use opentelemetry::{global, metrics::Histogram};
+
+/// Buckets of every duration in seconds: half a millisecond to ten seconds. (The SDK's
+/// default buckets, 0 to 10,000, are meant for milliseconds: every sample in seconds would
+/// land in the first.)
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// How deep a SKU's coalescing queue was when a `Reserve` joined it: 0 when it found none
+/// and leads, else its place in the queue (1: next behind the batch being written). A
+/// distribution, not a label per SKU, so the number of series stays fixed however many SKUs
+/// are hot.
+pub(crate) fn queue_depth() -> &'static Histogram<u64> {
+    static INSTRUMENT: OnceLock<Histogram<u64>> = OnceLock::new();
+    INSTRUMENT.get_or_init(|| {
+        global::meter("inventory-core")
+            .u64_histogram("inventory.reserve.queue.depth")
+            .with_description(
+                "Place of a Reserve in its SKU's coalescing queue when it joined (0: it led)",
+            )
+            .with_boundaries(vec![
+                0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0,
+            ])
+            .build()
+    })
+}

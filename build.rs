@@ -46,30 +46,30 @@ fn build_commit(workspace: &Path) -> String {
     if let Some(commit) = env::var("GIT_COMMIT").ok().filter(|c| !c.trim().is_empty()) {
         return commit.trim().to_owned();
     }
-    // Built again when HEAD moves: a checkout of another branch, or a commit on this one.
-    let git = workspace.join(".git");
-    if git.is_dir() {
-        println!("cargo:rerun-if-changed={}", git.join("HEAD").display());
-        // A branch's ref is a file of its own once committed to, else a line of packed-refs
-        // (a fresh clone); a path that does not exist would rerun this script every build.
-        if let Ok(head) = fs::read_to_string(git.join("HEAD"))
-            && let Some(reference) = head.trim().strip_prefix("ref: ")
-        {
-            for watched in [git.join(reference), git.join("packed-refs")] {
-                if watched.exists() {
-                    println!("cargo:rerun-if-changed={}", watched.display());
-                }
+    // Built again when HEAD moves: a commit, a checkout, a reset. HEAD's reflog records
+    // every move (in a worktree too: git names the files of this checkout); HEAD itself
+    // covers a repository without a reflog. Only files that exist are named: one that does
+    // not would run this script on every build.
+    for file in ["logs/HEAD", "HEAD"] {
+        if let Some(path) = git(workspace, &["rev-parse", "--git-path", file]) {
+            let path = workspace.join(path);
+            if path.exists() {
+                println!("cargo:rerun-if-changed={}", path.display());
             }
         }
     }
+    git(workspace, &["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// What `git args` prints in `workspace`, trimmed; `None` without git or a repository.
+fn git(workspace: &Path, args: &[&str]) -> Option<String> {
     Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
+        .args(args)
         .current_dir(workspace)
         .output()
         .ok()
         .filter(|output| output.status.success())
         .and_then(|output| String::from_utf8(output.stdout).ok())
-        .map(|commit| commit.trim().to_owned())
-        .filter(|commit| !commit.is_empty())
-        .unwrap_or_else(|| "unknown".to_owned())
+        .map(|text| text.trim().to_owned())
+        .filter(|text| !text.is_empty())
 }

@@ -47,13 +47,6 @@ pub async fn run(
             _ = ticks.tick() => {}
             _ = stopped.changed() => return,
         }
-        // The held gauges: a count over the holds and the stock rows, so not every round.
-        if counted.is_none_or(|at| at.elapsed() >= HELD_GAUGES_EVERY) {
-            counted = Some(Instant::now());
-            if let Err(error) = store.refresh_held_gauges().await {
-                tracing::debug!(%error, "cannot count held reservations");
-            }
-        }
         loop {
             match inventory.expire_due(batch).await {
                 Ok(expired) if expired > 0 => {
@@ -67,6 +60,14 @@ pub async fn run(
                     tracing::warn!(%error, "expiry sweep failed; retrying next interval");
                     break;
                 }
+            }
+        }
+        // The held gauges, after the sweep: a count over the holds and the stock rows, so
+        // not every round.
+        if counted.is_none_or(|at| at.elapsed() >= HELD_GAUGES_EVERY) {
+            counted = Some(Instant::now());
+            if let Err(error) = store.refresh_held_gauges().await {
+                tracing::warn!(%error, "cannot count held reservations; the held gauges keep their last value");
             }
         }
         // Pass after pass while one came back full: the backlog shrinks whatever the write

@@ -171,8 +171,13 @@ where
             span.record("rpc.method_original", request.uri().path());
         }
         continue_trace(&span, request.headers());
-        let started = Instant::now();
         let future = self.inner.call(request);
+        let mut call = Call {
+            method,
+            span: span.clone(),
+            started: Instant::now(),
+            done: false,
+        };
         Box::pin(
             async move {
                 let result = future.await;
@@ -180,20 +185,44 @@ where
                     Ok(response) => status_of(response.headers()),
                     Err(_) => (Code::Unknown, None),
                 };
-                let span = tracing::Span::current();
-                span.record("rpc.grpc.status_code", code as i64);
-                if is_server_error(code) {
-                    span.record("otel.status_code", "error");
-                    span.record(
-                        "otel.status_description",
-                        message.unwrap_or_else(|| code.description().to_owned()),
-                    );
-                }
-                finished(method, code, started.elapsed());
+                call.finish(code, message);
                 result
             }
             .instrument(span),
         )
+    }
+}
+
+/// One call being answered. Dropped unfinished (the caller cancelled, disconnected or ran
+/// out of its deadline, and the server stopped answering), it is recorded as `CANCELLED`, so
+/// the slowest calls are not the ones missing from the latency.
+struct Call {
+    method: Option<&'static Method>,
+    span: tracing::Span,
+    started: Instant,
+    done: bool,
+}
+
+impl Call {
+    fn finish(&mut self, code: Code, message: Option<String>) {
+        self.done = true;
+        self.span.record("rpc.grpc.status_code", code as i64);
+        if is_server_error(code) {
+            self.span.record("otel.status_code", "error");
+            self.span.record(
+                "otel.status_description",
+                message.unwrap_or_else(|| code.description().to_owned()),
+            );
+        }
+        finished(self.method, code, self.started.elapsed());
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if !self.done {
+            self.finish(Code::Cancelled, None);
+        }
     }
 }
 

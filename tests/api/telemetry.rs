@@ -435,7 +435,7 @@ async fn duration_histograms_have_buckets_in_seconds_and_samples_spread_over_the
     let mut client = app.client.clone();
     let slow = tokio::spawn(async move { client.reserve(reserve("slow", &[("SLOW", 1)])).await });
     held.reached().await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
     held.resume();
     slow.await.unwrap().unwrap();
     app.client
@@ -488,7 +488,13 @@ async fn duration_histograms_have_buckets_in_seconds_and_samples_spread_over_the
         .map(|b| b.0)
         .collect();
     assert_eq!(ms.first(), Some(&0.5), "{page}");
-    // The slow Reserve and the rest land apart: the quantiles mean something.
+    // The slow Reserve (above 0.5 s) and the rest land apart: the quantiles mean something.
+    let slow_transactions: f64 = buckets(&page, "inventory_reserve_transaction_duration_seconds")
+        .iter()
+        .filter(|(bound, _)| *bound > 0.5)
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(slow_transactions, 1.0, "{page}");
     for histogram in [
         "inventory_rpc_duration_seconds",
         "inventory_reserve_transaction_duration_seconds",
@@ -678,13 +684,21 @@ async fn every_metric_the_dashboard_and_the_alerts_read_is_exported_and_document
     )
     .unwrap();
     let mut dashboard_exprs = Vec::new();
-    for panel in dashboard["panels"].as_array().unwrap() {
+    // Panels, and those inside collapsed rows.
+    let panels = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|panel| {
+            std::iter::once(panel).chain(panel["panels"].as_array().into_iter().flatten())
+        });
+    for panel in panels {
         for target in panel["targets"].as_array().into_iter().flatten() {
             dashboard_exprs.push(target["expr"].as_str().unwrap().to_owned());
         }
     }
     for variable in dashboard["templating"]["list"].as_array().unwrap() {
-        if let Some(query) = variable["definition"].as_str() {
+        if let Some(query) = variable["query"]["query"].as_str() {
             dashboard_exprs.push(query.to_owned());
         }
     }
@@ -769,7 +783,7 @@ async fn every_metric_the_dashboard_and_the_alerts_read_is_exported_and_document
     let elsewhere = [
         "inventory_verify_drift",
         "inventory_tls_certificate_not_after_seconds",
-        "kube_job_status_failed",
+        "kube_cronjob_status_last_successful_time",
     ];
     for name in metric_names(&rule_exprs) {
         assert!(
@@ -804,10 +818,12 @@ async fn every_metric_the_dashboard_and_the_alerts_read_is_exported_and_document
     }
     // Every runbook an alert links to is a section of the operations guide.
     let operations = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
-    for anchor in rules
-        .lines()
-        .filter_map(|line| line.trim().strip_prefix("runbook_url: docs/operations.md#"))
-    {
+    for anchor in rules.lines().filter_map(|line| {
+        line.trim()
+            .strip_prefix("runbook_url: https://")
+            .and_then(|url| url.split_once("/docs/operations.md#"))
+            .map(|(_, anchor)| anchor)
+    }) {
         let heading = operations.lines().any(|line| {
             line.starts_with('#')
                 && line
@@ -860,4 +876,48 @@ async fn the_certificate_gauge_says_when_the_server_certificate_and_client_ca_ex
         1_938_038_400.0,
         "{page}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_its_caller_abandons_is_recorded_as_cancelled() {
+    let (app, _telemetry) = exporting_app().await;
+    stock(&app, "SKU-1", 5).await;
+    // A Reserve held inside its transaction, and its caller walks away (the stream is reset).
+    let mut held = app.pauses.arm(PausePoint::OrderChecked);
+    let mut client = app.client.clone();
+    let call = tokio::spawn(async move { client.reserve(reserve("gone", &[("SKU-1", 1)])).await });
+    held.reached().await;
+    call.abort();
+    let page = inventory_testkit::process::eventually_ok(
+        "the abandoned call is recorded",
+        Duration::from_secs(10),
+        || async {
+            let page = scrape(app.admin_addr.unwrap()).await;
+            let cancelled = total(
+                &page,
+                "inventory_rpc_duration_seconds_count",
+                &[
+                    ("rpc_method", "/inventory.v1.InventoryService/Reserve"),
+                    ("rpc_grpc_status_code", "Cancelled"),
+                ],
+            );
+            if cancelled == 1.0 {
+                Ok(page)
+            } else {
+                Err("not yet")
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        total(
+            &page,
+            "rpc_server_duration_milliseconds_count",
+            &[("rpc_method", "Reserve"), ("rpc_grpc_status_code", "1")]
+        ),
+        1.0,
+        "{page}"
+    );
+    held.resume();
 }

@@ -148,6 +148,8 @@ impl Queues {
             return Ok(Joined::Lead);
         };
         if queue.len() >= max_queued {
+            // Recorded too: a full queue is the depth that matters most.
+            crate::metrics::queue_depth().record(queue.len() as u64, &[]);
             return Err(Error::TooManyWaiters { sku: sku.clone() });
         }
         *next_id += 1;

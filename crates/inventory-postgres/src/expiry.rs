@@ -18,12 +18,17 @@ use crate::{
     outbox, reservations, stock,
 };
 
+/// How long past its expiry an unswept hold may be before it counts as overdue: many sweep
+/// intervals, so a busy but healthy sweeper never shows any.
+pub const OVERDUE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What is held across every SKU, for the saturation gauges.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HeldTotals {
     /// Reservations in state `HELD` (overdue ones included until swept).
     pub reservations: i64,
-    /// Of those, the ones past their expiry that no sweep has returned yet.
+    /// Of those, the ones more than [`OVERDUE_GRACE`] past their expiry that no sweep has
+    /// returned yet (a hold that expired since the last sweep is not overdue).
     pub overdue: i64,
     /// Units reserved across every SKU (`stock.reserved`).
     pub units: i64,
@@ -39,10 +44,12 @@ impl PgStore {
                 let client = self.pool().get().await.map_err(from_pool)?;
                 let row = client
                     .query_one(
-                        "SELECT count(*), count(*) FILTER (WHERE expires_at <= now()),
+                        "SELECT count(*),
+                                count(*) FILTER (
+                                    WHERE expires_at <= now() - make_interval(secs => $1)),
                                 (SELECT coalesce(sum(reserved), 0)::bigint FROM stock)
                          FROM reservations WHERE state = 'HELD'",
-                        &[],
+                        &[&OVERDUE_GRACE.as_secs_f64()],
                     )
                     .await
                     .map_err(from_db)?;

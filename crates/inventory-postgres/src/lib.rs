@@ -33,7 +33,7 @@ pub mod connect;
 mod error;
 pub mod events;
 mod expiry;
-pub use expiry::HeldTotals;
+pub use expiry::{HeldTotals, OVERDUE_GRACE};
 mod idempotency;
 mod ledger;
 mod metrics;

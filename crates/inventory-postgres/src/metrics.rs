@@ -90,7 +90,7 @@ pub(crate) fn store() -> &'static StoreMetrics {
                 .build(),
             overdue_reservations: meter
                 .u64_gauge("inventory.reservations.overdue")
-                .with_description("Holds past their expiry not yet returned by a sweep, as the sweeper last counted them")
+                .with_description("Holds more than a minute past their expiry not yet returned by a sweep, as the sweeper last counted them")
                 .build(),
             held_units: meter
                 .u64_gauge("inventory.stock.reserved.units")

@@ -21,9 +21,10 @@ bench-compare: ## The service now against git revision BASELINE, sides alternati
 chaos: ## Fault suite: 3 replicas, Redis single/Sentinel/Cluster, seeded faults, history checker (DURATION=3m per topology, SEED=, TOPOLOGIES=)
 	@$(SERVICES) chaos
 
-lint: ## Formatting, clippy (warnings denied), Dockerfile and Kubernetes manifests (offline)
+lint: ## Formatting, clippy (warnings denied), the proto (buf lint and breaking), Dockerfile, manifests and alert rules
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+	@$(SERVICES) lint-proto
 	@$(SERVICES) lint-deploy
 
 stop: ## Stop what `make run`, `make test` or `make bench` started

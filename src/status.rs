@@ -5,6 +5,9 @@
 use std::{collections::HashMap, time::Duration};
 
 use inventory_core::{Dependency, Error};
+// Every `ErrorInfo.reason` sent is a value of the proto's `ErrorReason`: declared there, with
+// the status code it comes with and its metadata keys.
+use inventory_proto::ErrorReason;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -18,13 +21,40 @@ const EXHAUSTED_RETRY_DELAY: Duration = Duration::from_millis(200);
 const ABORTED_RETRY_DELAY: Duration = Duration::from_millis(50);
 
 pub fn to_status(error: Error) -> Status {
+    with_pushback(status_of(error))
+}
+
+/// A status that carries `RetryInfo` also carries its delay as `grpc-retry-pushback-ms`: the
+/// form gRPC's own retries read (a `retryPolicy` in the service config, see
+/// `deploy/grpc/service-config.json`), so clients in other languages wait as long as the Rust
+/// client does.
+fn with_pushback(mut status: Status) -> Status {
+    let delay = status
+        .get_error_details()
+        .retry_info()
+        .and_then(|info| info.retry_delay);
+    if let Some(delay) = delay
+        && let Ok(value) = delay.as_millis().to_string().parse()
+    {
+        status
+            .metadata_mut()
+            .insert("grpc-retry-pushback-ms", value);
+    }
+    status
+}
+
+fn status_of(error: Error) -> Status {
     match error {
         Error::InvalidArgument(violations) => {
             let mut details = ErrorDetails::new();
             for violation in &violations {
                 details.add_bad_request_violation(&violation.field, &violation.description);
             }
-            details.set_error_info("INVALID_ARGUMENT", ERROR_DOMAIN, HashMap::new());
+            details.set_error_info(
+                ErrorReason::InvalidArgument.as_str_name(),
+                ERROR_DOMAIN,
+                HashMap::new(),
+            );
             Status::with_error_details(
                 Code::InvalidArgument,
                 Error::InvalidArgument(violations).to_string(),
@@ -39,7 +69,7 @@ pub fn to_status(error: Error) -> Status {
                 .join(",");
             let mut details = ErrorDetails::new();
             details.set_error_info(
-                "SKU_NOT_FOUND",
+                ErrorReason::SkuNotFound.as_str_name(),
                 ERROR_DOMAIN,
                 HashMap::from([("skus".to_string(), joined)]),
             );
@@ -48,7 +78,7 @@ pub fn to_status(error: Error) -> Status {
         Error::UnknownReservation(id) => {
             let mut details = ErrorDetails::new();
             details.set_error_info(
-                "RESERVATION_NOT_FOUND",
+                ErrorReason::ReservationNotFound.as_str_name(),
                 ERROR_DOMAIN,
                 HashMap::from([("reservation_id".to_string(), id.to_string())]),
             );
@@ -72,7 +102,7 @@ pub fn to_status(error: Error) -> Status {
                 .collect::<Vec<_>>()
                 .join(",");
             details.set_error_info(
-                "INSUFFICIENT_STOCK",
+                ErrorReason::InsufficientStock.as_str_name(),
                 ERROR_DOMAIN,
                 HashMap::from([("skus".to_string(), skus)]),
             );
@@ -87,7 +117,7 @@ pub fn to_status(error: Error) -> Status {
                     error.to_string(),
                 )
                 .set_error_info(
-                    "INVALID_RESERVATION_STATE",
+                    ErrorReason::InvalidReservationState.as_str_name(),
                     ERROR_DOMAIN,
                     HashMap::from([("state".to_string(), state.to_string())]),
                 );
@@ -115,7 +145,7 @@ pub fn to_status(error: Error) -> Status {
                 .collect::<Vec<_>>()
                 .join(",");
             details.set_error_info(
-                "NOT_HELD",
+                ErrorReason::NotHeld.as_str_name(),
                 ERROR_DOMAIN,
                 HashMap::from([
                     ("reservation_id".to_string(), id.to_string()),
@@ -133,7 +163,7 @@ pub fn to_status(error: Error) -> Status {
                     error.to_string(),
                 )
                 .set_error_info(
-                    "ORDER_CANCELLED",
+                    ErrorReason::OrderCancelled.as_str_name(),
                     ERROR_DOMAIN,
                     HashMap::from([("order_id".to_string(), order_id.as_str().to_owned())]),
                 );
@@ -145,43 +175,59 @@ pub fn to_status(error: Error) -> Status {
             details
                 .add_precondition_failure_violation("MAX_HOLD", id.to_string(), error.to_string())
                 .set_error_info(
-                    "MAX_HOLD_EXCEEDED",
+                    ErrorReason::MaxHoldExceeded.as_str_name(),
                     ERROR_DOMAIN,
                     HashMap::from([("latest_expires_at".to_string(), latest)]),
                 );
             Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
         }
-        Error::LeaseBusy { ref sku, .. } => aborted("LEASE_BUSY", sku.as_str(), &error),
+        Error::LeaseBusy { ref sku, .. } => aborted(ErrorReason::LeaseBusy, sku.as_str(), &error),
         Error::TooManyWaiters { ref sku } => {
             let mut details = ErrorDetails::new();
             details
                 .set_retry_info(Some(EXHAUSTED_RETRY_DELAY))
                 .add_quota_failure_violation(sku.as_str(), error.to_string())
-                .set_error_info("SKU_CONTENDED", ERROR_DOMAIN, sku_metadata(sku.as_str()));
+                .set_error_info(
+                    ErrorReason::SkuContended.as_str_name(),
+                    ERROR_DOMAIN,
+                    sku_metadata(sku.as_str()),
+                );
             Status::with_error_details(Code::ResourceExhausted, error.to_string(), details)
         }
         Error::Saturated => {
             let mut details = ErrorDetails::new();
             details
                 .set_retry_info(Some(EXHAUSTED_RETRY_DELAY))
-                .set_error_info("SERVER_SATURATED", ERROR_DOMAIN, HashMap::new());
+                .set_error_info(
+                    ErrorReason::ServerSaturated.as_str_name(),
+                    ERROR_DOMAIN,
+                    HashMap::new(),
+                );
             Status::with_error_details(Code::ResourceExhausted, error.to_string(), details)
         }
         Error::TooManyWatchers => {
             let mut details = ErrorDetails::new();
             details
                 .set_retry_info(Some(EXHAUSTED_RETRY_DELAY))
-                .set_error_info("TOO_MANY_WATCHERS", ERROR_DOMAIN, HashMap::new());
+                .set_error_info(
+                    ErrorReason::TooManyWatchers.as_str_name(),
+                    ERROR_DOMAIN,
+                    HashMap::new(),
+                );
             Status::with_error_details(Code::ResourceExhausted, error.to_string(), details)
         }
         Error::DeadlineExceeded => {
             let mut details = ErrorDetails::new();
-            details.set_error_info("DEADLINE_EXCEEDED", ERROR_DOMAIN, HashMap::new());
+            details.set_error_info(
+                ErrorReason::DeadlineExceeded.as_str_name(),
+                ERROR_DOMAIN,
+                HashMap::new(),
+            );
             Status::with_error_details(Code::DeadlineExceeded, error.to_string(), details)
         }
         Error::LeaseLost { ref sku } => {
             tracing::warn!(%sku, "write fenced off: the lease was lost");
-            aborted("LEASE_LOST", sku.as_str(), &error)
+            aborted(ErrorReason::LeaseLost, sku.as_str(), &error)
         }
         Error::BelowReserved { ref sku, .. } => {
             let mut details = ErrorDetails::new();
@@ -191,7 +237,11 @@ pub fn to_status(error: Error) -> Status {
                     sku.as_str(),
                     error.to_string(),
                 )
-                .set_error_info("STOCK_RESERVED", ERROR_DOMAIN, sku_metadata(sku.as_str()));
+                .set_error_info(
+                    ErrorReason::StockReserved.as_str_name(),
+                    ERROR_DOMAIN,
+                    sku_metadata(sku.as_str()),
+                );
             Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
         }
         Error::VersionMismatch {
@@ -201,7 +251,7 @@ pub fn to_status(error: Error) -> Status {
         } => {
             let mut details = ErrorDetails::new();
             details.set_error_info(
-                "VERSION_MISMATCH",
+                ErrorReason::VersionMismatch.as_str_name(),
                 ERROR_DOMAIN,
                 HashMap::from([
                     ("sku".to_string(), sku.as_str().to_owned()),
@@ -222,7 +272,7 @@ pub fn to_status(error: Error) -> Status {
                     error.to_string(),
                 )
                 .set_error_info(
-                    "BELOW_RESERVED",
+                    ErrorReason::BelowReserved.as_str_name(),
                     ERROR_DOMAIN,
                     HashMap::from([
                         ("sku".to_string(), sku.as_str().to_owned()),
@@ -235,13 +285,17 @@ pub fn to_status(error: Error) -> Status {
             let mut details = ErrorDetails::new();
             details
                 .add_precondition_failure_violation("STOCK_LIMIT", sku.as_str(), error.to_string())
-                .set_error_info("STOCK_LIMIT", ERROR_DOMAIN, sku_metadata(sku.as_str()));
+                .set_error_info(
+                    ErrorReason::StockLimit.as_str_name(),
+                    ERROR_DOMAIN,
+                    sku_metadata(sku.as_str()),
+                );
             Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
         }
         Error::CursorPruned { pruned_through, .. } => {
             let mut details = ErrorDetails::new();
             details.set_error_info(
-                "CURSOR_PRUNED",
+                ErrorReason::CursorPruned.as_str_name(),
                 ERROR_DOMAIN,
                 HashMap::from([(
                     "oldest_sequence".to_string(),
@@ -252,7 +306,11 @@ pub fn to_status(error: Error) -> Status {
         }
         Error::IdempotencyKeyReused => {
             let mut details = ErrorDetails::new();
-            details.set_error_info("IDEMPOTENCY_KEY_REUSED", ERROR_DOMAIN, HashMap::new());
+            details.set_error_info(
+                ErrorReason::IdempotencyKeyReused.as_str_name(),
+                ERROR_DOMAIN,
+                HashMap::new(),
+            );
             Status::with_error_details(Code::AlreadyExists, error.to_string(), details)
         }
         Error::Unavailable {
@@ -261,13 +319,13 @@ pub fn to_status(error: Error) -> Status {
         } => {
             tracing::warn!(%dependency, error = %source, "dependency unavailable");
             let reason = match dependency {
-                Dependency::Postgres => "POSTGRES_UNAVAILABLE",
-                Dependency::Redis => "REDIS_UNAVAILABLE",
+                Dependency::Postgres => ErrorReason::PostgresUnavailable,
+                Dependency::Redis => ErrorReason::RedisUnavailable,
             };
             let mut details = ErrorDetails::new();
             details
                 .set_retry_info(Some(UNAVAILABLE_RETRY_DELAY))
-                .set_error_info(reason, ERROR_DOMAIN, HashMap::new());
+                .set_error_info(reason.as_str_name(), ERROR_DOMAIN, HashMap::new());
             Status::with_error_details(Code::Unavailable, error.to_string(), details)
         }
         Error::Internal(ref source) => {
@@ -278,11 +336,11 @@ pub fn to_status(error: Error) -> Status {
 }
 
 /// A refused attempt that a plain retry may win: `ABORTED` with a short retry delay.
-fn aborted(reason: &str, sku: &str, error: &Error) -> Status {
+fn aborted(reason: ErrorReason, sku: &str, error: &Error) -> Status {
     let mut details = ErrorDetails::new();
     details
         .set_retry_info(Some(ABORTED_RETRY_DELAY))
-        .set_error_info(reason, ERROR_DOMAIN, sku_metadata(sku));
+        .set_error_info(reason.as_str_name(), ERROR_DOMAIN, sku_metadata(sku));
     Status::with_error_details(Code::Aborted, error.to_string(), details)
 }
 

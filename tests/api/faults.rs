@@ -339,7 +339,16 @@ async fn a_busy_lease_past_the_servers_wait_bound_is_aborted_with_retry_advice()
         .unwrap_err();
     assert_eq!(status.code(), Code::Aborted, "{status:?}");
     assert_eq!(error_reason(&status), "LEASE_BUSY");
-    assert!(status.get_details_retry_info().is_some());
+    let delay = status
+        .get_details_retry_info()
+        .unwrap()
+        .retry_delay
+        .unwrap();
+    // The same delay where gRPC's own retries (service config) look for it.
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        delay.as_millis().to_string().as_str()
+    );
 
     held.resume();
     assert!(a.await.unwrap().is_ok());

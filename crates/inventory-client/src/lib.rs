@@ -13,7 +13,7 @@
 //! - **Three kinds of failure** ([`Error`]): `Refused` (a definite no, with its reason),
 //!   `Invalid` (which fields are wrong), `OutcomeUnknown` (a write may or may not have
 //!   happened: retry later with the same key, or compensate), plus `Unavailable` for reads
-//!   and for writes that were refused before they acted.
+//!   and for writes whose every attempt was refused before it acted.
 //! - **Trace context.** The current `tracing` span's context goes out as W3C `traceparent`, so
 //!   the server's spans join the caller's trace.
 //!
@@ -33,7 +33,7 @@
 //!     Ok(reservation) => println!("held {}", reservation.reservation_id),
 //!     Err(Error::Refused { reason, .. }) if reason == "INSUFFICIENT_STOCK" => println!("sold out"),
 //!     Err(Error::OutcomeUnknown { idempotency_key, .. }) => {
-//!         println!("unknown: retry later with key {idempotency_key}, or cancel the order")
+//!         println!("unknown: retry later with key {idempotency_key:?}, or cancel the order")
 //!     }
 //!     Err(other) => return Err(other),
 //! }

@@ -93,6 +93,20 @@ pub fn outcome_unknown(code: Code) -> bool {
     )
 }
 
+/// Whether a definite refusal settles a key an earlier attempt may have used: the server
+/// decides these after looking the key up (a replay would have answered instead). Refusals
+/// decided before the key (authentication, an unknown method, a lease or load refusal) do
+/// not.
+pub fn settles_key(status: &Status) -> bool {
+    match status.code() {
+        Code::FailedPrecondition | Code::NotFound | Code::InvalidArgument | Code::AlreadyExists => {
+            true
+        }
+        Code::Aborted => reason(status).as_deref() == Some("VERSION_MISMATCH"),
+        _ => false,
+    }
+}
+
 /// The server's `RetryInfo.retry_delay`, if it sent one.
 pub fn server_delay(status: &Status) -> Option<Duration> {
     status
@@ -102,14 +116,17 @@ pub fn server_delay(status: &Status) -> Option<Duration> {
 }
 
 /// The wait before attempt `attempt + 1` (0-based `attempt` just failed): exponential backoff
-/// with full jitter (`jitter` in `[0, 1)`), at least the server's delay.
+/// with full jitter (`jitter` in `[0, 1)`), or the server's delay plus up to a fifth of it
+/// when that is longer, so clients told the same delay do not come back in step.
 pub fn wait(policy: &RetryPolicy, attempt: u32, server: Option<Duration>, jitter: f64) -> Duration {
+    let jitter = jitter.clamp(0.0, 1.0);
     let ceiling = policy
         .initial_backoff
         .saturating_mul(1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX))
         .min(policy.max_backoff);
-    let backoff = ceiling.mul_f64(jitter.clamp(0.0, 1.0));
-    backoff.max(server.unwrap_or_default())
+    let backoff = ceiling.mul_f64(jitter);
+    let server = server.unwrap_or_default();
+    backoff.max(server + server.mul_f64(0.2 * jitter))
 }
 
 /// A number in `[0, 1)` from the operating system's generator (0.5 if it cannot answer).
@@ -164,6 +181,28 @@ mod tests {
     }
 
     #[test]
+    fn only_refusals_decided_after_the_key_settle_an_unknown_attempt() {
+        for status in [
+            Status::failed_precondition("out of stock"),
+            Status::not_found("no such sku"),
+            Status::invalid_argument("bad"),
+            Status::already_exists("key reused"),
+            with_reason(Code::Aborted, "VERSION_MISMATCH", None),
+        ] {
+            assert!(settles_key(&status), "{status:?}");
+        }
+        for status in [
+            Status::unauthenticated("token rotated"),
+            Status::permission_denied("role"),
+            Status::unimplemented("old replica"),
+            with_reason(Code::Aborted, "LEASE_BUSY", None),
+            Status::resource_exhausted("shed"),
+        ] {
+            assert!(!settles_key(&status), "{status:?}");
+        }
+    }
+
+    #[test]
     fn lost_answers_leave_a_write_unknown_and_refusals_do_not() {
         for code in [
             Code::DeadlineExceeded,
@@ -200,6 +239,11 @@ mod tests {
         assert_eq!(
             wait(&policy, 0, Some(Duration::from_millis(500)), 0.0),
             Duration::from_millis(500)
+        );
+        // Spread above the server's delay, by at most a fifth of it.
+        assert_eq!(
+            wait(&policy, 0, Some(Duration::from_millis(500)), 0.5),
+            Duration::from_millis(550)
         );
         assert_eq!(
             server_delay(&with_reason(

@@ -4,7 +4,7 @@
 
 SERVICES := deploy/local/services.sh
 
-.PHONY: run test bench bench-compare chaos lint stop build
+.PHONY: run test bench bench-compare lab chaos lint stop build
 
 run: ## Start PostgreSQL and Redis, migrate, seed demo SKUs and serve (Ctrl-C stops all)
 	@$(SERVICES) run
@@ -17,6 +17,9 @@ bench: ## Benchmark suite: pgbench's raw-SQL ceiling against the service, as rat
 
 bench-compare: ## The service now against git revision BASELINE, sides alternating, as ratios (BENCH_ROUNDS=4, BENCH_CLIENTS=)
 	@$(SERVICES) bench-compare "$(BASELINE)"
+
+lab: ## The failure lab: the last unit sold twice the naive way, never by the service (timelines, target/lab/index.html)
+	@$(SERVICES) lab
 
 chaos: ## Fault suite: 3 replicas, Redis single/Sentinel/Cluster, seeded faults, history checker (DURATION=3m per topology, SEED=, TOPOLOGIES=)
 	@$(SERVICES) chaos

@@ -13,6 +13,7 @@
 #   services.sh bench   start services (durable: fsync on), run the benchmark suite, stop them
 #   services.sh bench-compare REV   the same services; the service as built now against the
 #                       one at git revision REV (built in target/baseline/), alternating
+#   services.sh lab     start services, replay the failure lab (examples/failure_lab.rs), stop them
 #   services.sh chaos   the fault suite (it starts its own PostgreSQL, Redis and servers);
 #                       TOPOLOGIES, DURATION and SEED pick what it runs
 #   services.sh start PROFILE | stop PROFILE | env PROFILE
@@ -351,6 +352,17 @@ cmd_bench_compare() {
     --out target/bench)
 }
 
+cmd_lab() {
+  PROFILE=test
+  profile_settings test
+  ensure_packages
+  start_services
+  trap stop_services EXIT
+  (cd "$ROOT" && DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres" \
+    REDIS_URL="redis://127.0.0.1:$REDIS_PORT" RUST_LOG="${RUST_LOG:-error}" \
+    cargo run --quiet --locked --example failure_lab)
+}
+
 cmd_chaos() {
   ensure_packages
   log "building release binaries"
@@ -430,6 +442,7 @@ case "${1:-}" in
   test) cmd_test ;;
   bench) cmd_bench ;;
   bench-compare) cmd_bench_compare "${2:-}" ;;
+  lab) cmd_lab ;;
   chaos) cmd_chaos ;;
   stop) cmd_stop ;;
   start) PROFILE=${2:?profile}; profile_settings "$PROFILE"; start_services ;;

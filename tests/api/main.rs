@@ -19,6 +19,7 @@ mod extend;
 mod faults;
 mod helpers;
 mod hostile;
+mod lab;
 mod ledger;
 mod list;
 mod migrations;

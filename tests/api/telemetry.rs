@@ -40,9 +40,26 @@ impl TraceService for Collector {
     }
 }
 
-// The exporters run on the runtime while shutdown blocks a thread: two workers.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_spans_of_one_reserve_reach_the_collector_under_the_callers_trace() {
+impl Collector {
+    /// Every span received, after `telemetry` was shut down (which flushes them).
+    async fn spans_after(&self, telemetry: telemetry::Telemetry) -> Vec<Span> {
+        tokio::task::spawn_blocking(move || telemetry.shutdown())
+            .await
+            .unwrap();
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|export| &export.resource_spans)
+            .flat_map(|resource| &resource.scope_spans)
+            .flat_map(|scope| &scope.spans)
+            .cloned()
+            .collect()
+    }
+}
+
+/// This process's telemetry, exporting spans to an in-test OTLP collector.
+async fn tracing_to_collector() -> (Collector, telemetry::Telemetry) {
     let collector = Collector::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
@@ -58,6 +75,13 @@ async fn the_spans_of_one_reserve_reach_the_collector_under_the_callers_trace() 
         },
     )
     .unwrap();
+    (collector, telemetry)
+}
+
+// The exporters run on the runtime while shutdown blocks a thread: two workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spans_of_one_reserve_reach_the_collector_under_the_callers_trace() {
+    let (collector, telemetry) = tracing_to_collector().await;
 
     let app = spawn_app_with(test_settings(fresh_database().await)).await;
     stock(&app, "SKU-1", 5).await;
@@ -70,20 +94,7 @@ async fn the_spans_of_one_reserve_reach_the_collector_under_the_callers_trace() 
     );
     app.client.clone().reserve(request).await.unwrap();
 
-    // Flushes every finished span to the collector.
-    tokio::task::spawn_blocking(move || telemetry.shutdown())
-        .await
-        .unwrap();
-    let spans: Vec<_> = collector
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .flat_map(|export| &export.resource_spans)
-        .flat_map(|resource| &resource.scope_spans)
-        .flat_map(|scope| &scope.spans)
-        .cloned()
-        .collect();
+    let spans = collector.spans_after(telemetry).await;
     let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
     let ours: Vec<_> = spans
         .iter()
@@ -258,21 +269,7 @@ async fn call_path(app: &TestApp, path: &str) -> tonic::Status {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_failures_mark_the_span_an_error_and_unknown_methods_are_other() {
-    let collector = Collector::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(collector.clone()))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-    let telemetry = telemetry::init(
-        inventory_server::config::LogFormat::Text,
-        &TelemetrySettings {
-            otlp_endpoint: Some(endpoint),
-        },
-    )
-    .unwrap();
+    let (collector, telemetry) = tracing_to_collector().await;
     let app = spawn_app_with(test_settings(fresh_database().await)).await;
 
     // UNIMPLEMENTED: a failure of the server's, by the conventions' list.
@@ -287,19 +284,11 @@ async fn server_failures_mark_the_span_an_error_and_unknown_methods_are_other() 
         .unwrap_err();
     assert_eq!(invalid.code(), tonic::Code::InvalidArgument);
 
-    tokio::task::spawn_blocking(move || telemetry.shutdown())
-        .await
-        .unwrap();
     let spans: Vec<Span> = collector
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .flat_map(|export| &export.resource_spans)
-        .flat_map(|resource| &resource.scope_spans)
-        .flat_map(|scope| &scope.spans)
+        .spans_after(telemetry)
+        .await
+        .into_iter()
         .filter(|span| span.kind == SpanKind::Server as i32)
-        .cloned()
         .collect();
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
     assert!(

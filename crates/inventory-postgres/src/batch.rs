@@ -196,13 +196,7 @@ impl PgStore {
         write_decisions(&tx, &holds, &records, &unclaim).await?;
         let committing = std::time::Instant::now();
         tx.commit().await.map_err(from_db)?;
-        let path = crate::metrics::reserve_path(true);
-        metrics
-            .commit_duration
-            .record(committing.elapsed().as_secs_f64(), &path);
-        metrics
-            .batch_duration
-            .record(started.elapsed().as_secs_f64(), &path);
+        crate::metrics::reserve_committed(true, started, committing);
 
         metrics.batch_size.record(requests as u64, &[]);
         if !holds.is_empty() {

@@ -123,10 +123,22 @@ pub(crate) fn operation(name: &'static str) -> [KeyValue; 1] {
     [KeyValue::new("operation", name)]
 }
 
-/// The `path` attribute of the Reserve transaction durations.
-pub(crate) fn reserve_path(coalesced: bool) -> [KeyValue; 1] {
-    [KeyValue::new(
+/// Records a Reserve transaction that committed: from `started` (taking a connection) and
+/// from `committing` (the COMMIT), by path (`coalesced` or `single`).
+pub(crate) fn reserve_committed(
+    coalesced: bool,
+    started: std::time::Instant,
+    committing: std::time::Instant,
+) {
+    let metrics = store();
+    let path = [KeyValue::new(
         "path",
         if coalesced { "coalesced" } else { "single" },
-    )]
+    )];
+    metrics
+        .commit_duration
+        .record(committing.elapsed().as_secs_f64(), &path);
+    metrics
+        .batch_duration
+        .record(started.elapsed().as_secs_f64(), &path);
 }

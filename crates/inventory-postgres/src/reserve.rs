@@ -196,14 +196,7 @@ impl ReservationStore for PgStore {
             .await?;
             let committing = std::time::Instant::now();
             tx.commit().await.map_err(from_db)?;
-            let metrics = crate::metrics::store();
-            let path = crate::metrics::reserve_path(false);
-            metrics
-                .commit_duration
-                .record(committing.elapsed().as_secs_f64(), &path);
-            metrics
-                .batch_duration
-                .record(started.elapsed().as_secs_f64(), &path);
+            crate::metrics::reserve_committed(false, started, committing);
             if result.is_ok() {
                 self.outbox_written();
                 crate::metrics::reservation("HELD");

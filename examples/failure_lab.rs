@@ -8,9 +8,9 @@
 //!    while stock remains: A's sale is refused.
 //! 3. **Fencing**: two units, so A's stale sale would pass any stock check. The service's
 //!    fencing token is what refuses it: B's write stored a newer token.
-//! 4. **Redis forgets**: Redis restarts empty between A and B, so its counter hands out a token
-//!    already used; PostgreSQL refuses it and the service raises the counter from the stored
-//!    fence, then B's sale goes through, once.
+//! 4. **Redis forgets**: Redis restarts empty between A and B, so its counter starts over below
+//!    the token PostgreSQL stored; PostgreSQL refuses B's first token and the service raises
+//!    the counter to the stored fence, then B's sale goes through, once.
 //!
 //! Each scenario is printed as a timeline (who holds the lease, the token, the stock, the
 //! sales) and drawn in `target/lab/index.html`. The naive worker is this file's own SQL on a
@@ -43,6 +43,13 @@ use inventory_testkit::{postgres::TemplateDatabases, redis::RedisNode};
 const LEASE_TTL: Duration = Duration::from_millis(300);
 /// How long worker A stalls: longer than the lease.
 const PAUSE: Duration = Duration::from_millis(450);
+/// Scenario 4's lease: nothing pauses there, so long enough that no holder loses it on a
+/// slow machine.
+const STEADY_LEASE_TTL: Duration = Duration::from_secs(10);
+/// Grants Redis's counter had made before scenario 4 (earlier sales of the SKU).
+const EARLIER_GRANTS: i64 = 100;
+/// The longest the lab waits for a call to reach a pause point.
+const REACH: Duration = Duration::from_secs(10);
 
 /// One line of a timeline.
 #[derive(Clone, Debug)]
@@ -71,12 +78,61 @@ pub struct Outcome {
     /// Sales the workers were told succeeded.
     pub sold: u32,
     pub lesson: String,
+    /// What the scenario observed, by name, for [`check`].
+    pub facts: Vec<(&'static str, i64)>,
 }
 
 impl Outcome {
     pub fn oversold(&self) -> bool {
         i64::from(self.sold) > self.units
     }
+
+    pub fn fact(&self, name: &str) -> Option<i64> {
+        self.facts.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+}
+
+/// Whether the lab showed what it exists to show: the naive worker sells the last unit
+/// twice, the conditional UPDATE refuses the stale sale, the token refuses it with stock to
+/// spare, and a counter Redis forgot heals from the stored token. `make lab` fails otherwise.
+pub fn check(outcomes: &[Outcome]) -> anyhow::Result<()> {
+    let [naive, conditional, fenced, forgets] = outcomes else {
+        anyhow::bail!("expected four scenarios, got {}", outcomes.len());
+    };
+    anyhow::ensure!(
+        (naive.units, naive.sold) == (1, 2),
+        "scenario 1: the naive worker should sell its 1 poster twice, sold {}",
+        naive.sold
+    );
+    anyhow::ensure!(
+        (conditional.units, conditional.sold) == (1, 1),
+        "scenario 2: the conditional UPDATE should let exactly 1 sale through, sold {}",
+        conditional.sold
+    );
+    anyhow::ensure!(
+        fenced.sold == 1 && fenced.fact("a_lease_lost") == Some(1),
+        "scenario 3: A should be refused with LEASE_LOST and B sell once (sold {})",
+        fenced.sold
+    );
+    anyhow::ensure!(
+        fenced.fact("available_when_a_resumed").unwrap_or(0) >= 1,
+        "scenario 3: A should resume with stock to spare"
+    );
+    let (a, first, b) = (
+        forgets.fact("token_a").unwrap_or(0),
+        forgets.fact("first_grant_b").unwrap_or(i64::MAX),
+        forgets.fact("token_b").unwrap_or(0),
+    );
+    anyhow::ensure!(
+        forgets.sold == 2 && forgets.fact("counter_after_restart") == Some(0),
+        "scenario 4: both should sell once after Redis lost its counter (sold {})",
+        forgets.sold
+    );
+    anyhow::ensure!(
+        first < a && b == a + 1,
+        "scenario 4: B's first grant ({first}) should reuse a token below A's ({a}), and B write with the healed one ({b} = {a} + 1)"
+    );
+    Ok(())
 }
 
 struct Recorder {
@@ -142,19 +198,30 @@ impl Lab {
             ])
         }
         .await;
+        let mut dropped = Ok(());
         for name in ["naive", "conditional", "fenced", "forgets"] {
-            self.databases
+            let result = self
+                .databases
                 .drop_database(&format!("{}_{name}", self.run))
-                .await?;
+                .await;
+            dropped = dropped.and(result);
         }
-        outcomes
+        let outcomes = outcomes?;
+        dropped?;
+        Ok(outcomes)
     }
 
-    async fn database(&self, name: &str) -> anyhow::Result<(tokio_postgres::Client, String)> {
+    async fn database(
+        &self,
+        name: &str,
+    ) -> anyhow::Result<(
+        tokio_postgres::Client,
+        inventory_testkit::postgres::PgConfig,
+    )> {
         let name = format!("{}_{name}", self.run);
         let config = self.databases.create(&name).await?;
         let client = inventory_testkit::postgres::connect(&config).await?;
-        Ok((client, inventory_testkit::postgres::url(&config)))
+        Ok((client, config))
     }
 
     /// Scenarios 1 and 2: a lease without a token, and the lab's own SQL.
@@ -316,6 +383,7 @@ impl Lab {
                     r.sold
                 )
             },
+            facts: Vec::new(),
             steps: r.steps,
         };
         Ok(outcome)
@@ -323,10 +391,10 @@ impl Lab {
 
     /// Scenario 3: the service, two replicas, two units; A paused past its lease.
     async fn fenced(&self) -> anyhow::Result<Outcome> {
-        let (db, url) = self.database("fenced").await?;
+        let (db, database) = self.database("fenced").await?;
         let prefix = format!("{}:fenced", self.run);
-        let a = Replica::start(&url, &self.redis_url, &prefix).await?;
-        let b = Replica::start(&url, &self.redis_url, &prefix).await?;
+        let a = Replica::start(&database, &self.redis_url, &prefix, LEASE_TTL).await?;
+        let b = Replica::start(&database, &self.redis_url, &prefix, LEASE_TTL).await?;
         let redis = redis_client(&self.redis_url).await?;
         let keys = Keys::new(&prefix, "POSTER");
         let mut r = Recorder::new();
@@ -341,7 +409,9 @@ impl Lab {
 
         let mut held = a.pauses.arm(PausePoint::LeaseGranted);
         let call = tokio::spawn(a.reserve("a-1", "order-a", "POSTER"));
-        held.reached().await;
+        tokio::time::timeout(REACH, held.reached())
+            .await
+            .map_err(|_| anyhow::anyhow!("A's Reserve never reached its lease"))?;
         let token_a = keys.counter(&redis).await;
         r.step(
             "A",
@@ -389,36 +459,72 @@ impl Lab {
             ),
         }
         let left = available(&db).await?;
-        r.step("A", format!("resumes: {left} poster(s) still available, so a stock check alone would let it sell"), &keys.holder(&redis, "A").await, token_a, left);
+        r.step(
+            "A",
+            format!("resumes: {left} poster(s) still available, so a stock check alone would let it sell"),
+            &keys.holder(&redis, "A").await,
+            token_a,
+            left,
+        );
         held.resume();
         let answer = call.await?;
+        let mut lease_lost = 0;
         match answer {
             Ok(reservation) => {
                 a.confirm(&reservation.reservation_id).await?;
                 r.sold += 1;
-                r.step("A", "sells: its stale write went through", &keys.holder(&redis, "A").await, token_a, available(&db).await?);
+                r.step(
+                    "A",
+                    "sells: its stale write went through",
+                    &keys.holder(&redis, "A").await,
+                    token_a,
+                    available(&db).await?,
+                );
+            }
+            Err(status) if reason(&status) == "LEASE_LOST" => {
+                lease_lost = 1;
+                r.step(
+                    "A",
+                    format!(
+                        "is refused (ABORTED, LEASE_LOST): PostgreSQL stored token {token_b}, A's is older; nothing written"
+                    ),
+                    &keys.holder(&redis, "A").await,
+                    token_a,
+                    available(&db).await?,
+                );
             }
             Err(status) => r.step(
                 "A",
                 format!(
-                    "is refused ({:?}, {}): PostgreSQL stored token {token_b}, A's is older; nothing written",
+                    "is refused for another reason ({:?}, {}): {}",
                     status.code(),
-                    reason(&status)
+                    reason(&status),
+                    status.message()
                 ),
                 &keys.holder(&redis, "A").await,
                 token_a,
                 available(&db).await?,
             ),
         }
+        let _ = redis.quit().await;
+        let lesson = if lease_lost == 1 && r.sold == 1 {
+            "Sold 1 of 2, and only by the current holder: each write carries the lease's token, and PostgreSQL takes only one newer than the stored one.".to_owned()
+        } else {
+            format!(
+                "Sold {} of 2; A was not refused by its token, so this run did not show fencing.",
+                r.sold
+            )
+        };
         let outcome = Outcome {
             number: 3,
             title: "The service: a stale holder with stock to spare, refused by its token",
             units: 2,
             sold: r.sold,
-            lesson: format!(
-                "Sold {} of 2, and only by the current holder: each write carries the lease's token, and PostgreSQL takes only one newer than the stored one.",
-                r.sold
-            ),
+            lesson,
+            facts: vec![
+                ("a_lease_lost", lease_lost),
+                ("available_when_a_resumed", left),
+            ],
             steps: r.steps,
         };
         a.stop().await;
@@ -428,18 +534,25 @@ impl Lab {
 
     /// Scenario 4: the service on a Redis of its own, which restarts empty between A and B.
     async fn redis_forgets(&self) -> anyhow::Result<Outcome> {
-        let (db, url) = self.database("forgets").await?;
+        let (db, database) = self.database("forgets").await?;
         let mut node = RedisNode::start_scratch().await?;
         let prefix = format!("{}:forgets", self.run);
-        let a = Replica::start(&url, &node.url(), &prefix).await?;
-        let b = Replica::start(&url, &node.url(), &prefix).await?;
+        let a = Replica::start(&database, &node.url(), &prefix, STEADY_LEASE_TTL).await?;
+        let b = Replica::start(&database, &node.url(), &prefix, STEADY_LEASE_TTL).await?;
         let keys = Keys::new(&prefix, "POSTER");
         let mut r = Recorder::new();
         a.stock("POSTER", 2).await?;
+        a.stock("PROBE", 1_000).await?;
         let redis = redis_client(&node.url()).await?;
+        // Earlier sales moved the counter on: where it would stand after 100 grants.
+        redis
+            .set::<(), _, _>(&keys.counter, EARLIER_GRANTS, None, None, false)
+            .await?;
         r.step(
             "-",
-            "2 posters in stock",
+            format!(
+                "2 posters in stock; Redis's counter stands at {EARLIER_GRANTS} from earlier sales"
+            ),
             "nobody",
             keys.counter(&redis).await,
             available(&db).await?,
@@ -448,12 +561,12 @@ impl Lab {
         let held = a.reserve("a-1", "order-a", "POSTER").await?;
         a.confirm(&held.reservation_id).await?;
         r.sold += 1;
-        let stored = stored_fence(&db).await?;
+        let token_a = stored_fence(&db).await?;
         r.step(
             "A",
             "holds and confirms one poster; PostgreSQL stores its token",
             "nobody",
-            Some(stored),
+            Some(token_a),
             available(&db).await?,
         );
         let _ = redis.quit().await;
@@ -461,42 +574,71 @@ impl Lab {
         node.kill().await?;
         node.restart().await?;
         let redis = redis_client(&node.url()).await?;
+        let after_restart = keys.counter(&redis).await;
         r.step(
             "-",
             "Redis restarts empty: its token counter is gone",
             "nobody",
-            keys.counter(&redis).await,
+            after_restart,
             available(&db).await?,
         );
 
-        // B's replica reconnects to the new Redis by itself; its first grant reuses a token.
-        let sold_b = inventory_testkit::process::eventually_ok(
-            "B reserves once Redis is back",
+        // B's replica reconnects by itself: a Reserve of another SKU tells when it has.
+        inventory_testkit::process::eventually_ok(
+            "B reaches the restarted Redis",
             Duration::from_secs(15),
-            || async { b.reserve("b-1", "order-b", "POSTER").await },
+            || b.reserve("probe", "probe", "PROBE"),
         )
-        .await;
-        match sold_b {
+        .await?;
+        // B is held at its first grant for the poster, to read the token Redis gave it.
+        let mut held_b = b.pauses.arm(PausePoint::LeaseGranted);
+        let call = tokio::spawn(b.reserve("b-1", "order-b", "POSTER"));
+        tokio::time::timeout(REACH, held_b.reached())
+            .await
+            .map_err(|_| anyhow::anyhow!("B's Reserve never reached its lease"))?;
+        let first_grant = keys.counter(&redis).await;
+        r.step(
+            "B",
+            format!(
+                "takes the lease: the emptied counter starts over at {}, below the {token_a} PostgreSQL stored",
+                first_grant.map_or_else(|| "nothing".into(), |t| t.to_string())
+            ),
+            "B",
+            first_grant,
+            available(&db).await?,
+        );
+        held_b.resume();
+        let mut token_b = 0;
+        let healed = match call.await? {
             Ok(reservation) => {
                 b.confirm(&reservation.reservation_id).await?;
                 r.sold += 1;
-                let stored = stored_fence(&db).await?;
+                token_b = stored_fence(&db).await?;
+                let healed = first_grant.unwrap_or(i64::MAX) < token_a && token_b == token_a + 1;
                 r.step(
                     "B",
-                    "writes once, with a token above A's: the emptied counter's first grant reused A's token, PostgreSQL refused it, and the service raised the counter above the stored token and retried",
+                    if healed {
+                        "PostgreSQL refused the reused token; the service raised the counter to the stored token, took the next one and wrote once".to_owned()
+                    } else {
+                        "writes".to_owned()
+                    },
                     "nobody",
-                    Some(stored),
+                    Some(token_b),
                     available(&db).await?,
                 );
+                healed
             }
-            Err(error) => r.step(
-                "B",
-                format!("is refused: {error}"),
-                "nobody",
-                None,
-                available(&db).await?,
-            ),
-        }
+            Err(status) => {
+                r.step(
+                    "B",
+                    format!("is refused ({:?}, {})", status.code(), reason(&status)),
+                    "nobody",
+                    None,
+                    available(&db).await?,
+                );
+                false
+            }
+        };
         r.step(
             "-",
             "Redis's counter now",
@@ -505,15 +647,26 @@ impl Lab {
             available(&db).await?,
         );
         let _ = redis.quit().await;
+        let lesson = if healed && r.sold == 2 {
+            "Sold 2 of 2, each once: correctness never rested on Redis's counter; the stored token is the floor it healed from.".to_owned()
+        } else {
+            format!(
+                "Sold {} of 2; this run did not show the counter healing.",
+                r.sold
+            )
+        };
         let outcome = Outcome {
             number: 4,
             title: "The service: Redis forgets its counter between two holders",
             units: 2,
             sold: r.sold,
-            lesson: format!(
-                "Sold {} of 2, each once: correctness never rested on Redis's counter; the stored token is the floor it heals from.",
-                r.sold
-            ),
+            lesson,
+            facts: vec![
+                ("token_a", token_a),
+                ("counter_after_restart", after_restart.unwrap_or(0)),
+                ("first_grant_b", first_grant.unwrap_or(i64::MAX)),
+                ("token_b", token_b),
+            ],
             steps: r.steps,
         };
         a.stop().await;
@@ -597,8 +750,13 @@ struct Replica {
 }
 
 impl Replica {
-    async fn start(database_url: &str, redis_url: &str, prefix: &str) -> anyhow::Result<Self> {
-        let settings = settings(database_url, redis_url, prefix)?;
+    async fn start(
+        database: &inventory_testkit::postgres::PgConfig,
+        redis_url: &str,
+        prefix: &str,
+        lease_ttl: Duration,
+    ) -> anyhow::Result<Self> {
+        let settings = settings(database, redis_url, prefix, lease_ttl)?;
         let application = Application::build(settings).await?;
         let addr = application.local_addr();
         let pauses = application.pause_points();
@@ -674,14 +832,23 @@ impl Replica {
     }
 }
 
-/// A replica's settings: the lab's database and Redis, a short lease, no coalescing wait.
-fn settings(database_url: &str, redis_url: &str, prefix: &str) -> anyhow::Result<Settings> {
-    let lease_ttl = format!("{}ms", LEASE_TTL.as_millis());
+/// A replica's settings: the lab's database and Redis, the given lease, plaintext gRPC on a
+/// free port, no other listener, no credentials. Parsed as the server parses its flags, then
+/// set where the environment must not reach (a `TLS_CERT_FILE` or `ADMIN_LISTEN_ADDR` of the
+/// shell running the lab).
+fn settings(
+    database: &inventory_testkit::postgres::PgConfig,
+    redis_url: &str,
+    prefix: &str,
+    lease_ttl: Duration,
+) -> anyhow::Result<Settings> {
+    let lease_ttl = format!("{}ms", lease_ttl.as_millis());
+    let database_url = inventory_testkit::postgres::url(database);
     let cli = Cli::try_parse_from([
         "inventory-server",
         "serve",
         "--database-url",
-        database_url,
+        &database_url,
         "--redis-url",
         redis_url,
         "--redis-key-prefix",
@@ -694,10 +861,15 @@ fn settings(database_url: &str, redis_url: &str, prefix: &str) -> anyhow::Result
         "--lease-wait",
         "2s",
     ])?;
-    match cli.command {
-        Command::Serve(args) => Ok(Settings::from_args(&args)?),
-        _ => unreachable!("parsed as serve"),
-    }
+    let Command::Serve(args) = cli.command else {
+        unreachable!("parsed as serve")
+    };
+    let mut settings = Settings::from_args(&args)?;
+    settings.database.config = database.clone();
+    settings.server.tls = None;
+    settings.server.health_listen_addr = None;
+    settings.server.admin_listen_addr = None;
+    Ok(settings)
 }
 
 /// The timelines as text, for the terminal.
@@ -834,10 +1006,8 @@ async fn main() -> anyhow::Result<()> {
     let out = PathBuf::from("target/lab");
     write_page(&out, &outcomes)?;
     println!("\nwrote {}", out.join("index.html").display());
-    // The lab's point: the naive worker oversells, the service never does.
-    let expected = outcomes[0].oversold() && outcomes[1..].iter().all(|o| !o.oversold());
-    anyhow::ensure!(expected, "the lab did not show what it should");
-    Ok(())
+    // The lab's point: the naive worker oversells, the service never does, for its reasons.
+    check(&outcomes)
 }
 
 fn write_page(out: &Path, outcomes: &[Outcome]) -> anyhow::Result<()> {

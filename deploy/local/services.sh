@@ -44,7 +44,8 @@ profile_settings() {
     run)  PG_PORT=54320; REDIS_PORT=63790 ;;
     test) PG_PORT=54321; REDIS_PORT=63791 ;;
     bench) PG_PORT=54322; REDIS_PORT=63792 ;;
-    *) die "unknown profile '$1' (run, test or bench)" ;;
+    lab) PG_PORT=54323; REDIS_PORT=63793 ;;
+    *) die "unknown profile '$1' (run, test, bench or lab)" ;;
   esac
   PG_PORT=${LOCAL_PG_PORT:-$PG_PORT}
   REDIS_PORT=${LOCAL_REDIS_PORT:-$REDIS_PORT}
@@ -353,14 +354,19 @@ cmd_bench_compare() {
 }
 
 cmd_lab() {
-  PROFILE=test
-  profile_settings test
+  PROFILE=lab
+  profile_settings lab
   ensure_packages
-  start_services
-  trap stop_services EXIT
-  (cd "$ROOT" && DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres" \
-    REDIS_URL="redis://127.0.0.1:$REDIS_PORT" RUST_LOG="${RUST_LOG:-error}" \
-    cargo run --quiet --locked --example failure_lab)
+  if [ -n "${DATABASE_URL:-}" ] && [ -n "${REDIS_URL:-}" ]; then
+    log "using the given DATABASE_URL and REDIS_URL"
+  else
+    # Its own instances (ports of their own), so a `make test` running meanwhile keeps its.
+    trap stop_services EXIT
+    start_services
+    export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+    export REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+  fi
+  (cd "$ROOT" && cargo run --quiet --locked --example failure_lab)
 }
 
 cmd_chaos() {
@@ -427,7 +433,7 @@ EOF
 }
 
 cmd_stop() {
-  for PROFILE in run test bench; do
+  for PROFILE in run test bench lab; do
     profile_settings "$PROFILE"
     if [ -f "$STATE/server.pid" ]; then
       kill -TERM "$(cat "$STATE/server.pid")" 2>/dev/null || true

@@ -1,6 +1,8 @@
 //! `make bench`: the raw-SQL ceiling (pgbench running the service's own one-request
 //! transaction), the service without coalescing (a lease and a transaction per request) and
-//! the service as shipped, at the same concurrency, in one run; then a table of ratios.
+//! the service as shipped, at the same concurrency, in one run; for a hot SKU also the
+//! batched-SQL ceiling (pgbench running the coalesced transaction with the batch size the
+//! service reached); then a table of ratios.
 
 use std::{
     path::{Path, PathBuf},
@@ -26,6 +28,8 @@ use crate::{
 
 /// The service's one-request Reserve transaction, statement for statement.
 const RESERVE_SQL: &str = include_str!("../sql/reserve_one.sql");
+/// The service's coalesced transaction for a batch on one SKU: the batched-SQL ceiling.
+const RESERVE_BATCH_SQL: &str = include_str!("../sql/reserve_batch.sql");
 
 #[derive(Clone, Debug)]
 pub struct SuiteConfig {
@@ -48,6 +52,18 @@ struct Row {
     raw_latency_ms: f64,
     lease_only: Measured,
     coalesced: Measured,
+    /// Hot SKU only: the coalesced transaction run by pgbench with the service's batch size.
+    batched: Option<Batched>,
+}
+
+/// The batched-SQL ceiling of a hot-SKU row.
+#[derive(Debug, Serialize)]
+struct Batched {
+    /// Requests per transaction: the mean batch the service reached in the same row.
+    batch: usize,
+    reservations_per_s: f64,
+    /// The service (coalesced) over this ceiling: the number to push toward 1.0.
+    coalesced_ratio: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -57,16 +73,24 @@ struct Measured {
     ratio_to_raw: f64,
     errors: u64,
     audit_passed: bool,
+    /// Mean requests per coalesced transaction, rounded (none without coalesced writes).
+    batch: Option<usize>,
 }
 
 impl Measured {
     fn of(result: &RunResult, raw_tps: f64) -> Self {
+        let batch = result
+            .profile
+            .as_ref()
+            .map(|p| p.steps.requests_per_transaction.round() as usize)
+            .filter(|b| *b >= 1);
         Self {
             reservations_per_s: result.reservations_per_s,
             p99_us: result.latency.p99_us,
             ratio_to_raw: result.reservations_per_s / raw_tps.max(1e-9),
             errors: result.calls - result.reservations,
             audit_passed: result.audit.as_ref().is_some_and(|a| a.passed),
+            batch,
         }
     }
 }
@@ -75,6 +99,8 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
     std::fs::create_dir_all(&config.out)?;
     let script = config.out.join("reserve_one.sql");
     std::fs::write(&script, RESERVE_SQL)?;
+    let batch_script = config.out.join("reserve_batch.sql");
+    std::fs::write(&batch_script, RESERVE_BATCH_SQL)?;
     let databases = TemplateDatabases::new(config.database_url.parse()?);
     let mut rows = Vec::new();
     let mut all_audits_passed = true;
@@ -88,7 +114,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
                 config.skus
             };
             let (raw_tps, raw_latency_ms) =
-                raw(&config, &databases, &script, serial, skus, clients)
+                raw(&config, &databases, &script, serial, skus, clients, None)
                     .await
                     .with_context(|| format!("pgbench {scenario:?} {clients}"))?;
             println!(
@@ -112,6 +138,32 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
             }
             let coalesced = measured.pop().expect("two variants");
             let lease_only = measured.pop().expect("two variants");
+            let batched = match (scenario, coalesced.batch) {
+                (Scenario::Hot, Some(batch)) => {
+                    let (tps, _) = raw(
+                        &config,
+                        &databases,
+                        &batch_script,
+                        serial,
+                        skus,
+                        clients,
+                        Some(batch),
+                    )
+                    .await
+                    .with_context(|| format!("pgbench batched {clients}"))?;
+                    let reservations_per_s = tps * batch as f64;
+                    println!(
+                        "batched SQL  Hot {clients:>2} clients, {batch} per transaction: {reservations_per_s:.0} reservations/s"
+                    );
+                    Some(Batched {
+                        batch,
+                        reservations_per_s,
+                        coalesced_ratio: coalesced.reservations_per_s
+                            / reservations_per_s.max(1e-9),
+                    })
+                }
+                _ => None,
+            };
             rows.push(Row {
                 scenario,
                 clients,
@@ -119,6 +171,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
                 raw_latency_ms,
                 lease_only,
                 coalesced,
+                batched,
             });
         }
     }
@@ -153,12 +206,12 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
 
 fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| scenario | clients | raw SQL tx/s | lease-only r/s | ratio | p99 | coalesced r/s | ratio | p99 | audits |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| scenario | clients | raw SQL tx/s | lease-only r/s | ratio | p99 | coalesced r/s | ratio | p99 | batched SQL r/s (batch) | coalesced / batched SQL | audits |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for row in rows {
         out.push_str(&format!(
-            "| {:?} | {} | {:.0} | {:.0} | {:.2}x | {} | {:.0} | **{:.2}x** | {} | {} |\n",
+            "| {:?} | {} | {:.0} | {:.0} | {:.2}x | {} | {:.0} | **{:.2}x** | {} | {} | {} | {} |\n",
             row.scenario,
             row.clients,
             row.raw_tps,
@@ -168,6 +221,13 @@ fn table(rows: &[Row]) -> String {
             row.coalesced.reservations_per_s,
             row.coalesced.ratio_to_raw,
             us(row.coalesced.p99_us),
+            row.batched.as_ref().map_or_else(
+                || "—".to_owned(),
+                |b| format!("{:.0} ({})", b.reservations_per_s, b.batch)
+            ),
+            row.batched
+                .as_ref()
+                .map_or_else(|| "—".to_owned(), |b| format!("**{:.2}x**", b.coalesced_ratio)),
             if row.lease_only.audit_passed && row.coalesced.audit_passed {
                 "passed"
             } else {
@@ -185,7 +245,8 @@ fn host(config: &tokio_postgres::Config) -> String {
     }
 }
 
-/// pgbench with the service's transaction: (transactions/s, mean latency in ms).
+/// pgbench with the service's transaction (with `batch`, the batched one of that many
+/// requests): (transactions/s, mean latency in ms).
 async fn raw(
     config: &SuiteConfig,
     databases: &TemplateDatabases,
@@ -193,8 +254,9 @@ async fn raw(
     serial: usize,
     skus: usize,
     clients: usize,
+    batch: Option<usize>,
 ) -> anyhow::Result<(f64, f64)> {
-    let name = format!("bench_raw_{serial}");
+    let name = format!("bench_raw_{serial}_{}", batch.unwrap_or(1));
     let db_config = databases.create(&name).await?;
     let db = connect(&db_config).await?;
     db.execute(
@@ -212,6 +274,7 @@ async fn raw(
         .args(["-j", &clients.min(2).to_string()])
         .args(["-T", &config.duration.as_secs().max(1).to_string()])
         .args(["-D", &format!("skus={skus}")])
+        .args(["-D", &format!("batch={}", batch.unwrap_or(1))])
         .arg("-f")
         .arg(script)
         .arg(&name)
@@ -245,7 +308,9 @@ async fn raw(
     let latency = number_after("latency average = ").unwrap_or(f64::NAN);
     if let Some(cpu) = cpu {
         let seconds = window.as_secs_f64();
-        Profile::new(cpu, seconds, tps * seconds, profile::Steps::default()).print();
+        // Per reservation: a batched transaction makes `batch` of them.
+        let reservations = tps * seconds * batch.unwrap_or(1) as f64;
+        Profile::new(cpu, seconds, reservations, profile::Steps::default()).print();
     }
     Ok((tps, latency))
 }

@@ -33,7 +33,7 @@ impl PgStore {
         self.bounded(async {
             let mut client = self.pool().get().await.map_err(from_pool)?;
             let tx = client.transaction().await.map_err(from_db)?;
-            if let idempotency::Claim::Replay(outcome) = idempotency::claim(
+            if let Some(outcome) = idempotency::claim(
                 &tx,
                 &self.pauses,
                 command.caller.as_str(),
@@ -42,9 +42,8 @@ impl PgStore {
                 &command.fingerprint(),
             )
             .await?
+            .stored::<CancelOutcome>()?
             {
-                let outcome: CancelOutcome =
-                    serde_json::from_value(outcome).map_err(Error::internal)?;
                 return self.order_now(&tx, command, &outcome.callers).await;
             }
             // Whose order: the caller's own; for the admin, every caller's, read once the

@@ -205,11 +205,15 @@ fn event(row: &Row) -> Result<Event, Error> {
     let invalid = |problem: String| Error::internal(format!("stored event is invalid: {problem}"));
     let event_type: &str = row.try_get(2).map_err(Error::internal)?;
     let payload: serde_json::Value = row.try_get(5).map_err(Error::internal)?;
+    // The SKU column, which stock events carry (reservation events name theirs in lines).
+    let sku = || -> Result<Sku, Error> {
+        let sku: Option<&str> = row.try_get(4).map_err(Error::internal)?;
+        Sku::parse(sku.unwrap_or_default()).map_err(invalid)
+    };
     let change = if event_type == crate::ledger::OUT_OF_STOCK
         || event_type == crate::ledger::BACK_IN_STOCK
     {
-        let sku: Option<&str> = row.try_get(4).map_err(Error::internal)?;
-        let sku = Sku::parse(sku.unwrap_or_default()).map_err(invalid)?;
+        let sku = sku()?;
         let payload: AvailabilityPayload =
             serde_json::from_value(payload).map_err(Error::internal)?;
         Change::Availability {
@@ -223,8 +227,7 @@ fn event(row: &Row) -> Result<Event, Error> {
             sku,
         }
     } else if event_type == crate::outbox::STOCK_ADJUSTED {
-        let sku: Option<&str> = row.try_get(4).map_err(Error::internal)?;
-        let sku = Sku::parse(sku.unwrap_or_default()).map_err(invalid)?;
+        let sku = sku()?;
         let payload: StockPayload = serde_json::from_value(payload).map_err(Error::internal)?;
         Change::StockAdjusted {
             delta: payload.delta,

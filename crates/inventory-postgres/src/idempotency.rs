@@ -65,6 +65,19 @@ pub(crate) enum Claim {
     Replay(serde_json::Value),
 }
 
+impl Claim {
+    /// The stored outcome to replay, read as the operation stored it; `None` when the key was
+    /// free and the request executes.
+    pub(crate) fn stored<T: serde::de::DeserializeOwned>(self) -> Result<Option<T>, Error> {
+        match self {
+            Self::Claimed => Ok(None),
+            Self::Replay(outcome) => serde_json::from_value(outcome)
+                .map(Some)
+                .map_err(Error::internal),
+        }
+    }
+}
+
 /// Claims the key for this transaction, or finds the committed record holding it. A record of
 /// a different request (other fingerprint) is [`Error::IdempotencyKeyReused`].
 pub(crate) async fn claim(

@@ -85,7 +85,7 @@ impl ReservationStore for PgStore {
             let mut client = self.pool().get().await.map_err(from_pool)?;
             let mut tx = client.transaction().await.map_err(from_db)?;
             let fingerprint = command.fingerprint();
-            if let idempotency::Claim::Replay(outcome) = idempotency::claim(
+            if let Some(outcome) = idempotency::claim(
                 &tx,
                 &self.pauses,
                 command.caller.as_str(),
@@ -94,9 +94,8 @@ impl ReservationStore for PgStore {
                 &fingerprint,
             )
             .await?
+            .stored::<ReserveOutcome>()?
             {
-                let outcome: ReserveOutcome =
-                    serde_json::from_value(outcome).map_err(Error::internal)?;
                 return Ok(WriteOutcome::Answered(outcome.into_result()?));
             }
 

@@ -93,7 +93,7 @@ impl StockStore for PgStore {
             let tx = client.transaction().await.map_err(from_db)?;
             let fingerprint = command.fingerprint();
 
-            if let idempotency::Claim::Replay(outcome) = idempotency::claim(
+            if let Some(outcome) = idempotency::claim(
                 &tx,
                 &self.pauses,
                 command.caller.as_str(),
@@ -102,9 +102,8 @@ impl StockStore for PgStore {
                 &fingerprint,
             )
             .await?
+            .stored::<AdjustOutcome>()?
             {
-                let outcome: AdjustOutcome =
-                    serde_json::from_value(outcome).map_err(Error::internal)?;
                 return outcome.into_result(command);
             }
 
@@ -142,7 +141,7 @@ impl StockStore for PgStore {
         self.bounded(async {
             let mut client = self.pool.get().await.map_err(from_pool)?;
             let tx = client.transaction().await.map_err(from_db)?;
-            if let idempotency::Claim::Replay(outcome) = idempotency::claim(
+            if let Some(outcome) = idempotency::claim(
                 &tx,
                 &self.pauses,
                 command.caller.as_str(),
@@ -151,9 +150,8 @@ impl StockStore for PgStore {
                 &command.fingerprint(),
             )
             .await?
+            .stored::<SetOutcome>()?
             {
-                let outcome: SetOutcome =
-                    serde_json::from_value(outcome).map_err(Error::internal)?;
                 return outcome.into_result(command);
             }
             let result = apply_count(&tx, command).await?;
@@ -194,7 +192,7 @@ impl StockStore for PgStore {
         self.bounded(async {
             let mut client = self.pool.get().await.map_err(from_pool)?;
             let mut tx = client.transaction().await.map_err(from_db)?;
-            if let idempotency::Claim::Replay(outcome) = idempotency::claim(
+            if let Some(outcome) = idempotency::claim(
                 &tx,
                 &self.pauses,
                 command.caller.as_str(),
@@ -203,9 +201,8 @@ impl StockStore for PgStore {
                 &command.fingerprint(),
             )
             .await?
+            .stored::<BatchSetOutcome>()?
             {
-                let outcome: BatchSetOutcome =
-                    serde_json::from_value(outcome).map_err(Error::internal)?;
                 return outcome.into_result(command);
             }
             // Under a savepoint: a refusal undoes every row the batch wrote (SKUs it created

@@ -806,6 +806,7 @@ impl Replica {
                 ..Default::default()
             }],
             ttl: None,
+            ..Default::default()
         };
         async move {
             client

@@ -65,6 +65,7 @@ pub async fn run_saga(
             seconds: 15 * 60,
             nanos: 0,
         }),
+        ..Default::default()
     };
     let reservation = match client.reserve(request).await {
         Ok(reservation) => reservation,

@@ -232,6 +232,43 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "TransferStock"))]
+    async fn transfer_stock(
+        &self,
+        request: Request<proto::TransferStockRequest>,
+    ) -> Result<Response<proto::TransferStockResponse>, Status> {
+        self.unary(
+            request,
+            Action::Adjust,
+            |inventory, command, _| async move { inventory.transfer_stock(&command).await },
+        )
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "UpsertLocation"))]
+    async fn upsert_location(
+        &self,
+        request: Request<proto::UpsertLocationRequest>,
+    ) -> Result<Response<proto::Location>, Status> {
+        self.unary(
+            request,
+            Action::Adjust,
+            |inventory, location, _| async move { inventory.upsert_location(&location).await },
+        )
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "ListLocations"))]
+    async fn list_locations(
+        &self,
+        request: Request<proto::ListLocationsRequest>,
+    ) -> Result<Response<proto::ListLocationsResponse>, Status> {
+        self.unary(request, Action::Read, |inventory, (), _| async move {
+            inventory.list_locations().await
+        })
+        .await
+    }
+
     #[tracing::instrument(skip_all, fields(rpc = "GetStock"))]
     async fn get_stock(
         &self,

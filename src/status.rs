@@ -75,6 +75,15 @@ fn status_of(error: Error) -> Status {
             );
             Status::with_error_details(Code::NotFound, error.to_string(), details)
         }
+        Error::UnknownLocation(ref location) => {
+            let mut details = ErrorDetails::new();
+            details.set_error_info(
+                ErrorReason::LocationNotFound.as_str_name(),
+                ERROR_DOMAIN,
+                HashMap::from([("location_id".to_string(), location.as_str().to_owned())]),
+            );
+            Status::with_error_details(Code::NotFound, error.to_string(), details)
+        }
         Error::UnknownReservation(id) => {
             let mut details = ErrorDetails::new();
             details.set_error_info(

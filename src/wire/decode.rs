@@ -10,11 +10,12 @@ use inventory_core::{
     command::{
         AdjustStock, BatchSetStock, CancelOrder, DEFAULT_PAGE_SIZE, ExtendReservation, GetStock,
         ListReservations, ListStockMovements, MAX_BATCH_COUNTS, MAX_PAGE_SIZE, ReservationFilter,
-        ReservationRef, Reserve, SetStock, Settle, SettleReservation, WatchEvents, movement_token,
-        page_token,
+        ReservationRef, Reserve, SetStock, Settle, SettleReservation, TransferStock, WatchEvents,
+        movement_token, page_token,
     },
     domain::{
-        IdempotencyKey, Line, MAX_LINES, MAX_ON_HAND, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
+        AllocationPolicy, AllocationStrategy, IdempotencyKey, Line, Location, LocationId,
+        MAX_DELTA, MAX_LINES, MAX_ON_HAND, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
         ReservationId, ReservationState, Scope, Sku, StockDelta, Ttl,
     },
 };
@@ -68,6 +69,7 @@ impl Decode for proto::AdjustStockRequest {
         );
         let reason = violations.check("reason", Reason::parse(&request.reason));
         let expected_version = expected_version(&mut violations, request.expected_version);
+        let location = location_or_default(&mut violations, "location_id", &request.location_id);
         violations.finish(|| {
             Some(AdjustStock {
                 caller: who.caller().clone(),
@@ -76,9 +78,31 @@ impl Decode for proto::AdjustStockRequest {
                 idempotency_key: idempotency_key?,
                 reason: reason?,
                 expected_version: expected_version?,
+                location: location?,
             })
         })
     }
+}
+
+/// A location id; empty means `default`.
+fn location_or_default(
+    violations: &mut Violations,
+    field: impl Into<String>,
+    raw: &str,
+) -> Option<LocationId> {
+    match raw {
+        "" => Some(LocationId::default_location()),
+        raw => violations.check(field, LocationId::parse(raw)),
+    }
+}
+
+/// A location id that must be given.
+fn location_required(
+    violations: &mut Violations,
+    field: impl Into<String>,
+    raw: &str,
+) -> Option<LocationId> {
+    violations.check(field, LocationId::parse(raw))
 }
 
 /// An optional expected version: 0 (the SKU does not exist yet) or more.
@@ -125,6 +149,11 @@ fn count(
         },
     );
     let reason = violations.check(format!("{prefix}reason"), Reason::parse(&request.reason));
+    let location = location_or_default(
+        violations,
+        format!("{prefix}location_id"),
+        &request.location_id,
+    );
     let expected_version = match request.expected_version {
         Some(version) if version < 0 => {
             violations.add(format!("{prefix}expected_version"), "must not be negative");
@@ -139,6 +168,7 @@ fn count(
         expected_version: expected_version?,
         idempotency_key: key?.clone(),
         reason: reason?,
+        location: location?,
     })
 }
 
@@ -162,17 +192,21 @@ impl Decode for proto::BatchSetStockRequest {
             return violations.finish(|| None);
         }
         let mut counts = Vec::with_capacity(self.requests.len());
-        let mut first_seen: HashMap<&str, usize> = HashMap::new();
+        let mut first_seen: HashMap<(&str, &str), usize> = HashMap::new();
         for (index, request) in self.requests.iter().enumerate() {
             let prefix = format!("requests[{index}].");
-            if let Some(first) = first_seen.get(request.sku.as_str()) {
+            let at = match request.location_id.as_str() {
+                "" => LocationId::DEFAULT,
+                raw => raw,
+            };
+            if let Some(first) = first_seen.get(&(request.sku.as_str(), at)) {
                 violations.add(
                     format!("{prefix}sku"),
-                    format!("duplicates requests[{first}].sku"),
+                    format!("duplicates requests[{first}] (the same SKU and location)"),
                 );
                 continue;
             }
-            first_seen.insert(&request.sku, index);
+            first_seen.insert((&request.sku, at), index);
             let key = idempotency_key.as_ref();
             counts.extend(count(request, &prefix, key, who, &mut violations));
         }
@@ -251,7 +285,12 @@ impl Decode for proto::GetStockRequest {
                 skus.push(sku);
             }
         }
-        violations.finish(|| Some(GetStock::new(skus)))
+        let by_location = request.by_location;
+        violations.finish(|| {
+            let mut query = GetStock::new(skus);
+            query.by_location = by_location;
+            Some(query)
+        })
     }
 }
 
@@ -275,47 +314,97 @@ impl Decode for proto::ReserveRequest {
         if request.lines.is_empty() {
             violations.add("lines", "must have at least one line");
         }
-        let Some(lines) = parse_lines(&request.lines, &mut violations) else {
+        let strategy = match proto::AllocationStrategy::try_from(request.strategy) {
+            Ok(proto::AllocationStrategy::Unspecified | proto::AllocationStrategy::Priority) => {
+                Some(AllocationStrategy::Priority)
+            }
+            Ok(proto::AllocationStrategy::MostAvailable) => Some(AllocationStrategy::MostAvailable),
+            Err(_) => {
+                violations.add("strategy", "is not an allocation strategy");
+                None
+            }
+        };
+        let Some(lines) = parse_lines(&request.lines, Distinct::Sku, &mut violations) else {
             return violations.finish(|| None);
         };
         violations.finish(|| {
-            Some(Reserve::new(
-                who.caller().clone(),
-                idempotency_key?,
-                order_id?,
-                lines,
-                ttl?,
-            ))
+            Some(
+                Reserve::new(
+                    who.caller().clone(),
+                    idempotency_key?,
+                    order_id?,
+                    lines,
+                    ttl?,
+                )
+                .with_allocation(AllocationPolicy {
+                    strategy: strategy?,
+                    allow_split: request.allow_split,
+                }),
+            )
         })
     }
 }
 
-/// The `sku` and `quantity` of at most [`MAX_LINES`] lines with distinct SKUs (the units a
-/// line asks for; a line's other fields are output only and ignored). `None` for an oversized
-/// list, which is not even looked into.
-fn parse_lines(raw: &[proto::ReservationLine], violations: &mut Violations) -> Option<Vec<Line>> {
+/// What must differ between two lines of one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Distinct {
+    /// A Reserve: one line per SKU.
+    Sku,
+    /// A partial confirm or release: one line per SKU and location.
+    SkuAndLocation,
+}
+
+/// The `sku`, `quantity` and optional `location_id` of at most [`MAX_LINES`] lines (the
+/// units a line asks for; a line's other fields are output only and ignored). `None` for an
+/// oversized list, which is not even looked into.
+fn parse_lines(
+    raw: &[proto::ReservationLine],
+    distinct: Distinct,
+    violations: &mut Violations,
+) -> Option<Vec<Line>> {
     if raw.len() > MAX_LINES {
         violations.add("lines", format!("must have at most {MAX_LINES} lines"));
         return None;
     }
     let mut lines = Vec::with_capacity(raw.len());
-    let mut first_seen: HashMap<&str, usize> = HashMap::new();
+    let mut first_seen: HashMap<(&str, &str), usize> = HashMap::new();
     for (index, line) in raw.iter().enumerate() {
         let sku = violations.check(format!("lines[{index}].sku"), Sku::parse(&line.sku));
         let quantity = violations.check(
             format!("lines[{index}].quantity"),
             Quantity::parse(line.quantity),
         );
-        if let Some(first) = first_seen.get(line.sku.as_str()) {
+        let location = match line.location_id.as_str() {
+            "" => Some(None),
+            raw => violations
+                .check(
+                    format!("lines[{index}].location_id"),
+                    LocationId::parse(raw),
+                )
+                .map(Some),
+        };
+        let key = match distinct {
+            Distinct::Sku => (line.sku.as_str(), ""),
+            Distinct::SkuAndLocation => (line.sku.as_str(), line.location_id.as_str()),
+        };
+        if let Some(first) = first_seen.get(&key) {
+            let what = match distinct {
+                Distinct::Sku => "sku",
+                Distinct::SkuAndLocation => "sku and location_id",
+            };
             violations.add(
                 format!("lines[{index}].sku"),
-                format!("duplicates lines[{first}].sku"),
+                format!("duplicates lines[{first}].{what}"),
             );
             continue;
         }
-        first_seen.insert(&line.sku, index);
-        if let (Some(sku), Some(quantity)) = (sku, quantity) {
-            lines.push(Line { sku, quantity });
+        first_seen.insert(key, index);
+        if let (Some(sku), Some(quantity), Some(location)) = (sku, quantity, location) {
+            lines.push(Line {
+                sku,
+                quantity,
+                location,
+            });
         }
     }
     Some(lines)
@@ -399,7 +488,7 @@ fn settle(
             .check("idempotency_key", IdempotencyKey::parse(raw))
             .map(Some),
     };
-    let Some(lines) = parse_lines(lines, &mut violations) else {
+    let Some(lines) = parse_lines(lines, Distinct::SkuAndLocation, &mut violations) else {
         return violations.finish(|| None);
     };
     violations.finish(|| {
@@ -530,5 +619,67 @@ impl Decode for proto::WatchEventsRequest {
         let command =
             violations.check("after_sequence", WatchEvents::parse(request.after_sequence));
         violations.finish(|| command)
+    }
+}
+
+impl Decode for proto::UpsertLocationRequest {
+    type Command = Location;
+
+    fn into_command(self, _: &Principal) -> Result<Location, Error> {
+        let mut violations = Violations::default();
+        let id = location_required(&mut violations, "location_id", &self.location_id);
+        violations.finish(|| {
+            Some(Location {
+                id: id?,
+                priority: self.priority,
+                active: self.active,
+            })
+        })
+    }
+}
+
+impl Decode for proto::TransferStockRequest {
+    type Command = TransferStock;
+
+    fn into_command(self, who: &Principal) -> Result<TransferStock, Error> {
+        let mut violations = Violations::default();
+        let sku = violations.check("sku", Sku::parse(&self.sku));
+        let from = location_required(&mut violations, "from_location_id", &self.from_location_id);
+        let to = location_required(&mut violations, "to_location_id", &self.to_location_id);
+        if from.is_some() && from == to {
+            violations.add("to_location_id", "must differ from from_location_id");
+        }
+        let quantity = violations.check(
+            "quantity",
+            if (1..=MAX_DELTA).contains(&self.quantity) {
+                Ok(self.quantity)
+            } else {
+                Err(format!("must be between 1 and {MAX_DELTA}"))
+            },
+        );
+        let idempotency_key = violations.check(
+            "idempotency_key",
+            IdempotencyKey::parse(&self.idempotency_key),
+        );
+        let reason = violations.check("reason", Reason::parse(&self.reason));
+        violations.finish(|| {
+            Some(TransferStock {
+                caller: who.caller().clone(),
+                sku: sku?,
+                from: from?,
+                to: to?,
+                quantity: quantity?,
+                idempotency_key: idempotency_key?,
+                reason: reason?,
+            })
+        })
+    }
+}
+
+impl Decode for proto::ListLocationsRequest {
+    type Command = ();
+
+    fn into_command(self, _: &Principal) -> Result<(), Error> {
+        Ok(())
     }
 }

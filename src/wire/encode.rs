@@ -3,8 +3,11 @@
 use std::time::SystemTime;
 
 use inventory_core::{
-    command::{MovementList, ReservationList},
-    domain::{Movement, MovementKind, Reservation, ReservationLine, ReservationState, StockLevel},
+    command::{MovementList, ReservationList, StockLevels, Transferred},
+    domain::{
+        Allocation, Location, Movement, MovementKind, Reservation, ReservationLine,
+        ReservationState, StockLevel,
+    },
     events::{Change, Event, ReservationEvent},
 };
 
@@ -27,19 +30,86 @@ impl Encode for StockLevel {
             on_hand: self.on_hand,
             reserved: self.reserved,
             version: self.version,
+            location_id: self
+                .location
+                .map(|l| l.as_str().to_owned())
+                .unwrap_or_default(),
         }
     }
 }
 
-/// The levels of a `GetStock`, in request order.
-impl Encode for Vec<StockLevel> {
+/// The levels of a `GetStock`: the totals in request order, and the locations' if asked.
+impl Encode for StockLevels {
     type Message = proto::GetStockResponse;
 
     fn into_message(self) -> proto::GetStockResponse {
         proto::GetStockResponse {
-            levels: self.into_iter().map(Encode::into_message).collect(),
+            levels: self.totals.into_iter().map(Encode::into_message).collect(),
+            location_levels: self
+                .by_location
+                .into_iter()
+                .map(Encode::into_message)
+                .collect(),
         }
     }
+}
+
+impl Encode for Transferred {
+    type Message = proto::TransferStockResponse;
+
+    fn into_message(self) -> proto::TransferStockResponse {
+        proto::TransferStockResponse {
+            level: Some(self.total.into_message()),
+            location_levels: vec![self.from.into_message(), self.to.into_message()],
+        }
+    }
+}
+
+impl Encode for Location {
+    type Message = proto::Location;
+
+    fn into_message(self) -> proto::Location {
+        proto::Location {
+            location_id: self.id.as_str().to_owned(),
+            priority: self.priority,
+            active: self.active,
+        }
+    }
+}
+
+/// Every location, in allocation order.
+impl Encode for Vec<Location> {
+    type Message = proto::ListLocationsResponse;
+
+    fn into_message(self) -> proto::ListLocationsResponse {
+        proto::ListLocationsResponse {
+            locations: self.into_iter().map(Encode::into_message).collect(),
+        }
+    }
+}
+
+impl Encode for Allocation {
+    type Message = proto::Allocation;
+
+    fn into_message(self) -> proto::Allocation {
+        proto::Allocation {
+            location_id: self.location.as_str().to_owned(),
+            quantity: self.quantity,
+            held: self.held,
+            confirmed: self.confirmed,
+            released: self.released,
+        }
+    }
+}
+
+/// The totals (`location: None`) and the locations' levels among `levels`.
+fn split_levels(levels: Vec<StockLevel>) -> (Vec<proto::StockLevel>, Vec<proto::StockLevel>) {
+    let (totals, at): (Vec<StockLevel>, Vec<StockLevel>) =
+        levels.into_iter().partition(|l| l.location.is_none());
+    (
+        totals.into_iter().map(Encode::into_message).collect(),
+        at.into_iter().map(Encode::into_message).collect(),
+    )
 }
 
 impl Encode for ReservationState {
@@ -60,11 +130,20 @@ impl Encode for ReservationLine {
 
     fn into_message(self) -> proto::ReservationLine {
         proto::ReservationLine {
+            location_id: self
+                .single_location()
+                .map(|l| l.as_str().to_owned())
+                .unwrap_or_default(),
             sku: self.sku.as_str().to_owned(),
             quantity: self.quantity.get(),
             held: self.held,
             confirmed: self.confirmed,
             released: self.released,
+            allocations: self
+                .allocations
+                .into_iter()
+                .map(Encode::into_message)
+                .collect(),
         }
     }
 }
@@ -121,8 +200,15 @@ impl Encode for Movement {
             MovementKind::Confirmed => proto::MovementKind::Confirmed,
             MovementKind::Released => proto::MovementKind::Released,
             MovementKind::Expired => proto::MovementKind::Expired,
+            MovementKind::Transferred => proto::MovementKind::Transferred,
         };
         proto::StockMovement {
+            location_id: self
+                .level
+                .location
+                .as_ref()
+                .map(|l| l.as_str().to_owned())
+                .unwrap_or_default(),
             sku: self.level.sku.as_str().to_owned(),
             version: self.level.version,
             kind: kind.into(),
@@ -186,6 +272,7 @@ impl Encode for Event {
                 delta,
                 reason,
                 level,
+                location_level,
             } => (
                 proto::EventType::StockAdjusted,
                 Subject::Sku(sku.as_str().to_owned()),
@@ -193,6 +280,34 @@ impl Encode for Event {
                     delta,
                     reason,
                     level: Some(level.into_message()),
+                    location_level: location_level.map(Encode::into_message),
+                }),
+            ),
+            Change::StockTransferred {
+                sku,
+                quantity,
+                reason,
+                level,
+                from,
+                to,
+            } => (
+                proto::EventType::StockTransferred,
+                Subject::Sku(sku.as_str().to_owned()),
+                Payload::StockTransferred(proto::StockTransferred {
+                    from_location_id: from
+                        .location
+                        .as_ref()
+                        .map(|l| l.as_str().to_owned())
+                        .unwrap_or_default(),
+                    to_location_id: to
+                        .location
+                        .as_ref()
+                        .map(|l| l.as_str().to_owned())
+                        .unwrap_or_default(),
+                    quantity,
+                    reason,
+                    level: Some(level.into_message()),
+                    location_levels: vec![from.into_message(), to.into_message()],
                 }),
             ),
             Change::Reservation {
@@ -217,13 +332,17 @@ impl Encode for Event {
                     }
                 },
                 Subject::ReservationId(reservation_id.to_string()),
-                Payload::ReservationChanged(proto::ReservationChanged {
-                    order_id: order_id.as_str().to_owned(),
-                    state: state.into_message().into(),
-                    lines: lines.into_iter().map(Encode::into_message).collect(),
-                    levels: levels.into_iter().map(Encode::into_message).collect(),
-                    expires_at: expires_at.map(timestamp),
-                }),
+                {
+                    let (levels, location_levels) = split_levels(levels);
+                    Payload::ReservationChanged(proto::ReservationChanged {
+                        order_id: order_id.as_str().to_owned(),
+                        state: state.into_message().into(),
+                        lines: lines.into_iter().map(Encode::into_message).collect(),
+                        levels,
+                        expires_at: expires_at.map(timestamp),
+                        location_levels,
+                    })
+                },
             ),
             Change::Availability {
                 sku,
@@ -254,6 +373,7 @@ impl Encode for Event {
                     lines: lines.into_iter().map(Encode::into_message).collect(),
                     levels: Vec::new(),
                     expires_at: Some(timestamp(expires_at)),
+                    location_levels: Vec::new(),
                 }),
             ),
         };

@@ -60,6 +60,7 @@ fn adjust_stock_parses_a_valid_request() {
 fn get_stock_names_duplicates_and_bad_entries_by_index() {
     let request = proto::GetStockRequest {
         skus: vec!["A".into(), "bad sku".into(), "A".into()],
+        ..Default::default()
     };
     assert_eq!(
         violations(decode(request).unwrap_err()),
@@ -76,11 +77,22 @@ fn get_stock_names_duplicates_and_bad_entries_by_index() {
 #[test]
 fn get_stock_refuses_empty_and_oversized_lists() {
     assert_eq!(
-        violations(decode(proto::GetStockRequest { skus: vec![] }).unwrap_err())[0].0,
+        violations(
+            decode(proto::GetStockRequest {
+                skus: vec![],
+                ..Default::default()
+            })
+            .unwrap_err()
+        )[0]
+        .0,
         "skus"
     );
     let many = (0..=MAX_SKUS_PER_READ).map(|i| format!("S{i}")).collect();
-    let error = decode(proto::GetStockRequest { skus: many }).unwrap_err();
+    let error = decode(proto::GetStockRequest {
+        skus: many,
+        ..Default::default()
+    })
+    .unwrap_err();
     assert_eq!(violations(error).len(), 1);
 }
 
@@ -98,6 +110,7 @@ fn reserve_request(lines: Vec<proto::ReservationLine>) -> proto::ReserveRequest 
         order_id: "order-1".into(),
         lines,
         ttl: None,
+        ..Default::default()
     }
 }
 
@@ -224,6 +237,7 @@ fn commands_carry_the_caller_that_sent_them() {
         order_id: "o".into(),
         lines: vec![line("A", 1)],
         ttl: None,
+        ..Default::default()
     }
     .into_command(&who)
     .unwrap();
@@ -303,6 +317,7 @@ mod hostile {
                     .map(|(sku, quantity)| proto::ReservationLine { sku, quantity, ..Default::default() })
                     .collect(),
                 ttl: ttl.map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
+                ..Default::default()
             };
             let parsed = decode(request);
             if let Ok(command) = &parsed {
@@ -313,7 +328,7 @@ mod hostile {
 
         #[test]
         fn get_stock(skus in prop::collection::vec(text(), 0..130)) {
-            invalid_only(decode(proto::GetStockRequest { skus }));
+            invalid_only(decode(proto::GetStockRequest { skus , ..Default::default() }));
         }
 
         #[test]

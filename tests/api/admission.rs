@@ -29,6 +29,7 @@ async fn a_saturated_server_sheds_load_and_recovers() {
             client
                 .get_stock(GetStockRequest {
                     skus: vec!["SKU-1".into()],
+                    ..Default::default()
                 })
                 .await
         }
@@ -98,6 +99,7 @@ async fn an_oversized_message_is_refused_and_changes_nothing() {
             ..Default::default()
         }],
         ttl: None,
+        ..Default::default()
     };
     let status = app.client.reserve(request).await.unwrap_err();
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");

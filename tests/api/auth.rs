@@ -81,6 +81,7 @@ async fn codes(
         .get_stock(with_token(
             GetStockRequest {
                 skus: vec!["SKU-1".into()],
+                ..Default::default()
             },
             token,
         ))
@@ -462,6 +463,7 @@ async fn a_malformed_authorization_header_is_unauthenticated_and_not_echoed() {
     let app = spawn_secured_app().await;
     let mut request = Request::new(GetStockRequest {
         skus: vec!["SKU-1".into()],
+        ..Default::default()
     });
     request
         .metadata_mut()

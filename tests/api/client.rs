@@ -39,6 +39,7 @@ fn order(key: &str, order_id: &str, sku: &str, quantity: i64) -> ReserveRequest 
             ..Default::default()
         }],
         ttl: None,
+        ..Default::default()
     }
 }
 
@@ -318,6 +319,7 @@ async fn an_attempt_that_hangs_is_given_up_and_retried_with_the_same_key() {
     client
         .get_stock(inventory_server::proto::GetStockRequest {
             skus: vec!["SKU-1".into()],
+            ..Default::default()
         })
         .await
         .unwrap();

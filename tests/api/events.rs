@@ -275,7 +275,9 @@ async fn under_a_reservation_storm_a_watcher_sees_exactly_the_committed_events()
                     adjusted.level.clone().into_iter().collect()
                 }
                 // Repeats the level of the change that crossed 0.
-                Some(event::Payload::Availability(_)) | None => Vec::new(),
+                Some(event::Payload::Availability(_))
+                | Some(event::Payload::StockTransferred(_))
+                | None => Vec::new(),
             })
             .filter(|level| level.sku == "HOT")
             .map(|level| level.version)

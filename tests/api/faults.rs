@@ -276,6 +276,7 @@ async fn with_redis_down_reserve_fails_closed_and_everything_else_works() {
         .client
         .get_stock(GetStockRequest {
             skus: vec!["SKU-1".into()],
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -132,6 +132,7 @@ async fn malformed_requests_get_their_code_and_change_nothing() {
     // Credentials that are not even text.
     let mut request = Request::new(GetStockRequest {
         skus: vec!["SKU-1".into()],
+        ..Default::default()
     });
     // "Bearer " followed by bytes that are not UTF-8 (allowed in HTTP as obs-text).
     let mut raw = b"Bearer ".to_vec();

@@ -25,6 +25,7 @@ fn set(sku: &str, on_hand: i64, expected: Option<i64>, key: &str) -> SetStockReq
         expected_version: expected,
         idempotency_key: key.into(),
         reason: "cycle count".into(),
+        ..Default::default()
     }
 }
 
@@ -225,13 +226,13 @@ async fn verify_names_every_drift_made_behind_the_services_back() {
         "{out}"
     );
 
-    // A: a counter changed by hand. B: a movement lost. C: reserved units nobody holds.
-    // D: a hold's line edited, so its units no longer match reserved.
+    // A: a total changed by hand. B: a movement lost. C: reserved units nobody holds, at a
+    // location. D: a hold's line edited, so its units no longer match reserved.
     app.db
         .batch_execute(
             "UPDATE stock SET on_hand = on_hand + 1 WHERE sku = 'A';
              DELETE FROM stock_movements WHERE sku = 'B';
-             UPDATE stock SET reserved = reserved + 1 WHERE sku = 'C';
+             UPDATE stock_locations SET reserved = reserved + 1 WHERE sku = 'C';
              UPDATE reservation_lines SET released = 1 WHERE sku = 'D';",
         )
         .await
@@ -239,15 +240,19 @@ async fn verify_names_every_drift_made_behind_the_services_back() {
     let (ok, out) = verify(&app).await;
     assert!(!ok, "drift fails the command: {out}");
     for expected in [
-        "drift A: the row says 6/0 at version 1, the ledger 5/0 at version 1",
-        "drift B: a stock row with no movements",
-        "drift C: the row says 5/3 at version 2, the ledger 5/2 at version 2",
-        "drift C: reserved is 3, live holds hold 2",
-        "drift D: reserved is 1, live holds hold 0",
+        "drift A: the total says 6/0 at version 1; its locations sum to 5/0 and its last \
+         movement is version 1",
+        "drift B: a stock row at default with no movements",
+        "drift B: the total says 5/0 at version 1; its locations sum to 5/0 and its last \
+         movement is version none",
+        "drift C: at default the row says 5/3 at version 2, the ledger 5/2 at version 2",
+        "drift C: the total says 5/2 at version 2; its locations sum to 5/3",
+        "drift C: at default reserved is 3, live holds hold 2",
+        "drift D: at default reserved is 1, live holds hold 0",
     ] {
         assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
     }
-    assert!(out.contains("5 drift(s)"), "{out}");
+    assert!(out.contains("7 drift(s)"), "{out}");
 }
 
 #[tokio::test]
@@ -298,6 +303,7 @@ async fn a_count_or_adjustment_at_a_stale_version_changes_nothing() {
         idempotency_key: key.into(),
         reason: String::new(),
         expected_version: Some(expected),
+        ..Default::default()
     };
     let stale = app
         .client
@@ -416,6 +422,7 @@ fn batch(key: &str, counts: &[(String, i64, Option<i64>)]) -> BatchSetStockReque
                 expected_version: *expected,
                 idempotency_key: String::new(),
                 reason: "erp sync".into(),
+                ..Default::default()
             })
             .collect(),
     }

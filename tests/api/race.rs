@@ -35,6 +35,7 @@ async fn race(max_batch: usize) {
         run_id: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
         token: None,
         seed: 7,
+        locations: 1,
     };
     let observed = load::run(config.clone()).await.unwrap();
     let verdict = audit(&config, &observed, Some(&database_url))

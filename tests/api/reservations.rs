@@ -29,6 +29,7 @@ pub fn reserve(key: &str, lines: &[(&str, i64)]) -> ReserveRequest {
             })
             .collect(),
         ttl: None,
+        ..Default::default()
     }
 }
 

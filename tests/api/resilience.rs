@@ -460,6 +460,7 @@ async fn a_database_that_stops_answering_costs_each_call_a_bound_and_the_replica
         .clone()
         .get_stock(inventory_server::proto::GetStockRequest {
             skus: vec!["HUNG-B".into()],
+            ..Default::default()
         })
         .await
         .unwrap_err();

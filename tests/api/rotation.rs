@@ -56,6 +56,7 @@ async fn read_code(client: &mut InventoryServiceClient<Channel>, token: &str) ->
     let request = with_token(
         GetStockRequest {
             skus: vec!["ROT-1".into()],
+            ..Default::default()
         },
         token,
     );
@@ -199,6 +200,7 @@ async fn reaches_service(channel: Channel) -> bool {
     let answer = InventoryServiceClient::new(channel)
         .get_stock(GetStockRequest {
             skus: vec!["ROT-1".into()],
+            ..Default::default()
         })
         .await;
     matches!(answer, Err(status) if status.code() == Code::NotFound)

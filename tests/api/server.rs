@@ -281,6 +281,7 @@ async fn postgres_down_is_unavailable_with_retry_advice() {
                 ..Default::default()
             }],
             ttl: None,
+            ..Default::default()
         })
         .await
         .unwrap_err();

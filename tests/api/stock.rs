@@ -20,6 +20,7 @@ fn adjust(sku: &str, delta: i64, key: &str) -> AdjustStockRequest {
 fn get(skus: &[&str]) -> GetStockRequest {
     GetStockRequest {
         skus: skus.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
     }
 }
 
@@ -31,6 +32,7 @@ fn level(sku: &str, on_hand: i64, reserved: i64, version: i64) -> StockLevel {
         reserved,
         available: on_hand - reserved,
         version,
+        ..Default::default()
     }
 }
 
@@ -391,7 +393,13 @@ async fn malformed_reads_are_invalid_argument() {
     let too_many: Vec<String> = (0..101).map(|i| format!("S{i}")).collect();
     let cases: Vec<(GetStockRequest, Vec<&str>)> = vec![
         (get(&[]), vec!["skus"]),
-        (GetStockRequest { skus: too_many }, vec!["skus"]),
+        (
+            GetStockRequest {
+                skus: too_many,
+                ..Default::default()
+            },
+            vec!["skus"],
+        ),
         (get(&["A", ""]), vec!["skus[1]"]),
         (get(&["A", "B", "A"]), vec!["skus[2]"]),
     ];
@@ -405,7 +413,7 @@ async fn malformed_reads_are_invalid_argument() {
 async fn an_outcome_stored_before_stock_versions_still_replays() {
     use inventory_core::{
         command::AdjustStock,
-        domain::{Caller, IdempotencyKey, Reason, Sku, StockDelta},
+        domain::{Caller, IdempotencyKey, LocationId, Reason, Sku, StockDelta},
     };
     let mut app = spawn_app().await;
     let command = AdjustStock {
@@ -415,6 +423,7 @@ async fn an_outcome_stored_before_stock_versions_still_replays() {
         idempotency_key: IdempotencyKey::parse("from-last-year").unwrap(),
         reason: Reason::parse("test").unwrap(),
         expected_version: None,
+        location: LocationId::default_location(),
     };
     let fingerprint = command.fingerprint();
     let fingerprint: &[u8] = fingerprint.as_bytes();

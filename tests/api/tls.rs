@@ -88,6 +88,7 @@ async fn call(channel: Channel) -> Result<(), tonic::Status> {
     let result = InventoryServiceClient::new(channel)
         .get_stock(GetStockRequest {
             skus: vec!["NONE".into()],
+            ..Default::default()
         })
         .await;
     match result {

@@ -1,7 +1,8 @@
 -- The service's coalesced Reserve transaction (crates/inventory-postgres/src/batch.rs) for a
 -- batch of :batch single-unit requests on one SKU, for pgbench: the batched-SQL ceiling, the
 -- same work done by PostgreSQL with nothing in between (no lease, no queue, no gRPC). Like
--- the service: every key claimed, one conditional UPDATE of the stock row for the batch, then
+-- the service: every key claimed, the SKU's rows locked and the locations read, one
+-- conditional UPDATE of the total and one of the location row for the batch, then
 -- each request's reservation, line, event, movement and stored outcome, in array inserts.
 --   pgbench -n -M prepared -D skus=N -D batch=B -f reserve_batch.sql
 \set n random(0, :skus - 1)
@@ -12,11 +13,20 @@ INSERT INTO idempotency_keys (caller, key, operation, fingerprint)
            sha256(('k' || :k::text || '-' || i::text)::bytea)
     FROM generate_series(1, :batch) AS i
     ON CONFLICT (caller, key) DO NOTHING;
+SELECT on_hand, reserved, version, fence_token FROM stock
+    WHERE sku = 'P-' || :n::text FOR UPDATE;
+SELECT sku, location_id, on_hand, reserved, version FROM stock_locations
+    WHERE sku = 'P-' || :n::text FOR UPDATE;
+SELECT location_id, priority, active FROM locations;
 UPDATE stock
     SET reserved = reserved + :batch, fence_token = fence_token + 1, version = version + :batch,
         updated_at = now()
     WHERE sku = 'P-' || :n::text AND on_hand - reserved >= :batch
     RETURNING on_hand AS s_on_hand, reserved AS s_reserved, version AS s_version \gset
+UPDATE stock_locations
+    SET reserved = reserved + :batch, fence_token = fence_token + 1, version = :s_version,
+        updated_at = now()
+    WHERE sku = 'P-' || :n::text AND location_id = 'default' AND on_hand - reserved >= :batch;
 WITH batch AS (
     SELECT i, gen_random_uuid() AS rid,
            'k' || :client_id::text || '-' || :k::text || '-' || i::text AS key,
@@ -27,8 +37,8 @@ WITH batch AS (
     SELECT rid, order_id, 'HELD', 'pgbench', key, now() + make_interval(secs => 3600) FROM batch
     RETURNING 1
 ), lines AS (
-    INSERT INTO reservation_lines (reservation_id, sku, quantity, fence_token)
-    SELECT rid, 'P-' || :n::text, 1, 1 FROM batch
+    INSERT INTO reservation_lines (reservation_id, sku, location_id, quantity, fence_token)
+    SELECT rid, 'P-' || :n::text, 'default', 1, 1 FROM batch
     RETURNING 1
 ), events AS (
     INSERT INTO outbox (event_id, event_type, reservation_id, payload)
@@ -44,9 +54,9 @@ WITH batch AS (
 ), movements AS (
     INSERT INTO stock_movements
         (sku, version, kind, on_hand_delta, reserved_delta, on_hand, reserved, reason, actor,
-         reservation_id, order_id, idempotency_key)
+         reservation_id, order_id, idempotency_key, location_id)
     SELECT 'P-' || :n::text, :s_version::bigint - :batch + i, 'HELD', 0, 1, :s_on_hand::bigint,
-           :s_reserved::bigint - :batch + i, '', 'pgbench', rid, order_id, key
+           :s_reserved::bigint - :batch + i, '', 'pgbench', rid, order_id, key, 'default'
     FROM batch
     RETURNING 1
 ), outcomes AS (

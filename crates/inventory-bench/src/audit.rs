@@ -105,6 +105,7 @@ pub async fn audit(
         let levels = client
             .get_stock(GetStockRequest {
                 skus: chunk.to_vec(),
+                ..Default::default()
             })
             .await
             .context("GetStock for the audit")?

@@ -14,7 +14,7 @@ use futures::future::join_all;
 use hdrhistogram::Histogram;
 use inventory_proto::{
     AdjustStockRequest, ConfirmReservationRequest, ReleaseReservationRequest, ReservationLine,
-    ReserveRequest, inventory_service_client::InventoryServiceClient,
+    ReserveRequest, UpsertLocationRequest, inventory_service_client::InventoryServiceClient,
 };
 use inventory_testkit::outcome;
 use rand::{Rng as _, SeedableRng as _, rngs::SmallRng};
@@ -64,6 +64,19 @@ pub struct LoadConfig {
     /// Bearer token, when the service requires one.
     pub token: Option<String>,
     pub seed: u64,
+    /// Locations the stock is spread over (`bench-1`, `bench-2`, ...); with more than one,
+    /// every Reserve may be split across them. 1: everything at `default`, as before locations.
+    pub locations: usize,
+}
+
+impl LoadConfig {
+    /// The locations a SKU's stock is spread over.
+    pub fn location_ids(&self) -> Vec<String> {
+        match self.locations {
+            0 | 1 => vec![String::new()],
+            n => (1..=n).map(|i| format!("bench-{i}")).collect(),
+        }
+    }
 }
 
 /// One finished call.
@@ -180,7 +193,28 @@ pub async fn seed(
     config: &LoadConfig,
     skus: &[String],
 ) -> anyhow::Result<()> {
+    let locations = config.location_ids();
+    if config.locations > 1 {
+        let mut client = clients[0].clone();
+        for (priority, location) in locations.iter().enumerate() {
+            client
+                .upsert_location(request(
+                    &config.token,
+                    UpsertLocationRequest {
+                        location_id: location.clone(),
+                        priority: priority as i32,
+                        active: true,
+                    },
+                ))
+                .await
+                .with_context(|| format!("cannot create location {location}"))?;
+        }
+    }
+    // Spread evenly; the first location takes the remainder.
+    let share = config.stock / locations.len() as i64;
+    let first_share = config.stock - share * (locations.len() as i64 - 1);
     let next = AtomicUsize::new(0);
+    let locations = &locations;
     let workers = (0..32.min(skus.len())).map(|w| {
         let mut client = clients[w % clients.len()].clone();
         let next = &next;
@@ -190,19 +224,26 @@ pub async fn seed(
                 let Some(sku) = skus.get(i) else {
                     return Ok::<_, anyhow::Error>(());
                 };
-                client
-                    .adjust_stock(request(
-                        &config.token,
-                        AdjustStockRequest {
-                            sku: sku.clone(),
-                            delta: config.stock,
-                            idempotency_key: format!("{}-seed-{sku}", config.run_id),
-                            reason: "benchmark stock".into(),
-                            ..Default::default()
-                        },
-                    ))
-                    .await
-                    .with_context(|| format!("cannot stock {sku}"))?;
+                for (index, location) in locations.iter().enumerate() {
+                    let delta = if index == 0 { first_share } else { share };
+                    if delta == 0 {
+                        continue;
+                    }
+                    client
+                        .adjust_stock(request(
+                            &config.token,
+                            AdjustStockRequest {
+                                sku: sku.clone(),
+                                delta,
+                                idempotency_key: format!("{}-seed-{sku}-{location}", config.run_id),
+                                reason: "benchmark stock".into(),
+                                location_id: location.clone(),
+                                ..Default::default()
+                            },
+                        ))
+                        .await
+                        .with_context(|| format!("cannot stock {sku} at {location:?}"))?;
+                }
             }
         }
     });
@@ -315,6 +356,8 @@ impl Shop {
                     seconds: config.ttl.as_secs() as i64,
                     nanos: 0,
                 }),
+                allow_split: config.locations > 1,
+                ..Default::default()
             };
             let sent = Instant::now();
             let result = client.reserve(request(&config.token, message)).await;

@@ -97,6 +97,9 @@ struct RunArgs {
     out: PathBuf,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Locations the stock is spread over (with more than one, Reserves may split).
+    #[arg(long, default_value_t = 1)]
+    locations: usize,
 }
 
 #[derive(Debug, Args)]
@@ -215,6 +218,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         run_id: run_id.clone(),
         token: args.token,
         seed: args.seed,
+        locations: args.locations,
     };
     let observed = load::run(config.clone()).await?;
     let audit = audit::audit(&config, &observed, args.database_url.as_deref()).await?;

@@ -264,7 +264,12 @@ async fn raw(
         &[&(skus as i32)],
     )
     .await?;
-    db.batch_execute("VACUUM ANALYZE").await?;
+    db.batch_execute(
+        "INSERT INTO stock_locations (sku, location_id, on_hand, version)
+         SELECT sku, 'default', on_hand, version FROM stock;
+         VACUUM ANALYZE",
+    )
+    .await?;
     let host = host(&db_config);
     let pgbench = Command::new(&config.pgbench)
         .args(["-n", "-M", "prepared", "-h", &host])
@@ -388,6 +393,7 @@ pub(crate) async fn service(
             run_id: format!("s{serial}x{max_batch}"),
             token: None,
             seed: serial as u64,
+            locations: 1,
         };
         let prepared = load::prepare(load.clone()).await?;
         let wal_before = wal_position(&db_config).await?;
@@ -440,6 +446,12 @@ async fn verify_speed(config: &SuiteConfig, databases: &TemplateDatabases) -> an
         "INSERT INTO stock (sku, on_hand, reserved, version)
          SELECT 'V-' || g, 10 * $2::bigint, 0, $2::bigint FROM generate_series(1, $1::bigint) g",
         &[&VERIFY_SKUS, &VERIFY_MOVEMENTS_PER_SKU],
+    )
+    .await?;
+    db.execute(
+        "INSERT INTO stock_locations (sku, location_id, on_hand, reserved, version)
+         SELECT sku, 'default', on_hand, reserved, version FROM stock",
+        &[],
     )
     .await?;
     db.execute(

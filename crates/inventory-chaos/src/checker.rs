@@ -368,9 +368,9 @@ fn event_units(e: &SeenEvent) -> Vec<(i64, i64, i64)> {
         .collect()
 }
 
-/// One SKU's level in one event: (version, on_hand, reserved, and the change's own deltas to
-/// on_hand and reserved).
-type LevelChange = (i64, i64, i64, i64, i64);
+/// One SKU's level in one event: (version, on_hand, reserved, the change's own deltas to
+/// on_hand and reserved, and the versions it took: one per location it moved).
+type LevelChange = (i64, i64, i64, i64, i64, i64);
 
 /// Replays every SKU's levels from its events in commit (version) order: each change moves
 /// `on_hand` and `reserved` by exactly its own units, and the last level is the stored row.
@@ -405,19 +405,26 @@ fn stock_returned_once(stream: &[SeenEvent], facts: &Facts) -> Check {
                 "STOCK_ADJUSTED" => (e.delta.unwrap_or(0), 0),
                 _ => moved.get(sku.as_str()).copied().unwrap_or((0, 0)),
             };
+            let steps = e
+                .steps
+                .iter()
+                .find(|(s, _)| s == sku)
+                .map_or(1, |(_, steps)| *steps);
             per_sku
                 .entry(sku)
                 .or_default()
-                .push((*version, *on_hand, *reserved, d_on, d_res));
+                .push((*version, *on_hand, *reserved, d_on, d_res, steps));
         }
     }
     for (sku, mut changes) in per_sku {
         changes.sort();
         let (mut on, mut res, mut ver) = (0, 0, 0);
-        for (version, on_hand, reserved, d_on, d_res) in changes {
+        for (version, on_hand, reserved, d_on, d_res, steps) in changes {
             v.examined += 1;
-            if version != ver + 1 {
-                v.fail(format!("{sku}: version {version} follows {ver}"));
+            if version != ver + steps {
+                v.fail(format!(
+                    "{sku}: version {version} follows {ver}, by a change of {steps} movements"
+                ));
             }
             on += d_on;
             res += d_res;

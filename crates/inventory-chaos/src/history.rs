@@ -123,6 +123,9 @@ pub struct SeenEvent {
     /// The stock levels after the change, of the SKUs whose stock moved: (sku, on_hand,
     /// reserved, version).
     pub levels: Vec<(String, i64, i64, i64)>,
+    /// Per SKU, the movements (locations moved) of the change: the versions it took.
+    #[serde(default)]
+    pub steps: Vec<(String, i64)>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]

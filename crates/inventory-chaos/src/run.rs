@@ -124,10 +124,29 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
         timeout: CALL_TIMEOUT,
         attempts: 20,
     };
+    // Stock spread over the locations: every Reserve allocates among them.
+    let mut grpc = endpoints.client(0);
+    for (priority, location) in workload::LOCATIONS.iter().enumerate().skip(1) {
+        grpc.upsert_location(inventory_proto::UpsertLocationRequest {
+            location_id: (*location).to_owned(),
+            priority: priority as i32,
+            active: true,
+        })
+        .await
+        .with_context(|| format!("could not create location {location}"))?;
+    }
+    let share = config.stock / workload::LOCATIONS.len() as i64;
     for sku in &skus {
-        let key = format!("{run_id}-seed-{sku}");
-        if seeder.adjust(&key, sku, config.stock).await != Outcome::Ok {
-            bail!("could not stock {sku} before the run");
+        for (i, location) in workload::LOCATIONS.iter().enumerate() {
+            let key = format!("{run_id}-seed-{sku}@{location}");
+            let units = if i == 0 {
+                config.stock - share * (workload::LOCATIONS.len() as i64 - 1)
+            } else {
+                share
+            };
+            if seeder.adjust(&key, sku, units).await != Outcome::Ok {
+                bail!("could not stock {sku} at {location} before the run");
+            }
         }
     }
 

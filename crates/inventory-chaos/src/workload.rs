@@ -10,10 +10,10 @@ use std::{
 };
 
 use inventory_proto::{
-    AdjustStockRequest, CancelOrderRequest, CancelOrderResponse, ConfirmReservationRequest, Event,
-    EventType, ExtendReservationRequest, GetStockRequest, ReleaseReservationRequest, Reservation,
-    ReservationLine, ReservationState, ReserveRequest, WatchEventsRequest, event,
-    inventory_service_client::InventoryServiceClient,
+    AdjustStockRequest, AllocationStrategy, CancelOrderRequest, CancelOrderResponse,
+    ConfirmReservationRequest, Event, EventType, ExtendReservationRequest, GetStockRequest,
+    ReleaseReservationRequest, Reservation, ReservationLine, ReservationState, ReserveRequest,
+    WatchEventsRequest, event, inventory_service_client::InventoryServiceClient,
 };
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng, seq::IndexedRandom as _};
 use tokio::{sync::watch, task::JoinHandle};
@@ -171,13 +171,42 @@ fn proto_duration(ms: u64) -> prost_types::Duration {
     }
 }
 
-/// A `Reserve` request as the history keeps it, enough to send it again with the same key.
+/// The locations the run's stock is kept at: `default` and two more. Seeds, restocks and
+/// allocation spread over them.
+pub const LOCATIONS: [&str; 3] = ["default", "chaos-east", "chaos-west"];
+
+/// A number of the key, the same on every send: what a keyed call's location or allocation
+/// is derived from, so a retry sends exactly the same request.
+fn key_number(key: &str) -> usize {
+    key.bytes()
+        .fold(0usize, |n, b| n.wrapping_mul(31).wrapping_add(b as usize))
+}
+
+/// The location an `AdjustStock` with this key changes: the one the key names after `@`,
+/// else one picked by the key.
+pub fn location_of(key: &str) -> &str {
+    match key.rsplit_once('@') {
+        Some((_, location)) => location,
+        None => LOCATIONS[key_number(key) % LOCATIONS.len()],
+    }
+}
+
+/// A `Reserve` request as the history keeps it, enough to send it again with the same key:
+/// a quarter of the keys each get one of the two strategies, with or without split.
 pub fn reserve_request(key: &str, order_id: &str, lines: &[Line], ttl_ms: u64) -> ReserveRequest {
+    let n = key_number(key);
+    let strategy = if n.is_multiple_of(2) {
+        AllocationStrategy::Priority
+    } else {
+        AllocationStrategy::MostAvailable
+    };
     ReserveRequest {
         idempotency_key: key.to_owned(),
         order_id: order_id.to_owned(),
         lines: proto_lines(lines),
         ttl: Some(proto_duration(ttl_ms)),
+        strategy: strategy.into(),
+        allow_split: (n / 2).is_multiple_of(2),
     }
 }
 
@@ -473,6 +502,7 @@ impl Caller<'_> {
             delta,
             idempotency_key: key.to_owned(),
             reason: "chaos restock".into(),
+            location_id: location_of(key).to_owned(),
             ..Default::default()
         });
         Outcome::of(self.send(0, self.attempts, op, request).await.code)
@@ -670,6 +700,7 @@ async fn stocker(
         let mut grpc = endpoints.client(tick);
         let mut request = tonic::Request::new(GetStockRequest {
             skus: config.skus.clone(),
+            ..Default::default()
         });
         request.set_timeout(config.call_timeout);
         let levels = match tokio::time::timeout(config.call_timeout, grpc.get_stock(request)).await
@@ -741,18 +772,26 @@ pub fn seen(event: Event) -> SeenEvent {
         lines: Vec::new(),
         units: Vec::new(),
         levels: Vec::new(),
+        steps: Vec::new(),
     };
     match event.subject {
         Some(event::Subject::ReservationId(id)) => seen.reservation_id = Some(id),
         Some(event::Subject::Sku(sku)) => seen.sku = Some(sku),
         None => {}
     }
+    let mut located = Vec::new();
     let levels = match event.payload {
         Some(event::Payload::StockAdjusted(adjusted)) => {
             seen.delta = Some(adjusted.delta);
+            located.extend(adjusted.location_level);
             adjusted.level.into_iter().collect()
         }
+        Some(event::Payload::StockTransferred(transferred)) => {
+            located = transferred.location_levels;
+            transferred.level.into_iter().collect()
+        }
         Some(event::Payload::ReservationChanged(changed)) => {
+            located = changed.location_levels;
             seen.state = state_name(changed.state);
             seen.units = changed
                 .lines
@@ -777,6 +816,13 @@ pub fn seen(event: Event) -> SeenEvent {
         .into_iter()
         .map(|l| (l.sku, l.on_hand, l.reserved, l.version))
         .collect();
+    // Each location the change moved is one movement: one version of its SKU.
+    for level in located {
+        match seen.steps.iter_mut().find(|(sku, _)| *sku == level.sku) {
+            Some((_, steps)) => *steps += 1,
+            None => seen.steps.push((level.sku, 1)),
+        }
+    }
     seen
 }
 

@@ -9,10 +9,12 @@ use std::{
 use inventory_proto::{
     AdjustStockRequest, BatchSetStockRequest, BatchSetStockResponse, CancelOrderRequest,
     CancelOrderResponse, ConfirmReservationRequest, Event, ExtendReservationRequest,
-    GetReservationRequest, GetStockRequest, GetStockResponse, ListReservationsRequest,
-    ListReservationsResponse, ListStockMovementsRequest, ListStockMovementsResponse,
-    ReleaseReservationRequest, Reservation, ReserveRequest, SetStockRequest, StockLevel,
-    WatchEventsRequest, inventory_service_client::InventoryServiceClient,
+    GetReservationRequest, GetStockRequest, GetStockResponse, ListLocationsRequest,
+    ListLocationsResponse, ListReservationsRequest, ListReservationsResponse,
+    ListStockMovementsRequest, ListStockMovementsResponse, Location, ReleaseReservationRequest,
+    Reservation, ReserveRequest, SetStockRequest, StockLevel, TransferStockRequest,
+    TransferStockResponse, UpsertLocationRequest, WatchEventsRequest,
+    inventory_service_client::InventoryServiceClient,
 };
 use opentelemetry::trace::TraceContextExt as _;
 use tonic::{
@@ -257,6 +259,36 @@ impl InventoryClient {
         let key = ensure_key(&mut request.idempotency_key);
         self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
             grpc.batch_set_stock(r).await
+        })
+        .await
+    }
+
+    /// Moves available units between two locations. A key is generated when none is given.
+    pub async fn transfer_stock(
+        &self,
+        mut request: TransferStockRequest,
+    ) -> Result<TransferStockResponse, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.transfer_stock(r).await
+        })
+        .await
+    }
+
+    /// Creates a location or sets its priority and whether it is active; repeating it
+    /// changes nothing more, so it needs no key.
+    pub async fn upsert_location(&self, request: UpsertLocationRequest) -> Result<Location, Error> {
+        self.call(Kind::Write, None, request, |mut grpc, r| async move {
+            grpc.upsert_location(r).await
+        })
+        .await
+    }
+
+    /// Every location, in allocation order.
+    pub async fn list_locations(&self) -> Result<ListLocationsResponse, Error> {
+        let request = ListLocationsRequest {};
+        self.call(Kind::Read, None, request, |mut grpc, r| async move {
+            grpc.list_locations(r).await
         })
         .await
     }

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sha2::{Digest, Sha256};
 
 use crate::domain::{
-    Caller, IdempotencyKey, Line, OrderId, Reason, Reservation, ReservationId, ReservationState,
-    Scope, Sku, StockDelta, Ttl,
+    AllocationPolicy, AllocationStrategy, Caller, IdempotencyKey, Line, LocationId, OrderId,
+    Reason, Reservation, ReservationId, ReservationState, Scope, Sku, StockDelta, Ttl,
 };
 
 /// SHA-256 over a canonical encoding of a command (operation name and every field that
@@ -59,6 +59,18 @@ pub struct AdjustStock {
     pub reason: Reason,
     /// Only while the SKU is at this version (0: it does not exist yet).
     pub expected_version: Option<i64>,
+    /// Where the units change (`default` unless the request names one).
+    pub location: LocationId,
+}
+
+/// A location other than `default` joins a fingerprint; `default` leaves it as it was before
+/// locations existed, so keys stored by an earlier version of the service still replay.
+fn location_field(builder: &mut FingerprintBuilder, location: &LocationId) {
+    if location.as_str() != LocationId::DEFAULT {
+        builder
+            .field(b"location")
+            .field(location.as_str().as_bytes());
+    }
 }
 
 impl AdjustStock {
@@ -73,6 +85,7 @@ impl AdjustStock {
         if let Some(version) = self.expected_version {
             builder.field(&version.to_be_bytes());
         }
+        location_field(&mut builder, &self.location);
         builder.finish()
     }
 }
@@ -89,6 +102,8 @@ pub struct SetStock {
     pub expected_version: Option<i64>,
     pub idempotency_key: IdempotencyKey,
     pub reason: Reason,
+    /// The location counted (`default` unless the request names one).
+    pub location: LocationId,
 }
 
 impl SetStock {
@@ -99,8 +114,44 @@ impl SetStock {
             .field(&self.on_hand.to_be_bytes())
             .field(self.reason.as_str().as_bytes())
             .field(&self.expected_version.map_or(-1, |v| v).to_be_bytes());
+        location_field(&mut builder, &self.location);
         builder.finish()
     }
+}
+
+/// Move available units of a SKU between two distinct locations.
+#[derive(Clone, Debug)]
+pub struct TransferStock {
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
+    pub sku: Sku,
+    pub from: LocationId,
+    pub to: LocationId,
+    /// 1 to [`MAX_DELTA`](crate::domain::MAX_DELTA).
+    pub quantity: i64,
+    pub idempotency_key: IdempotencyKey,
+    pub reason: Reason,
+}
+
+impl TransferStock {
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new("TransferStock");
+        builder
+            .field(self.sku.as_str().as_bytes())
+            .field(self.from.as_str().as_bytes())
+            .field(self.to.as_str().as_bytes())
+            .field(&self.quantity.to_be_bytes())
+            .field(self.reason.as_str().as_bytes());
+        builder.finish()
+    }
+}
+
+/// A transfer's outcome: the SKU's total and both locations' levels (from, then to).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transferred {
+    pub total: crate::domain::StockLevel,
+    pub from: crate::domain::StockLevel,
+    pub to: crate::domain::StockLevel,
 }
 
 /// Most counts one `BatchSetStock` may carry.
@@ -194,6 +245,16 @@ pub mod movement_token {
 #[derive(Clone, Debug)]
 pub struct GetStock {
     skus: Vec<Sku>,
+    /// Also read each SKU's level per location.
+    pub by_location: bool,
+}
+
+/// What a `GetStock` answers: the totals in request order and, when asked, the levels per
+/// location (by SKU in request order, then location id).
+#[derive(Clone, Debug, Default)]
+pub struct StockLevels {
+    pub totals: Vec<crate::domain::StockLevel>,
+    pub by_location: Vec<crate::domain::StockLevel>,
 }
 
 impl GetStock {
@@ -202,7 +263,10 @@ impl GetStock {
     /// reports each offending field, so here it is only asserted.
     pub fn new(skus: Vec<Sku>) -> Self {
         debug_assert!(!skus.is_empty() && skus.len() <= crate::domain::MAX_SKUS_PER_READ);
-        Self { skus }
+        Self {
+            skus,
+            by_location: false,
+        }
     }
 
     pub fn skus(&self) -> &[Sku] {
@@ -220,6 +284,8 @@ pub struct Reserve {
     lines: Vec<Line>,
     /// `None`: the service's default hold.
     pub ttl: Option<Ttl>,
+    /// How lines that do not pin a location are placed.
+    pub allocation: AllocationPolicy,
 }
 
 impl Reserve {
@@ -239,7 +305,14 @@ impl Reserve {
             order_id,
             lines,
             ttl,
+            allocation: AllocationPolicy::default(),
         }
+    }
+
+    /// The same request, placed by `policy`.
+    pub fn with_allocation(mut self, policy: AllocationPolicy) -> Self {
+        self.allocation = policy;
+        self
     }
 
     /// The lines in request order.
@@ -255,8 +328,9 @@ impl Reserve {
         lines
     }
 
-    /// Covers the order, the lines as a set (their order does not change the request) and the
-    /// requested hold.
+    /// Covers the order, the lines as a set (their order does not change the request), the
+    /// requested hold and how lines are placed. A request with no pinned line and the
+    /// default placement has the fingerprint it had before locations existed.
     pub fn fingerprint(&self) -> Fingerprint {
         let mut builder = FingerprintBuilder::new("Reserve");
         builder.field(self.order_id.as_str().as_bytes());
@@ -264,9 +338,21 @@ impl Reserve {
             builder
                 .field(line.sku.as_str().as_bytes())
                 .field(&line.quantity.get().to_be_bytes());
+            if let Some(location) = &line.location {
+                builder.field(b"pin").field(location.as_str().as_bytes());
+            }
         }
         let ttl_nanos = self.ttl.map_or(0, |ttl| ttl.get().as_nanos());
         builder.field(&ttl_nanos.to_be_bytes());
+        if self.allocation != AllocationPolicy::default() {
+            let strategy: &[u8] = match self.allocation.strategy {
+                AllocationStrategy::Priority => b"priority",
+                AllocationStrategy::MostAvailable => b"most-available",
+            };
+            builder
+                .field(strategy)
+                .field(&[u8::from(self.allocation.allow_split)]);
+        }
         builder.finish()
     }
 }
@@ -321,11 +407,14 @@ impl SettleReservation {
         let mut builder = FingerprintBuilder::new(self.operation());
         builder.field(self.target.id.as_uuid().as_bytes());
         let mut lines: Vec<&Line> = self.lines.iter().collect();
-        lines.sort_by(|a, b| a.sku.cmp(&b.sku));
+        lines.sort_by(|a, b| (&a.sku, &a.location).cmp(&(&b.sku, &b.location)));
         for line in lines {
             builder
                 .field(line.sku.as_str().as_bytes())
                 .field(&line.quantity.get().to_be_bytes());
+            if let Some(location) = &line.location {
+                builder.field(b"at").field(location.as_str().as_bytes());
+            }
         }
         builder.finish()
     }

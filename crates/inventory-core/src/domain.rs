@@ -68,6 +68,75 @@ impl fmt::Display for Sku {
     }
 }
 
+/// Longest location id, in bytes.
+pub const MAX_LOCATION_LEN: usize = 32;
+
+/// Where stock is kept: 1 to [`MAX_LOCATION_LEN`] characters of `a-z 0-9 -`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LocationId(String);
+
+impl LocationId {
+    /// The location every deployment has: stock given without a location lives here.
+    pub const DEFAULT: &'static str = "default";
+
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() {
+            return Err("must not be empty".into());
+        }
+        if raw.len() > MAX_LOCATION_LEN {
+            return Err(format!("must be at most {MAX_LOCATION_LEN} characters"));
+        }
+        if !raw
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err("may contain only a-z, 0-9 and '-'".into());
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    /// `default`.
+    pub fn default_location() -> Self {
+        Self(Self::DEFAULT.to_owned())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LocationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A location as configured: allocation tries active ones by `priority` (lowest first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub id: LocationId,
+    pub priority: i32,
+    pub active: bool,
+}
+
+/// The order a Reserve tries locations in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AllocationStrategy {
+    /// By `priority`, lowest first, then id.
+    #[default]
+    Priority,
+    /// By available units, most first, then priority, then id.
+    MostAvailable,
+}
+
+/// How a Reserve's lines are placed: the strategy, and whether one line may be served from
+/// several locations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AllocationPolicy {
+    pub strategy: AllocationStrategy,
+    pub allow_split: bool,
+}
+
 /// 1 to [`MAX_KEY_LEN`] printable ASCII characters, no spaces.
 fn parse_token(raw: &str) -> Result<String, String> {
     if raw.is_empty() {
@@ -301,11 +370,77 @@ impl fmt::Display for ReservationState {
     }
 }
 
-/// One SKU and the units held of it.
+/// One SKU and the units held of it; in a Reserve, optionally pinned to one location, and in
+/// a partial confirm or release, optionally taken from one location's allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Line {
     pub sku: Sku,
     pub quantity: Quantity,
+    pub location: Option<LocationId>,
+}
+
+impl Line {
+    /// A line without a location.
+    pub fn new(sku: Sku, quantity: Quantity) -> Self {
+        Self {
+            sku,
+            quantity,
+            location: None,
+        }
+    }
+}
+
+/// The units of a reservation line that come from one location, and where they are now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub location: LocationId,
+    pub quantity: i64,
+    pub held: i64,
+    pub confirmed: i64,
+    pub released: i64,
+}
+
+impl Allocation {
+    /// Units just held here.
+    pub fn new_hold(location: LocationId, quantity: i64) -> Self {
+        Self {
+            location,
+            quantity,
+            held: quantity,
+            confirmed: 0,
+            released: 0,
+        }
+    }
+
+    /// Units ever confirmed or released here.
+    pub fn touched(&self) -> bool {
+        self.confirmed > 0 || self.released > 0
+    }
+
+    /// An allocation as stored: see [`ReservationLine::from_allocations`].
+    pub fn stored(
+        location: LocationId,
+        quantity: i64,
+        confirmed: i64,
+        released: i64,
+        stored_state: ReservationState,
+        live: bool,
+    ) -> Self {
+        let rest = quantity - confirmed - released;
+        let mut allocation = Self {
+            location,
+            quantity,
+            held: 0,
+            confirmed,
+            released,
+        };
+        match stored_state {
+            ReservationState::Held if live => allocation.held = rest,
+            ReservationState::Confirmed => allocation.confirmed += rest,
+            _ => allocation.released += rest,
+        }
+        allocation
+    }
 }
 
 /// One line of a reservation: the units first reserved and where they are now.
@@ -318,61 +453,68 @@ pub struct ReservationLine {
     pub held: i64,
     pub confirmed: i64,
     pub released: i64,
+    /// Where the units come from, by location id; the counts above are their sums.
+    pub allocations: Vec<Allocation>,
 }
 
 impl ReservationLine {
-    /// A line just held in full.
-    pub fn new_hold(line: &Line) -> Self {
+    /// A line just held in full, from these locations.
+    pub fn new_hold(line: &Line, mut allocations: Vec<Allocation>) -> Self {
+        allocations.sort_by(|a, b| a.location.cmp(&b.location));
         Self {
             sku: line.sku.clone(),
             quantity: line.quantity,
             held: line.quantity.get(),
             confirmed: 0,
             released: 0,
+            allocations,
         }
     }
 
-    /// A line as stored. Storage keeps `confirmed` and `released` exactly while units are
-    /// held and once a reservation was settled in parts; the rest of the units (`quantity`
-    /// minus both) went where the reservation's stored state says: still held in a live
-    /// hold, released in an overdue one (expiry takes it), confirmed in a `CONFIRMED` one,
-    /// released in a `RELEASED` or `EXPIRED` one. Reservations settled in one step, and
-    /// every one stored before lines kept counts, are read by that rule alone.
-    pub fn stored(
-        sku: Sku,
-        quantity: Quantity,
-        confirmed: i64,
-        released: i64,
-        stored_state: ReservationState,
-        live: bool,
-    ) -> Self {
-        let rest = quantity.get() - confirmed - released;
+    /// A line from its stored allocations (by location id). Storage keeps `confirmed` and
+    /// `released` exactly while units are held and once a reservation was settled in parts;
+    /// the rest of the units (`quantity` minus both) went where the reservation's stored
+    /// state says: still held in a live hold, released in an overdue one (expiry takes it),
+    /// confirmed in a `CONFIRMED` one, released in a `RELEASED` or `EXPIRED` one.
+    /// Reservations settled in one step, and every one stored before lines kept counts, are
+    /// read by that rule alone (see [`Allocation::stored`]).
+    pub fn from_allocations(sku: Sku, allocations: Vec<Allocation>) -> Result<Self, String> {
+        let quantity = Quantity::parse(allocations.iter().map(|a| a.quantity).sum())?;
         let mut line = Self {
             sku,
             quantity,
             held: 0,
-            confirmed,
-            released,
+            confirmed: 0,
+            released: 0,
+            allocations,
         };
-        match stored_state {
-            ReservationState::Held if live => line.held = rest,
-            ReservationState::Confirmed => line.confirmed += rest,
-            _ => line.released += rest,
+        line.recount();
+        Ok(line)
+    }
+
+    /// Sets the line's counts to the sums of its allocations'.
+    pub fn recount(&mut self) {
+        self.held = self.allocations.iter().map(|a| a.held).sum();
+        self.confirmed = self.allocations.iter().map(|a| a.confirmed).sum();
+        self.released = self.allocations.iter().map(|a| a.released).sum();
+    }
+
+    /// The one location all the line's units come from, if they come from one.
+    pub fn single_location(&self) -> Option<&LocationId> {
+        match self.allocations.as_slice() {
+            [only] => Some(&only.location),
+            _ => None,
         }
-        line
     }
 
     /// The line before any of its units moved, for a request that names lines.
     pub fn as_line(&self) -> Line {
-        Line {
-            sku: self.sku.clone(),
-            quantity: self.quantity,
-        }
+        Line::new(self.sku.clone(), self.quantity)
     }
 
     /// Units ever confirmed or released: the line was settled, at least in part.
     pub fn touched(&self) -> bool {
-        self.confirmed > 0 || self.released > 0
+        self.allocations.iter().any(Allocation::touched)
     }
 }
 
@@ -409,17 +551,31 @@ impl fmt::Display for FenceToken {
     }
 }
 
-/// The stock of one SKU as stored. `available` is derived, never stored.
+/// The stock of one SKU as stored: its total over every location (`location: None`), or its
+/// units at one location. `available` is derived, never stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StockLevel {
     pub sku: Sku,
     pub on_hand: i64,
     pub reserved: i64,
     /// Grows with every change to this SKU: of two levels, the higher version is the newer.
+    /// A location's level carries the SKU's version of the last change there.
     pub version: i64,
+    pub location: Option<LocationId>,
 }
 
 impl StockLevel {
+    /// A SKU's total.
+    pub fn total(sku: Sku, on_hand: i64, reserved: i64, version: i64) -> Self {
+        Self {
+            sku,
+            on_hand,
+            reserved,
+            version,
+            location: None,
+        }
+    }
+
     pub fn available(&self) -> i64 {
         self.on_hand - self.reserved
     }
@@ -436,6 +592,8 @@ pub enum MovementKind {
     Confirmed,
     Released,
     Expired,
+    /// Units moved to or from another location.
+    Transferred,
 }
 
 impl MovementKind {
@@ -448,6 +606,7 @@ impl MovementKind {
             Self::Confirmed => "CONFIRMED",
             Self::Released => "RELEASED",
             Self::Expired => "EXPIRED",
+            Self::Transferred => "TRANSFERRED",
         }
     }
 
@@ -460,6 +619,7 @@ impl MovementKind {
             Self::Confirmed,
             Self::Released,
             Self::Expired,
+            Self::Transferred,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == raw)
@@ -471,7 +631,8 @@ impl MovementKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Movement {
     pub kind: MovementKind,
-    /// The level right after the change; `level.version` is the version the change produced.
+    /// The level of the location that changed, right after the change; `level.version` is
+    /// the version the change produced.
     pub level: StockLevel,
     pub on_hand_delta: i64,
     pub reserved_delta: i64,

@@ -6,7 +6,7 @@ use std::{fmt, sync::Arc};
 
 use std::time::{Duration, SystemTime};
 
-use crate::domain::{OrderId, ReservationId, ReservationState, Sku};
+use crate::domain::{LocationId, OrderId, ReservationId, ReservationState, Sku};
 
 /// A line that could not be held: what was asked and what was left.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,6 +74,10 @@ pub enum Error {
     /// The named SKUs do not exist.
     #[error("unknown SKU: {}", join(.0))]
     UnknownSkus(Vec<Sku>),
+
+    /// The location does not exist (`UpsertLocation` creates it).
+    #[error("unknown location {0}")]
+    UnknownLocation(LocationId),
 
     /// The reservation does not exist.
     #[error("unknown reservation {0}")]

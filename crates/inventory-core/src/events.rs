@@ -24,7 +24,22 @@ pub enum Change {
         sku: Sku,
         delta: i64,
         reason: String,
+        /// The SKU's total right after.
         level: StockLevel,
+        /// The changed location's level right after; `None` in events stored before
+        /// locations existed.
+        location_level: Option<StockLevel>,
+    },
+    /// Units moved between two locations; the SKU's total did not change.
+    StockTransferred {
+        sku: Sku,
+        quantity: i64,
+        reason: String,
+        /// The SKU's total right after.
+        level: StockLevel,
+        /// Both locations' levels right after: from, then to.
+        from: StockLevel,
+        to: StockLevel,
     },
     /// Units of a reservation moved (`what`); it is in `state` after the change.
     Reservation {
@@ -33,6 +48,8 @@ pub enum Change {
         what: ReservationEvent,
         state: ReservationState,
         lines: Vec<ReservationLine>,
+        /// The moved SKUs' totals (`location: None`) and the moved locations' levels, right
+        /// after the change.
         levels: Vec<StockLevel>,
         /// When a hold expires; `None` for other states and for events stored before it was
         /// recorded.

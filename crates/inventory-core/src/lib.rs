@@ -23,6 +23,7 @@
 //!   `Reserve` calls for a hot SKU.
 //! - [`metrics`] — the queue-depth histogram and the buckets every duration in seconds uses.
 
+pub mod allocation;
 pub mod budget;
 pub mod coalesce;
 pub mod command;

@@ -10,9 +10,9 @@ use crate::{
     command::{
         AdjustStock, BatchSetStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
         ListStockMovements, MovementPage, ReservationPage, ReservationRef, Reserve, SetStock,
-        SettleReservation,
+        SettleReservation, StockLevels, TransferStock, Transferred,
     },
-    domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
+    domain::{FenceToken, Location, Reservation, Sku, StockLevel, Ttl},
     error::Error,
     events::{Event, StreamBounds},
 };
@@ -47,7 +47,22 @@ pub trait StockStore: Send + Sync + 'static {
     fn get_stock(
         &self,
         query: &GetStock,
-    ) -> impl Future<Output = Result<Vec<StockLevel>, Error>> + Send;
+    ) -> impl Future<Output = Result<StockLevels, Error>> + Send;
+
+    /// Moves available units between two locations of a SKU, under its row lock.
+    fn transfer_stock(
+        &self,
+        command: &TransferStock,
+    ) -> impl Future<Output = Result<Transferred, Error>> + Send;
+
+    /// Creates or changes a location.
+    fn upsert_location(
+        &self,
+        location: &Location,
+    ) -> impl Future<Output = Result<Location, Error>> + Send;
+
+    /// Every location, by priority, then id.
+    fn list_locations(&self) -> impl Future<Output = Result<Vec<Location>, Error>> + Send;
 
     /// One page of a SKU's movements, in version order ([`Error::UnknownSkus`] for a SKU that
     /// never existed).

@@ -8,10 +8,11 @@
 use std::time::{Duration, SystemTime};
 
 use crate::{
+    allocation::{Placement, SkuStock, Unplaced},
     command::{AdjustStock, Reserve, SetStock, Settle},
     domain::{
-        FenceToken, Line, MAX_ON_HAND, Reservation, ReservationId, ReservationLine,
-        ReservationState, Sku, StockLevel, Ttl,
+        Allocation, FenceToken, Line, Location, LocationId, MAX_ON_HAND, Reservation,
+        ReservationId, ReservationLine, ReservationState, Sku, StockLevel, Ttl,
     },
     error::{Error, NotHeld, Shortfall},
     events::ReservationEvent,
@@ -41,6 +42,7 @@ pub fn adjust_stock(
             on_hand,
             reserved: 0,
             version: 1,
+            location: None,
         });
     };
     if delta > 0 {
@@ -98,6 +100,7 @@ pub fn set_stock(current: Option<&StockLevel>, command: &SetStock) -> Result<Sto
             on_hand: command.on_hand,
             reserved: 0,
             version: 1,
+            location: None,
         });
     };
     if command.on_hand < current.reserved {
@@ -111,6 +114,133 @@ pub fn set_stock(current: Option<&StockLevel>, command: &SetStock) -> Result<Sto
         on_hand: command.on_hand,
         version: current.version + 1,
         ..current.clone()
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stock at one location
+
+/// The SKU's level at `location` before a change: its row there, or nothing yet.
+fn at_or_empty(total: &StockLevel, at: Option<&StockLevel>, location: &LocationId) -> StockLevel {
+    at.cloned().unwrap_or_else(|| StockLevel {
+        on_hand: 0,
+        reserved: 0,
+        location: Some(location.clone()),
+        ..total.clone()
+    })
+}
+
+/// An adjustment at one location of an existing SKU (its locked total, and its locked row
+/// there, if any): the total's rules, and the location may not lose units its holds need.
+/// Answers the total and the location's level after.
+pub fn adjust_at(
+    total: &StockLevel,
+    at: Option<&StockLevel>,
+    command: &AdjustStock,
+) -> Result<(StockLevel, StockLevel), Error> {
+    let total_after = adjust_stock(Some(total), command)?;
+    let before = at_or_empty(total, at, &command.location);
+    let delta = command.delta.get();
+    if before.on_hand + delta < before.reserved {
+        return Err(Error::BelowReserved {
+            sku: command.sku.clone(),
+            requested: -delta,
+            on_hand: before.on_hand,
+            reserved: before.reserved,
+        });
+    }
+    let version = total_after.version;
+    Ok((
+        total_after,
+        StockLevel {
+            on_hand: before.on_hand + delta,
+            version,
+            ..before
+        },
+    ))
+}
+
+/// An absolute count at one location of an existing SKU: it may not fall below what holds
+/// there need, nor take the total past the limit. `None`: the count is what is stored, and
+/// nothing changes. Otherwise the total, the location's level after, and the change.
+pub fn set_at(
+    total: &StockLevel,
+    at: Option<&StockLevel>,
+    command: &SetStock,
+) -> Result<Option<(StockLevel, StockLevel, i64)>, Error> {
+    at_expected_version(&command.sku, Some(total), command.expected_version)?;
+    let before = at_or_empty(total, at, &command.location);
+    if command.on_hand < before.reserved {
+        return Err(Error::CountBelowReserved {
+            sku: command.sku.clone(),
+            requested: command.on_hand,
+            reserved: before.reserved,
+        });
+    }
+    let delta = command.on_hand - before.on_hand;
+    if delta == 0 {
+        return Ok(None);
+    }
+    let on_hand = if delta > 0 {
+        within_limit(&command.sku, total.on_hand, delta)?
+    } else {
+        total.on_hand + delta
+    };
+    let version = total.version + 1;
+    Ok(Some((
+        StockLevel {
+            on_hand,
+            version,
+            ..total.clone()
+        },
+        StockLevel {
+            on_hand: command.on_hand,
+            version,
+            ..before
+        },
+        delta,
+    )))
+}
+
+/// A transfer of available units between two locations of a SKU (its locked total and rows):
+/// only what is available at `from` may leave. Answers the total and both levels after.
+pub fn transfer(
+    total: &StockLevel,
+    from: Option<&StockLevel>,
+    to: Option<&StockLevel>,
+    command: &crate::command::TransferStock,
+) -> Result<crate::command::Transferred, Error> {
+    let from = at_or_empty(total, from, &command.from);
+    let to = at_or_empty(total, to, &command.to);
+    if from.available() < command.quantity {
+        return Err(Error::InsufficientStock(vec![Shortfall {
+            sku: command.sku.clone(),
+            requested: command.quantity,
+            available: from.available(),
+        }]));
+    }
+    let to_on_hand = within_limit(&command.sku, to.on_hand, command.quantity)?;
+    // One movement per side, in location order.
+    let (first, second) = if command.from < command.to {
+        (total.version + 1, total.version + 2)
+    } else {
+        (total.version + 2, total.version + 1)
+    };
+    Ok(crate::command::Transferred {
+        total: StockLevel {
+            version: total.version + 2,
+            ..total.clone()
+        },
+        from: StockLevel {
+            on_hand: from.on_hand - command.quantity,
+            version: first,
+            ..from
+        },
+        to: StockLevel {
+            on_hand: to_on_hand,
+            version: second,
+            ..to
+        },
     })
 }
 
@@ -128,36 +258,11 @@ fn within_limit(sku: &Sku, on_hand: i64, added: i64) -> Result<i64, Error> {
 // ---------------------------------------------------------------------------------------------
 // Reserve, one request
 
-/// What one line found when its fenced, conditional hold did not apply.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LineRefusal {
-    UnknownSku(Sku),
-    /// The stored fence is not below the holder's token: the holder must not write.
-    Fenced(Sku, FenceToken),
-    Short(Shortfall),
-}
-
-/// Why a line's hold did not apply, from the row read back (`None`: no such SKU).
-pub fn line_refusal(
-    line: &Line,
-    fence: FenceToken,
-    found: Option<(&StockLevel, FenceToken)>,
-) -> LineRefusal {
-    match found {
-        None => LineRefusal::UnknownSku(line.sku.clone()),
-        Some((_, stored)) if stored >= fence => LineRefusal::Fenced(line.sku.clone(), stored),
-        Some((level, _)) => LineRefusal::Short(Shortfall {
-            sku: line.sku.clone(),
-            requested: line.quantity.get(),
-            available: level.available(),
-        }),
-    }
-}
-
 /// What the lines of one reservation came to, all or none.
 #[derive(Clone, Debug)]
 pub enum LinesVerdict {
-    Held,
+    /// Every line placed: per line (in the order given), where its units went.
+    Held(Vec<Vec<Placement>>),
     /// A final refusal, stored with the idempotency key.
     Refused(Error),
     /// Stale fences outrank every other outcome: nothing is written and nothing stored, and a
@@ -165,37 +270,71 @@ pub enum LinesVerdict {
     Fenced(Vec<(Sku, FenceToken)>),
 }
 
-/// Judges a reservation from the refusals of its lines: every fenced line is named first,
-/// then every unknown SKU, then every shortfall.
-pub fn judge_lines(refusals: Vec<LineRefusal>) -> LinesVerdict {
-    let (mut unknown, mut fenced, mut short) = (Vec::new(), Vec::new(), Vec::new());
-    for refusal in refusals {
-        match refusal {
-            LineRefusal::UnknownSku(sku) => unknown.push(sku),
-            LineRefusal::Fenced(sku, stored) => fenced.push((sku, stored)),
-            LineRefusal::Short(shortfall) => short.push(shortfall),
+/// Places every line of one reservation (in SKU order, each with its lease's token) on the
+/// stock its transaction locked (`None`: no such SKU), all or none. Every fenced line is
+/// named first, then every unknown SKU, then every unknown location, then every shortfall.
+/// `stock` is changed only when every line is held.
+pub fn place_lines(
+    lines: &[(&Line, FenceToken)],
+    stock: &mut std::collections::HashMap<Sku, SkuStock>,
+    policy: crate::domain::AllocationPolicy,
+    locations: &[Location],
+) -> LinesVerdict {
+    let mut trial = stock.clone();
+    let (mut unknown, mut nowhere, mut fenced, mut short) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut placed = Vec::with_capacity(lines.len());
+    for (line, fence) in lines {
+        let Some(sku) = trial.get_mut(&line.sku) else {
+            unknown.push(line.sku.clone());
+            continue;
+        };
+        if sku.fence >= *fence {
+            fenced.push((line.sku.clone(), sku.fence));
+            continue;
+        }
+        match sku.place(line, policy, locations) {
+            Ok(placements) => placed.push(placements),
+            Err(Unplaced::UnknownLocation(location)) => nowhere.push(location),
+            Err(Unplaced::Short(shortfall)) => short.push(shortfall),
         }
     }
     if !fenced.is_empty() {
         LinesVerdict::Fenced(fenced)
     } else if !unknown.is_empty() {
         LinesVerdict::Refused(Error::UnknownSkus(unknown))
+    } else if let Some(location) = nowhere.into_iter().next() {
+        LinesVerdict::Refused(Error::UnknownLocation(location))
     } else if !short.is_empty() {
         LinesVerdict::Refused(Error::InsufficientStock(short))
     } else {
-        LinesVerdict::Held
+        *stock = trial;
+        LinesVerdict::Held(placed)
     }
+}
+
+/// A line's allocations from where its units were placed.
+pub fn allocations(placements: &[Placement]) -> Vec<Allocation> {
+    placements
+        .iter()
+        .map(|p| Allocation::new_hold(p.location.clone(), p.units))
+        .collect()
 }
 
 /// A new hold made at `now` for `ttl`. Times are kept to the microsecond, as storage keeps
 /// them, so what is answered is exactly what a later read returns.
-pub fn new_hold(command: &Reserve, lines: Vec<Line>, now: SystemTime, ttl: Ttl) -> Reservation {
+pub fn new_hold(
+    command: &Reserve,
+    lines: Vec<ReservationLine>,
+    now: SystemTime,
+    ttl: Ttl,
+) -> Reservation {
     let ttl = to_micros(ttl.get());
     Reservation {
         id: ReservationId::new_random(),
         order_id: command.order_id.clone(),
         state: ReservationState::Held,
-        lines: lines.iter().map(ReservationLine::new_hold).collect(),
+        lines,
         created_at: now,
         expires_at: now + ttl,
     }
@@ -203,14 +342,6 @@ pub fn new_hold(command: &Reserve, lines: Vec<Line>, now: SystemTime, ttl: Ttl) 
 
 // ---------------------------------------------------------------------------------------------
 // Reserve, a coalesced group
-
-/// One SKU's stock row as the group's transaction locked it, with the transaction's clock.
-#[derive(Clone, Debug)]
-pub struct LockedStock {
-    pub level: StockLevel,
-    pub fence: FenceToken,
-    pub now: SystemTime,
-}
 
 /// What a request's idempotency key held when its transaction looked.
 #[derive(Debug)]
@@ -232,8 +363,9 @@ pub struct Decided {
     pub answer: Result<Reservation, Error>,
     /// This transaction executed the request, so stores its outcome with the key.
     pub executed: bool,
-    /// For a new hold: the SKU's level right after it, which its event carries.
-    pub level_after: Option<StockLevel>,
+    /// For a new hold: where its units went, with the levels right after each placement
+    /// (the last one's total is the SKU's level its event carries).
+    pub placements: Vec<Placement>,
 }
 
 /// What a coalesced group came to.
@@ -252,7 +384,8 @@ pub enum GroupVerdict {
 /// replay what they got).
 pub fn decide_group(
     group: &ReserveGroup,
-    stock: Option<&LockedStock>,
+    stock: Option<&SkuStock>,
+    locations: &[Location],
     mut earlier: impl FnMut(&Reserve) -> Result<Earlier, Error>,
     cancelled: impl Fn(&Reserve) -> bool,
 ) -> Result<GroupVerdict, Error> {
@@ -261,13 +394,13 @@ pub fn decide_group(
     {
         return Ok(GroupVerdict::Fenced(stock.fence));
     }
-    let mut level = stock.map(|s| s.level.clone());
+    let mut stock = stock.cloned();
     let mut decided = Vec::with_capacity(group.batch.len());
     for (command, ttl) in &group.batch {
         let answer = |answer, executed| Decided {
             answer,
             executed,
-            level_after: None,
+            placements: Vec::new(),
         };
         match earlier(command)? {
             Earlier::Replay(outcome) => {
@@ -299,29 +432,29 @@ pub fn decide_group(
         }
         let line = &command.lines()[0];
         debug_assert_eq!(line.sku, group.sku, "a group holds one SKU");
-        let (Some(level), Some(stock)) = (level.as_mut(), stock) else {
+        let Some(stock) = stock.as_mut() else {
             decided.push(answer(
                 Err(Error::UnknownSkus(vec![group.sku.clone()])),
                 true,
             ));
             continue;
         };
-        let units = line.quantity.get();
-        if units > level.available() {
-            let shortfall = Shortfall {
-                sku: group.sku.clone(),
-                requested: units,
-                available: level.available(),
-            };
-            decided.push(answer(Err(Error::InsufficientStock(vec![shortfall])), true));
-            continue;
-        }
-        level.reserved += units;
-        level.version += 1;
+        let placements = match stock.place(line, command.allocation, locations) {
+            Ok(placements) => placements,
+            Err(Unplaced::UnknownLocation(location)) => {
+                decided.push(answer(Err(Error::UnknownLocation(location)), true));
+                continue;
+            }
+            Err(Unplaced::Short(shortfall)) => {
+                decided.push(answer(Err(Error::InsufficientStock(vec![shortfall])), true));
+                continue;
+            }
+        };
+        let held = ReservationLine::new_hold(line, allocations(&placements));
         decided.push(Decided {
-            answer: Ok(new_hold(command, vec![line.clone()], stock.now, *ttl)),
+            answer: Ok(new_hold(command, vec![held], stock.now, *ttl)),
             executed: true,
-            level_after: Some(level.clone()),
+            placements,
         });
     }
     Ok(GroupVerdict::Decided(decided))
@@ -381,12 +514,20 @@ pub fn extend(
 // ---------------------------------------------------------------------------------------------
 // Confirm, release, expire: moving held units
 
+/// Held units leaving one allocation of a reservation line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Move {
+    pub sku: Sku,
+    pub location: LocationId,
+    pub units: i64,
+}
+
 /// What a change does to a locked hold: the units it moves and the reservation after it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnitMove {
-    /// `(sku, units)` for every line some units leave, in SKU order (the order stock rows are
-    /// locked in).
-    pub moves: Vec<(Sku, i64)>,
+    /// One per allocation some units leave, in (SKU, location) order: the order stock rows
+    /// are locked in.
+    pub moves: Vec<Move>,
     /// The reservation after the change.
     pub after: Reservation,
     pub event: ReservationEvent,
@@ -427,25 +568,23 @@ impl Settle {
         let mut moves = Vec::new();
         if requested.is_empty() {
             for line in &mut after.lines {
-                if line.held > 0 {
-                    moves.push((line.sku.clone(), line.held));
-                    self.apply(line, line.held);
-                }
+                let held = line.held;
+                self.apply(line, held, None, &mut moves);
             }
         } else {
             let mut refused = Vec::new();
             for (index, wanted) in requested.iter().enumerate() {
                 let units = wanted.quantity.get();
+                let pinned = wanted.location.as_ref();
                 match after.lines.iter_mut().find(|l| l.sku == wanted.sku) {
-                    Some(line) if line.held >= units => {
-                        moves.push((line.sku.clone(), units));
-                        self.apply(line, units);
+                    Some(line) if held_at(line, pinned) >= units => {
+                        self.apply(line, units, pinned, &mut moves);
                     }
                     found => refused.push(NotHeld {
                         index,
                         sku: wanted.sku.clone(),
                         requested: units,
-                        held: found.map(|line| line.held),
+                        held: found.map(|line| held_at(line, pinned)),
                     }),
                 }
             }
@@ -453,7 +592,7 @@ impl Settle {
                 return Err(Error::NotHeld { id, lines: refused });
             }
         }
-        moves.sort_by(|a, b| a.0.cmp(&b.0));
+        let moves = merge_moves(moves);
         let partial = after.lines.iter().any(|line| line.held > 0);
         let event = match (self, partial) {
             (Self::Confirm, false) => ReservationEvent::Confirmed,
@@ -487,12 +626,41 @@ impl Settle {
         }
     }
 
-    fn apply(self, line: &mut ReservationLine, units: i64) {
-        line.held -= units;
-        match self {
-            Self::Confirm => line.confirmed += units,
-            Self::Release => line.released += units,
+    /// Takes `units` held units of `line` (from `pinned`'s allocation, or from its
+    /// allocations in location order), recording one move per allocation touched.
+    fn apply(
+        self,
+        line: &mut ReservationLine,
+        units: i64,
+        pinned: Option<&LocationId>,
+        moves: &mut Vec<Move>,
+    ) {
+        let mut left = units;
+        for allocation in &mut line.allocations {
+            if left == 0 {
+                break;
+            }
+            if pinned.is_some_and(|p| p != &allocation.location) {
+                continue;
+            }
+            let take = allocation.held.min(left);
+            if take == 0 {
+                continue;
+            }
+            allocation.held -= take;
+            match self {
+                Self::Confirm => allocation.confirmed += take,
+                Self::Release => allocation.released += take,
+            }
+            left -= take;
+            moves.push(Move {
+                sku: line.sku.clone(),
+                location: allocation.location.clone(),
+                units: take,
+            });
         }
+        debug_assert_eq!(left, 0, "only held units are taken");
+        line.recount();
     }
 
     /// The hold expired while its lock was waited for: it is the sweeper's now. Releasing
@@ -503,8 +671,11 @@ impl Settle {
         requested: &[Line],
     ) -> Result<Reservation, Error> {
         for line in &mut reservation.lines {
-            line.released += line.held;
-            line.held = 0;
+            for allocation in &mut line.allocations {
+                allocation.released += allocation.held;
+                allocation.held = 0;
+            }
+            line.recount();
         }
         reservation.state = ended_state(&reservation, ReservationState::Expired);
         if self == Self::Release && requested.is_empty() {
@@ -528,13 +699,10 @@ pub fn end_hold(reservation: &Reservation, ended: ReservationState) -> UnitMove 
     let mut after = reservation.clone();
     let mut moves = Vec::new();
     for line in &mut after.lines {
-        if line.held > 0 {
-            moves.push((line.sku.clone(), line.held));
-            line.released += line.held;
-            line.held = 0;
-        }
+        let held = line.held;
+        Settle::Release.apply(line, held, None, &mut moves);
     }
-    moves.sort_by(|a, b| a.0.cmp(&b.0));
+    let moves = merge_moves(moves);
     after.state = ended_state(&after, ended);
     UnitMove {
         moves,
@@ -545,6 +713,34 @@ pub fn end_hold(reservation: &Reservation, ended: ReservationState) -> UnitMove 
             _ => ReservationEvent::Released,
         },
     }
+}
+
+/// What a line still holds at `location` (anywhere, with none).
+fn held_at(line: &ReservationLine, location: Option<&LocationId>) -> i64 {
+    match location {
+        None => line.held,
+        Some(location) => line
+            .allocations
+            .iter()
+            .filter(|a| &a.location == location)
+            .map(|a| a.held)
+            .sum(),
+    }
+}
+
+/// One move per (SKU, location), in that order.
+fn merge_moves(mut moves: Vec<Move>) -> Vec<Move> {
+    moves.sort_by(|a, b| (&a.sku, &a.location).cmp(&(&b.sku, &b.location)));
+    let mut merged: Vec<Move> = Vec::with_capacity(moves.len());
+    for next in moves {
+        match merged.last_mut() {
+            Some(last) if last.sku == next.sku && last.location == next.location => {
+                last.units += next.units
+            }
+            _ => merged.push(next),
+        }
+    }
+    merged
 }
 
 /// Where a reservation that holds nothing any more ends: `CONFIRMED` if any unit was

@@ -15,9 +15,9 @@ use crate::{
     command::{
         AdjustStock, BatchSetStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
         ListStockMovements, MovementList, ReservationList, ReservationRef, Reserve, SetStock,
-        SettleReservation, movement_token, page_token,
+        SettleReservation, StockLevels, TransferStock, Transferred, movement_token, page_token,
     },
-    domain::{FenceToken, Reservation, Sku, StockLevel, Ttl},
+    domain::{FenceToken, Location, Reservation, Sku, StockLevel, Ttl},
     error::Error,
     pause::{PausePoint, PausePoints},
     ports::{
@@ -93,8 +93,22 @@ where
         self.store.adjust_stock(command).await
     }
 
-    pub async fn get_stock(&self, query: &GetStock) -> Result<Vec<StockLevel>, Error> {
+    pub async fn get_stock(&self, query: &GetStock) -> Result<StockLevels, Error> {
         self.store.get_stock(query).await
+    }
+
+    /// Moves available units between locations; no lease, like an adjustment (the SKU's row
+    /// lock orders it with every Reserve).
+    pub async fn transfer_stock(&self, command: &TransferStock) -> Result<Transferred, Error> {
+        self.store.transfer_stock(command).await
+    }
+
+    pub async fn upsert_location(&self, location: &Location) -> Result<Location, Error> {
+        self.store.upsert_location(location).await
+    }
+
+    pub async fn list_locations(&self) -> Result<Vec<Location>, Error> {
+        self.store.list_locations().await
     }
 
     /// An absolute count (see [`StockStore::set_stock`]); no lease, like an adjustment.

@@ -9,11 +9,13 @@
 //! 1. `BEGIN`
 //! 2. claim every idempotency key, read the outcomes stored for keys already used, take the
 //!    orders' locks (shared) and read which were cancelled, lock the stock rows (`FOR UPDATE`,
-//!    in SKU order) — in this order, the same order as the one-request path (keys, orders,
+//!    in SKU order, then their location rows in (SKU, location) order), read the configured
+//!    locations — in this order, the same order as the one-request path (keys, orders,
 //!    then stock), with keys sorted, so two transactions never wait on each other in a cycle;
 //! 3. decide each group in memory (fenced groups have their claims deleted again), then
-//!    write: one conditional update per SKU guarded by its group's fence, the reservations,
-//!    their lines, their outbox events and every executed request's outcome;
+//!    write: one conditional update of the SKU totals and one of the location rows, each
+//!    guarded by its group's fence, the reservations, their lines, their outbox events and
+//!    every executed request's outcome;
 //! 4. `COMMIT`.
 
 use std::collections::{HashMap, HashSet};
@@ -21,8 +23,9 @@ use std::collections::{HashMap, HashSet};
 use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
+    allocation::Placement,
     command::Reserve,
-    domain::{FenceToken, MovementKind, Reservation, StockLevel},
+    domain::{FenceToken, MovementKind, Reservation, Sku, StockLevel},
     pause::PausePoint,
     ports::{Answers, ReserveGroup, WriteOutcome},
     rules::{self, Earlier, GroupVerdict},
@@ -33,9 +36,10 @@ use crate::{
     error::{from_db, from_pool},
     idempotency::{self, Key, Stored},
     ledger::{self, Cause, NewMovement},
-    orders, outbox,
+    locations, orders, outbox,
     outcome::{RESERVE, ReserveOutcome},
-    reservations, stock,
+    reservations,
+    stock::{self, StockMove},
 };
 
 /// A hold decided by the core, to be written.
@@ -43,8 +47,8 @@ struct Hold<'a> {
     command: &'a Reserve,
     reservation: Reservation,
     fence: FenceToken,
-    /// The SKU's level right after this hold.
-    level: StockLevel,
+    /// Where its units went, with the levels right after each placement.
+    placements: Vec<Placement>,
 }
 
 fn key_of(command: &Reserve) -> Key {
@@ -118,12 +122,13 @@ impl PgStore {
             .flat_map(|g| &g.batch)
             .map(|(c, _)| (c.caller.as_str(), c.order_id.as_str()))
             .collect();
-        let (mut claimed, mut stored, cancelled, locked) = tokio::try_join!(
+        let (mut claimed, mut stored, cancelled, locked, configured) = tokio::try_join!(
             biased;
             idempotency::claim_many(&tx, &keys, RESERVE),
             idempotency::read_stored_many(&tx, &keys),
             orders::lock_and_read_cancelled(&tx, &orders),
             stock::lock_many(&tx, &skus),
+            locations::all(&tx),
         )?;
         self.pauses.reach(PausePoint::OrderChecked).await;
         let is_cancelled = |command: &Reserve| {
@@ -142,7 +147,8 @@ impl PgStore {
         for group in groups {
             let verdict = rules::decide_group(
                 group,
-                locked.get(group.sku.as_str()),
+                locked.get(&group.sku),
+                &configured,
                 |command| earlier(command, &mut claimed, &mut stored),
                 is_cancelled,
             )?;
@@ -179,12 +185,14 @@ impl PgStore {
                         value,
                     ));
                 }
-                if let (Ok(reservation), Some(level)) = (&decision.answer, decision.level_after) {
+                if let Ok(reservation) = &decision.answer
+                    && !decision.placements.is_empty()
+                {
                     holds.push(Hold {
                         command,
                         reservation: reservation.clone(),
                         fence: group.fence,
-                        level,
+                        placements: decision.placements,
                     });
                 }
                 answers.push(decision.answer);
@@ -220,17 +228,21 @@ async fn write_decisions(
     records: &[(&str, &str, serde_json::Value)],
     unclaim: &[(&str, &str)],
 ) -> Result<(), Error> {
-    // Per SKU: units, fence and number of holds, for the one UPDATE.
-    let mut per_sku: Vec<(&str, i64, i64, i64)> = Vec::new();
+    let moves: Vec<StockMove<'_>> = holds
+        .iter()
+        .flat_map(|h| &h.placements)
+        .map(|p| StockMove {
+            sku: &p.level.sku,
+            location: &p.location,
+            on_hand: 0,
+            reserved: p.units,
+        })
+        .collect();
+    let mut fences: Vec<(&Sku, FenceToken)> = Vec::new();
     for h in holds {
-        let line = &h.reservation.lines[0];
-        let units = line.quantity.get();
-        match per_sku.iter_mut().find(|(s, ..)| *s == line.sku.as_str()) {
-            Some(entry) => {
-                entry.1 += units;
-                entry.3 += 1;
-            }
-            None => per_sku.push((line.sku.as_str(), units, h.fence.get(), 1)),
+        let sku = &h.reservation.lines[0].sku;
+        if !fences.iter().any(|(s, _)| *s == sku) {
+            fences.push((sku, h.fence));
         }
     }
     let new: Vec<(&Reservation, &str, &str, FenceToken)> = holds
@@ -244,41 +256,60 @@ async fn write_decisions(
             )
         })
         .collect();
-    let events: Vec<(&Reservation, &StockLevel)> =
-        holds.iter().map(|h| (&h.reservation, &h.level)).collect();
-    let movements: Vec<NewMovement<'_>> = holds
+    // Decided on the locked rows: the levels each placement leaves are known already, and
+    // the statements' guards repeat the decision.
+    let events: Vec<(&Reservation, Vec<StockLevel>)> = holds
         .iter()
         .map(|h| {
+            let moved: Vec<stock::Moved> = h
+                .placements
+                .iter()
+                .map(|p| stock::Moved {
+                    level: p.level.clone(),
+                    total: p.total.clone(),
+                })
+                .collect();
+            (&h.reservation, stock::levels_after(&moved))
+        })
+        .collect();
+    let moved: Vec<(stock::Moved, &Hold<'_>, i64)> = holds
+        .iter()
+        .flat_map(|h| {
+            h.placements.iter().map(move |p| {
+                let m = stock::Moved {
+                    level: p.level.clone(),
+                    total: p.total.clone(),
+                };
+                (m, h, p.units)
+            })
+        })
+        .collect();
+    let movements: Vec<NewMovement<'_>> = moved
+        .iter()
+        .map(|(m, h, units)| {
             let cause = Cause::call(
                 h.command.caller.as_str(),
                 "",
                 Some(h.command.idempotency_key.as_str()),
             )
             .of_reservation(h.reservation.id, &h.reservation.order_id);
-            NewMovement::of_units(
-                MovementKind::Held,
-                &h.level,
-                h.reservation.lines[0].quantity.get(),
-            )
-            .because(cause)
+            NewMovement::of_units(MovementKind::Held, m, *units).because(cause)
         })
         .collect();
     // `biased`: sent in this order (reservations before their lines inside `insert_many`;
     // each hold's event before its movement and any availability event).
-    let (updated, ..) = tokio::try_join!(
+    let (applied, ..) = tokio::try_join!(
         biased;
-        stock::hold_many(tx, &per_sku),
-        reservations::insert_many(tx, &new),
-        outbox::append_held_many(tx, &events),
-        ledger::append(tx, &movements),
-        idempotency::record_outcomes_many(tx, records),
-        idempotency::unclaim_many(tx, unclaim),
-    )
-    .map_err(from_db)?;
-    if updated != per_sku.len() as u64 {
-        return Err(Error::internal(
-            "the locked stock rows no longer matched their guards",
-        ));
-    }
+        stock::apply(tx, &moves, &fences, true),
+        async { reservations::insert_many(tx, &new).await.map_err(from_db) },
+        async { outbox::append_held_many(tx, &events).await.map_err(from_db) },
+        async { ledger::append(tx, &movements).await.map_err(from_db) },
+        async { idempotency::record_outcomes_many(tx, records).await.map_err(from_db) },
+        async { idempotency::unclaim_many(tx, unclaim).await.map_err(from_db) },
+    )?;
+    debug_assert!(
+        applied.iter().zip(&moved).all(|(a, (m, ..))| a == m),
+        "the stored levels are the decided ones"
+    );
     Ok(())
 }

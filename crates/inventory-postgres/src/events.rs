@@ -15,7 +15,8 @@ use std::{sync::Arc, time::SystemTime};
 use inventory_core::{
     Error,
     domain::{
-        OrderId, Quantity, ReservationId, ReservationLine, ReservationState, Sku, StockLevel,
+        Allocation, LocationId, OrderId, Quantity, ReservationId, ReservationLine,
+        ReservationState, Sku, StockLevel,
     },
     events::{Change, Event, ReservationEvent, StreamBounds},
     ports::EventStore,
@@ -157,6 +158,18 @@ struct StockPayload {
     /// Absent in events written before stock versions existed: 0, "unknown".
     #[serde(default)]
     version: i64,
+    /// The changed location's level; absent before locations existed.
+    #[serde(default)]
+    location: Option<LevelPayload>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TransferPayload {
+    quantity: i64,
+    reason: String,
+    level: LevelPayload,
+    from: LevelPayload,
+    to: LevelPayload,
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,6 +195,18 @@ struct LinePayload {
     confirmed: Option<i64>,
     #[serde(default)]
     released: Option<i64>,
+    /// Absent before locations existed: then every unit is at `default`.
+    #[serde(default)]
+    allocations: Option<Vec<AllocationPayload>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct AllocationPayload {
+    location_id: String,
+    quantity: i64,
+    held: i64,
+    confirmed: i64,
+    released: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -199,6 +224,25 @@ struct LevelPayload {
     /// Absent in events written before stock versions existed: 0, "unknown".
     #[serde(default)]
     version: i64,
+    /// A location's level; absent in a SKU's total.
+    #[serde(default)]
+    location_id: Option<String>,
+}
+
+impl LevelPayload {
+    fn level(self) -> Result<StockLevel, String> {
+        Ok(StockLevel {
+            sku: Sku::parse(&self.sku)?,
+            on_hand: self.on_hand,
+            reserved: self.reserved,
+            version: self.version,
+            location: self
+                .location_id
+                .as_deref()
+                .map(LocationId::parse)
+                .transpose()?,
+        })
+    }
 }
 
 fn event(row: &Row) -> Result<Event, Error> {
@@ -218,13 +262,24 @@ fn event(row: &Row) -> Result<Event, Error> {
             serde_json::from_value(payload).map_err(Error::internal)?;
         Change::Availability {
             out_of_stock: event_type == crate::ledger::OUT_OF_STOCK,
-            level: StockLevel {
-                sku: sku.clone(),
-                on_hand: payload.on_hand,
-                reserved: payload.reserved,
-                version: payload.version,
-            },
+            level: StockLevel::total(
+                sku.clone(),
+                payload.on_hand,
+                payload.reserved,
+                payload.version,
+            ),
             sku,
+        }
+    } else if event_type == crate::outbox::STOCK_TRANSFERRED {
+        let sku = sku()?;
+        let payload: TransferPayload = serde_json::from_value(payload).map_err(Error::internal)?;
+        Change::StockTransferred {
+            sku,
+            quantity: payload.quantity,
+            reason: payload.reason,
+            level: payload.level.level().map_err(invalid)?,
+            from: payload.from.level().map_err(invalid)?,
+            to: payload.to.level().map_err(invalid)?,
         }
     } else if event_type == crate::outbox::STOCK_ADJUSTED {
         let sku = sku()?;
@@ -232,12 +287,17 @@ fn event(row: &Row) -> Result<Event, Error> {
         Change::StockAdjusted {
             delta: payload.delta,
             reason: payload.reason,
-            level: StockLevel {
-                sku: sku.clone(),
-                on_hand: payload.on_hand,
-                reserved: payload.reserved,
-                version: payload.version,
-            },
+            level: StockLevel::total(
+                sku.clone(),
+                payload.on_hand,
+                payload.reserved,
+                payload.version,
+            ),
+            location_level: payload
+                .location
+                .map(LevelPayload::level)
+                .transpose()
+                .map_err(invalid)?,
             sku,
         }
     } else {
@@ -255,16 +315,38 @@ fn event(row: &Row) -> Result<Event, Error> {
             .map(|line| {
                 let sku = Sku::parse(&line.sku).map_err(invalid)?;
                 let quantity = Quantity::parse(line.quantity).map_err(invalid)?;
-                Ok(match (line.held, line.confirmed, line.released) {
-                    (Some(held), Some(confirmed), Some(released)) => ReservationLine {
-                        sku,
-                        quantity,
+                let allocations = match (line.allocations, line.held, line.confirmed, line.released)
+                {
+                    (Some(allocations), ..) => allocations
+                        .into_iter()
+                        .map(|a| {
+                            Ok(Allocation {
+                                location: LocationId::parse(&a.location_id)?,
+                                quantity: a.quantity,
+                                held: a.held,
+                                confirmed: a.confirmed,
+                                released: a.released,
+                            })
+                        })
+                        .collect::<Result<Vec<_>, String>>()
+                        .map_err(invalid)?,
+                    (None, Some(held), Some(confirmed), Some(released)) => vec![Allocation {
+                        location: LocationId::default_location(),
+                        quantity: quantity.get(),
                         held,
                         confirmed,
                         released,
-                    },
-                    _ => ReservationLine::stored(sku, quantity, 0, 0, state, true),
-                })
+                    }],
+                    _ => vec![Allocation::stored(
+                        LocationId::default_location(),
+                        quantity.get(),
+                        0,
+                        0,
+                        state,
+                        true,
+                    )],
+                };
+                ReservationLine::from_allocations(sku, allocations).map_err(invalid)
             })
             .collect::<Result<_, Error>>()?;
         let expires_at = payload.expires_at_micros.map(crate::outcome::from_micros);
@@ -286,14 +368,7 @@ fn event(row: &Row) -> Result<Event, Error> {
                 levels: payload
                     .levels
                     .into_iter()
-                    .map(|level| {
-                        Ok(StockLevel {
-                            sku: Sku::parse(&level.sku).map_err(invalid)?,
-                            on_hand: level.on_hand,
-                            reserved: level.reserved,
-                            version: level.version,
-                        })
-                    })
+                    .map(|level| level.level().map_err(invalid))
                     .collect::<Result<_, Error>>()?,
                 expires_at,
             }

@@ -7,7 +7,7 @@
 use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
-    domain::{MovementKind, Reservation, ReservationState, Sku, StockLevel},
+    domain::{MovementKind, Reservation, ReservationState},
     rules::{self, UnitMove},
 };
 
@@ -15,7 +15,8 @@ use crate::{
     PgStore,
     error::{from_db, from_pool},
     ledger::{self, Cause, NewMovement},
-    outbox, reservations, stock,
+    outbox, reservations,
+    stock::{self, StockMove},
 };
 
 /// How long past its expiry an unswept hold may be before it counts as overdue: many sweep
@@ -113,30 +114,19 @@ pub(crate) async fn end_holds(
     cause: Cause<'_>,
 ) -> Result<(), Error> {
     let changes: Vec<UnitMove> = holds.iter().map(|r| rules::end_hold(r, ended)).collect();
-    let mut per_sku: Vec<(Sku, i64, i64)> = Vec::new();
-    for (sku, units) in changes.iter().flat_map(|c| &c.moves) {
-        match per_sku.iter_mut().find(|(s, _, _)| s == sku) {
-            Some((_, total, count)) => {
-                *total += units;
-                *count += 1;
-            }
-            None => per_sku.push((sku.clone(), *units, 1)),
-        }
-    }
-    per_sku.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-    // Each SKU's level before the batch; every hold then moves it by its own lines and one
-    // version, so each event carries the level its own change produced.
-    let mut running = Vec::with_capacity(per_sku.len());
-    for (sku, units, count) in &per_sku {
-        let after = stock::unreserve(tx, sku, *units, *count)
-            .await
-            .map_err(from_db)?;
-        running.push(StockLevel {
-            reserved: after.reserved + units,
-            version: after.version - count,
-            ..after
-        });
-    }
+    // One movement per hold and location, in the holds' order: each hold's event carries the
+    // levels its own change produced. The SKU rows are locked in SKU order first.
+    let moves: Vec<StockMove<'_>> = changes
+        .iter()
+        .flat_map(|c| &c.moves)
+        .map(|m| StockMove {
+            sku: &m.sku,
+            location: &m.location,
+            on_hand: 0,
+            reserved: -m.units,
+        })
+        .collect();
+    let moved = stock::apply(tx, &moves, &[], false).await?;
     let ended_now: Vec<&Reservation> = changes.iter().map(|c| &c.after).collect();
     reservations::end_many(tx, &ended_now)
         .await
@@ -153,25 +143,23 @@ pub(crate) async fn end_holds(
         ReservationState::Expired => MovementKind::Expired,
         _ => MovementKind::Released,
     };
+    let mut offset = 0;
     for change in &changes {
-        let mut own = Vec::with_capacity(change.moves.len());
-        for (sku, units) in &change.moves {
-            let level = running
-                .iter_mut()
-                .find(|level| &level.sku == sku)
-                .expect("every moved SKU was unreserved");
-            level.reserved -= units;
-            level.version += 1;
-            own.push(level.clone());
-        }
-        outbox::append_reservation_event(tx, change.event, &change.after, &own)
-            .await
-            .map_err(from_db)?;
+        let own = &moved[offset..offset + change.moves.len()];
+        offset += change.moves.len();
+        outbox::append_reservation_event(
+            tx,
+            change.event,
+            &change.after,
+            &stock::levels_after(own),
+        )
+        .await
+        .map_err(from_db)?;
         let cause = cause.of_reservation(change.after.id, &change.after.order_id);
         let movements: Vec<NewMovement<'_>> = own
             .iter()
             .zip(&change.moves)
-            .map(|(level, (_, units))| NewMovement::of_units(kind, level, *units).because(cause))
+            .map(|(m, units)| NewMovement::of_units(kind, m, units.units).because(cause))
             .collect();
         ledger::append(tx, &movements).await.map_err(from_db)?;
     }

@@ -13,18 +13,20 @@ use deadpool_postgres::{GenericClient, Transaction};
 use inventory_core::{
     Error,
     command::{ListStockMovements, MovementPage},
-    domain::{Movement, MovementKind, OrderId, ReservationId, Sku, StockLevel},
+    domain::{LocationId, Movement, MovementKind, OrderId, ReservationId, Sku, StockLevel},
 };
 use serde_json::json;
 use uuid::Uuid;
 
+use crate::stock::Moved;
+
 const APPEND: &str = "
     INSERT INTO stock_movements
         (sku, version, kind, on_hand_delta, reserved_delta, on_hand, reserved, reason, actor,
-         reservation_id, order_id, idempotency_key)
+         reservation_id, order_id, idempotency_key, location_id)
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[],
                          $6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::uuid[],
-                         $11::text[], $12::text[])";
+                         $11::text[], $12::text[], $13::text[])";
 
 const APPEND_AVAILABILITY: &str = "
     INSERT INTO outbox (event_id, event_type, sku, payload)
@@ -32,7 +34,7 @@ const APPEND_AVAILABILITY: &str = "
 
 const PAGE: &str = "
     SELECT version, kind, on_hand_delta, reserved_delta, on_hand, reserved, reason, actor,
-           reservation_id, order_id, idempotency_key, occurred_at
+           reservation_id, order_id, idempotency_key, occurred_at, location_id
     FROM stock_movements WHERE sku = $1 AND version > $2 ORDER BY version LIMIT $3";
 
 const SKU_EXISTS: &str = "
@@ -65,21 +67,24 @@ impl<'a> Cause<'a> {
     }
 }
 
-/// A movement about to be written: the level right after it, and its deltas.
+/// A movement about to be written: the location's level right after it, the SKU's total
+/// right after it (which availability events are about), and its deltas.
 #[derive(Clone, Debug)]
 pub(crate) struct NewMovement<'a> {
     pub kind: MovementKind,
     pub level: StockLevel,
+    pub total: StockLevel,
     pub on_hand_delta: i64,
     pub reserved_delta: i64,
     pub cause: Cause<'a>,
 }
 
 impl<'a> NewMovement<'a> {
-    pub fn new(kind: MovementKind, level: &StockLevel, on_hand: i64, reserved: i64) -> Self {
+    pub fn new(kind: MovementKind, moved: &Moved, on_hand: i64, reserved: i64) -> Self {
         Self {
             kind,
-            level: level.clone(),
+            level: moved.level.clone(),
+            total: moved.total.clone(),
             on_hand_delta: on_hand,
             reserved_delta: reserved,
             cause: Cause::default(),
@@ -93,27 +98,28 @@ impl<'a> NewMovement<'a> {
 
     /// Units of `kind` moving `units` held units of a reservation: a hold raises `reserved`,
     /// a confirm lowers both columns, a release or expiry lowers `reserved`.
-    pub fn of_units(kind: MovementKind, level: &StockLevel, units: i64) -> Self {
+    pub fn of_units(kind: MovementKind, moved: &Moved, units: i64) -> Self {
         let (on_hand, reserved) = match kind {
             MovementKind::Held => (0, units),
             MovementKind::Confirmed => (-units, -units),
             _ => (0, -units),
         };
-        Self::new(kind, level, on_hand, reserved)
+        Self::new(kind, moved, on_hand, reserved)
     }
 
-    /// `available` before the change.
+    /// The SKU's `available` (over every location) before the change.
     fn available_before(&self) -> i64 {
-        self.level.available() - (self.on_hand_delta - self.reserved_delta)
+        self.total.available() - (self.on_hand_delta - self.reserved_delta)
     }
 
-    /// The availability event the change causes, if it crossed 0. Not for the change that
-    /// created the SKU: its own event says so, and there was nothing to be back in stock.
+    /// The availability event the change causes, if it crossed 0 (the SKU's total: a
+    /// storefront sells the SKU, not a location's units). Not for the change that created
+    /// the SKU: its own event says so, and there was nothing to be back in stock.
     fn crossing(&self) -> Option<&'static str> {
-        if self.level.version == 1 {
+        if self.total.version == 1 {
             return None;
         }
-        match (self.available_before() > 0, self.level.available() > 0) {
+        match (self.available_before() > 0, self.total.available() > 0) {
             (true, false) => Some(OUT_OF_STOCK),
             (false, true) => Some(BACK_IN_STOCK),
             _ => None,
@@ -153,9 +159,9 @@ pub(crate) async fn append(
         .iter()
         .map(|(m, _)| {
             json!({
-                "on_hand": m.level.on_hand,
-                "reserved": m.level.reserved,
-                "version": m.level.version,
+                "on_hand": m.total.on_hand,
+                "reserved": m.total.reserved,
+                "version": m.total.version,
             })
         })
         .collect();
@@ -182,6 +188,7 @@ struct Columns<'a> {
     reservation_ids: Vec<Option<Uuid>>,
     order_ids: Vec<Option<&'a str>>,
     keys: Vec<Option<&'a str>>,
+    locations: Vec<&'a str>,
 }
 
 impl<'a> Columns<'a> {
@@ -200,9 +207,15 @@ impl<'a> Columns<'a> {
         self.order_ids
             .push(m.cause.reservation.map(|(_, order)| order.as_str()));
         self.keys.push(m.cause.idempotency_key);
+        self.locations.push(
+            m.level
+                .location
+                .as_ref()
+                .map_or(LocationId::DEFAULT, LocationId::as_str),
+        );
     }
 
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 12] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
         [
             &self.skus,
             &self.versions,
@@ -216,6 +229,7 @@ impl<'a> Columns<'a> {
             &self.reservation_ids,
             &self.order_ids,
             &self.keys,
+            &self.locations,
         ]
     }
 }
@@ -260,6 +274,7 @@ fn movement(sku: &Sku, row: &tokio_postgres::Row) -> Result<Movement, Error> {
     let kind: &str = row.try_get(1).map_err(get_err)?;
     let reservation_id: Option<Uuid> = row.try_get(8).map_err(get_err)?;
     let order_id: Option<&str> = row.try_get(9).map_err(get_err)?;
+    let location: &str = row.try_get(12).map_err(get_err)?;
     Ok(Movement {
         kind: MovementKind::parse(kind)
             .ok_or_else(|| Error::internal(format!("unknown movement kind {kind:?}")))?,
@@ -268,6 +283,7 @@ fn movement(sku: &Sku, row: &tokio_postgres::Row) -> Result<Movement, Error> {
             on_hand: row.try_get(4).map_err(get_err)?,
             reserved: row.try_get(5).map_err(get_err)?,
             version: row.try_get(0).map_err(get_err)?,
+            location: Some(LocationId::parse(location).map_err(Error::internal)?),
         },
         on_hand_delta: row.try_get(2).map_err(get_err)?,
         reserved_delta: row.try_get(3).map_err(get_err)?,

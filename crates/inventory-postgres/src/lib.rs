@@ -36,6 +36,7 @@ mod expiry;
 pub use expiry::{HeldTotals, OVERDUE_GRACE};
 mod idempotency;
 mod ledger;
+mod locations;
 mod metrics;
 pub use metrics::init as init_metrics;
 pub mod migrate;

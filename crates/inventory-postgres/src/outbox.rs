@@ -21,6 +21,7 @@ const APPEND_HELD_MANY: &str = "
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS u(event_id, reservation_id, payload)";
 
 pub(crate) const STOCK_ADJUSTED: &str = "STOCK_ADJUSTED";
+pub(crate) const STOCK_TRANSFERRED: &str = "STOCK_TRANSFERRED";
 pub(crate) const RESERVATION_EXTENDED: &str = "RESERVATION_EXTENDED";
 
 /// Appends the event of a change (`what`) that left `reservation` as it now is, with the
@@ -78,16 +79,32 @@ pub(crate) fn reservation_payload(
             "held": line.held,
             "confirmed": line.confirmed,
             "released": line.released,
+            "allocations": line.allocations.iter().map(|a| json!({
+                "location_id": a.location.as_str(),
+                "quantity": a.quantity,
+                "held": a.held,
+                "confirmed": a.confirmed,
+                "released": a.released,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
-        "levels": levels.iter().map(|level| json!({
-            "sku": level.sku.as_str(),
-            "on_hand": level.on_hand,
-            "reserved": level.reserved,
-            "version": level.version,
-        })).collect::<Vec<_>>(),
+        "levels": levels.iter().map(level_payload).collect::<Vec<_>>(),
     });
     if reservation.state == ReservationState::Held {
         payload["expires_at_micros"] = json!(crate::outcome::micros(reservation.expires_at));
+    }
+    payload
+}
+
+/// A level in an event's payload; a location's carries its `location_id`.
+pub(crate) fn level_payload(level: &StockLevel) -> serde_json::Value {
+    let mut payload = json!({
+        "sku": level.sku.as_str(),
+        "on_hand": level.on_hand,
+        "reserved": level.reserved,
+        "version": level.version,
+    });
+    if let Some(location) = &level.location {
+        payload["location_id"] = json!(location.as_str());
     }
     payload
 }
@@ -107,10 +124,11 @@ pub(crate) async fn append_sku_event(
     Ok(())
 }
 
-/// Appends the `RESERVATION_HELD` event of each new hold, with its SKU's level right after it.
+/// Appends the `RESERVATION_HELD` event of each new hold, with its SKU's levels right after
+/// it (the total, then each location's).
 pub(crate) async fn append_held_many(
     tx: &Transaction<'_>,
-    holds: &[(&Reservation, &StockLevel)],
+    holds: &[(&Reservation, Vec<StockLevel>)],
 ) -> Result<u64, tokio_postgres::Error> {
     if holds.is_empty() {
         return Ok(0);
@@ -120,7 +138,7 @@ pub(crate) async fn append_held_many(
     let ids: Vec<Uuid> = holds.iter().map(|(r, _)| r.id.as_uuid()).collect();
     let payloads: Vec<serde_json::Value> = holds
         .iter()
-        .map(|(r, level)| reservation_payload(r, std::slice::from_ref(*level)))
+        .map(|(r, levels)| reservation_payload(r, levels))
         .collect();
     tx.execute(&statement, &[&event_ids, &ids, &payloads]).await
 }

@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use inventory_core::{
     Error,
-    command::{AdjustStock, BatchSetStock, SetStock},
+    command::{AdjustStock, BatchSetStock, SetStock, Transferred},
     domain::{
-        Line, MAX_ON_HAND, OrderId, Quantity, Reservation, ReservationId, ReservationLine,
-        ReservationState, Sku, StockLevel,
+        Allocation, Line, LocationId, MAX_ON_HAND, OrderId, Quantity, Reservation, ReservationId,
+        ReservationLine, ReservationState, Sku, StockLevel,
     },
     error::Shortfall,
 };
@@ -24,6 +24,7 @@ pub(crate) const ADJUST_STOCK: &str = "AdjustStock";
 pub(crate) const CANCEL_ORDER: &str = "CancelOrder";
 pub(crate) const SET_STOCK: &str = "SetStock";
 pub(crate) const BATCH_SET_STOCK: &str = "BatchSetStock";
+pub(crate) const TRANSFER_STOCK: &str = "TransferStock";
 
 /// The stored outcome of a `Reserve`: what a retry with the same key gets back.
 #[derive(Debug, Serialize, Deserialize)]
@@ -33,6 +34,7 @@ pub(crate) enum ReserveOutcome {
     UnknownSkus { skus: Vec<String> },
     InsufficientStock { shortfalls: Vec<StoredShortfall> },
     OrderCancelled { order_id: String },
+    UnknownLocation { location_id: String },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -40,6 +42,9 @@ pub(crate) struct StoredReservation {
     reservation_id: uuid::Uuid,
     order_id: String,
     lines: Vec<(String, i64)>,
+    /// Per line, `(location, units)`; absent before locations existed: all at `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    allocations: Option<Vec<Vec<(String, i64)>>>,
     created_at_micros: i64,
     expires_at_micros: i64,
 }
@@ -63,6 +68,18 @@ impl ReserveOutcome {
                         .iter()
                         .map(|l| (l.sku.as_str().to_owned(), l.quantity.get()))
                         .collect(),
+                    allocations: Some(
+                        reservation
+                            .lines
+                            .iter()
+                            .map(|l| {
+                                l.allocations
+                                    .iter()
+                                    .map(|a| (a.location.as_str().to_owned(), a.quantity))
+                                    .collect()
+                            })
+                            .collect(),
+                    ),
                     created_at_micros: micros(reservation.created_at),
                     expires_at_micros: micros(reservation.expires_at),
                 },
@@ -83,6 +100,9 @@ impl ReserveOutcome {
             Err(Error::OrderCancelled { order_id }) => Self::OrderCancelled {
                 order_id: order_id.as_str().to_owned(),
             },
+            Err(Error::UnknownLocation(location)) => Self::UnknownLocation {
+                location_id: location.as_str().to_owned(),
+            },
             Err(other) => unreachable!("only final outcomes are stored, not {other:?}"),
         }
     }
@@ -95,16 +115,36 @@ impl ReserveOutcome {
                 order_id: OrderId::parse(&reservation.order_id).map_err(Error::internal)?,
                 // The outcome as it was: the reservation was held when it was made.
                 state: ReservationState::Held,
-                lines: reservation
-                    .lines
-                    .into_iter()
-                    .map(|(raw, quantity)| {
-                        Ok(ReservationLine::new_hold(&Line {
-                            sku: sku(raw)?,
-                            quantity: Quantity::parse(quantity).map_err(Error::internal)?,
-                        }))
-                    })
-                    .collect::<Result<_, Error>>()?,
+                lines: {
+                    let mut allocations = reservation.allocations.unwrap_or_default().into_iter();
+                    reservation
+                        .lines
+                        .into_iter()
+                        .map(|(raw, quantity)| {
+                            let line = Line::new(
+                                sku(raw)?,
+                                Quantity::parse(quantity).map_err(Error::internal)?,
+                            );
+                            let placed = match allocations.next() {
+                                Some(placed) => placed
+                                    .into_iter()
+                                    .map(|(location, units)| {
+                                        Ok(Allocation::new_hold(
+                                            LocationId::parse(&location)
+                                                .map_err(Error::internal)?,
+                                            units,
+                                        ))
+                                    })
+                                    .collect::<Result<_, Error>>()?,
+                                None => vec![Allocation::new_hold(
+                                    LocationId::default_location(),
+                                    quantity,
+                                )],
+                            };
+                            Ok(ReservationLine::new_hold(&line, placed))
+                        })
+                        .collect::<Result<_, Error>>()?
+                },
                 created_at: from_micros(reservation.created_at_micros),
                 expires_at: from_micros(reservation.expires_at_micros),
             }),
@@ -114,6 +154,9 @@ impl ReserveOutcome {
             Self::OrderCancelled { order_id } => Err(Error::OrderCancelled {
                 order_id: OrderId::parse(&order_id).map_err(Error::internal)?,
             }),
+            Self::UnknownLocation { location_id } => Err(Error::UnknownLocation(
+                LocationId::parse(&location_id).map_err(Error::internal)?,
+            )),
             Self::InsufficientStock { shortfalls } => Err(Error::InsufficientStock(
                 shortfalls
                     .into_iter()
@@ -127,6 +170,119 @@ impl ReserveOutcome {
                     .collect::<Result<_, Error>>()?,
             )),
         })
+    }
+}
+
+/// The stored outcome of a `TransferStock`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub(crate) enum TransferOutcome {
+    Transferred {
+        total: StoredLevel,
+        from: StoredLevel,
+        to: StoredLevel,
+    },
+    UnknownSku {
+        sku: String,
+    },
+    InsufficientStock {
+        shortfall: StoredShortfall,
+    },
+    StockLimit {
+        sku: String,
+        requested: i64,
+    },
+}
+
+/// A level as stored in an outcome.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StoredLevel {
+    sku: String,
+    #[serde(default)]
+    location_id: Option<String>,
+    on_hand: i64,
+    reserved: i64,
+    version: i64,
+}
+
+impl StoredLevel {
+    fn of(level: &StockLevel) -> Self {
+        Self {
+            sku: level.sku.as_str().to_owned(),
+            location_id: level.location.as_ref().map(|l| l.as_str().to_owned()),
+            on_hand: level.on_hand,
+            reserved: level.reserved,
+            version: level.version,
+        }
+    }
+
+    fn level(self) -> Result<StockLevel, Error> {
+        Ok(StockLevel {
+            sku: Sku::parse(&self.sku).map_err(Error::internal)?,
+            on_hand: self.on_hand,
+            reserved: self.reserved,
+            version: self.version,
+            location: self
+                .location_id
+                .as_deref()
+                .map(LocationId::parse)
+                .transpose()
+                .map_err(Error::internal)?,
+        })
+    }
+}
+
+impl TransferOutcome {
+    pub(crate) fn of(result: &Result<Transferred, Error>) -> Self {
+        match result {
+            Ok(t) => Self::Transferred {
+                total: StoredLevel::of(&t.total),
+                from: StoredLevel::of(&t.from),
+                to: StoredLevel::of(&t.to),
+            },
+            Err(Error::UnknownSkus(skus)) => Self::UnknownSku {
+                sku: skus[0].as_str().to_owned(),
+            },
+            Err(Error::InsufficientStock(shortfalls)) => Self::InsufficientStock {
+                shortfall: StoredShortfall {
+                    sku: shortfalls[0].sku.as_str().to_owned(),
+                    requested: shortfalls[0].requested,
+                    available: shortfalls[0].available,
+                },
+            },
+            Err(Error::StockLimit { sku, requested, .. }) => Self::StockLimit {
+                sku: sku.as_str().to_owned(),
+                requested: *requested,
+            },
+            Err(other) => unreachable!("only final outcomes are stored, not {other:?}"),
+        }
+    }
+
+    pub(crate) fn into_result(self) -> Result<Transferred, Error> {
+        let sku = |raw: &str| Sku::parse(raw).map_err(Error::internal);
+        match self {
+            Self::Transferred { total, from, to } => Ok(Transferred {
+                total: total.level()?,
+                from: from.level()?,
+                to: to.level()?,
+            }),
+            Self::UnknownSku { sku: raw } => Err(Error::UnknownSkus(vec![sku(&raw)?])),
+            Self::InsufficientStock { shortfall } => {
+                Err(Error::InsufficientStock(vec![Shortfall {
+                    sku: sku(&shortfall.sku)?,
+                    requested: shortfall.requested,
+                    available: shortfall.available,
+                }]))
+            }
+            Self::StockLimit {
+                sku: raw,
+                requested,
+            } => Err(Error::StockLimit {
+                sku: sku(&raw)?,
+                requested,
+                limit: MAX_ON_HAND,
+            }),
+        }
     }
 }
 
@@ -204,6 +360,7 @@ impl AdjustOutcome {
                 on_hand,
                 reserved,
                 version,
+                location: None,
             }),
             Self::UnknownSku => Err(Error::UnknownSkus(vec![sku])),
             Self::BelowReserved { on_hand, reserved } => Err(Error::BelowReserved {
@@ -273,6 +430,7 @@ impl BatchSetOutcome {
                     on_hand,
                     reserved,
                     version,
+                    location: None,
                 })
                 .collect()),
             Self::Refused { index, refusal } => {
@@ -340,6 +498,7 @@ impl SetOutcome {
                 on_hand,
                 reserved,
                 version,
+                location: None,
             }),
             Self::BelowReserved { reserved } => Err(Error::CountBelowReserved {
                 sku,

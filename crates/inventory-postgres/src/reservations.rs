@@ -15,8 +15,8 @@ use inventory_core::{
     Error,
     command::{Cursor, ListReservations, ReservationPage, ReservationRef},
     domain::{
-        Caller, FenceToken, Line, OrderId, Quantity, Reservation, ReservationId, ReservationLine,
-        ReservationState, Sku, Ttl,
+        Allocation, Caller, FenceToken, LocationId, OrderId, Reservation, ReservationId,
+        ReservationLine, ReservationState, Sku, Ttl,
     },
 };
 use tokio_postgres::Row;
@@ -52,9 +52,10 @@ const INSERT: &str = "
     FROM (SELECT clock_timestamp() AS t) AS c
     RETURNING created_at, expires_at";
 
+/// One row per (line, location) the line's units come from.
 const INSERT_LINES: &str = "
-    INSERT INTO reservation_lines (reservation_id, sku, quantity, fence_token)
-    SELECT $1, * FROM unnest($2::text[], $3::bigint[], $4::bigint[])";
+    INSERT INTO reservation_lines (reservation_id, sku, location_id, quantity, fence_token)
+    SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[])";
 
 /// New holds of a coalesced batch, dated by the clock their stock row was locked at.
 const INSERT_MANY: &str = "
@@ -65,23 +66,24 @@ const INSERT_MANY: &str = "
                 $6::timestamptz[])
         AS u(id, order_id, caller, key, expires_at, created_at)";
 
-/// One line per reservation of a coalesced batch.
+/// The one line of each reservation of a coalesced batch, a row per location.
 const INSERT_LINES_MANY: &str = "
-    INSERT INTO reservation_lines (reservation_id, sku, quantity, fence_token)
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bigint[])";
+    INSERT INTO reservation_lines (reservation_id, sku, location_id, quantity, fence_token)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])";
 
 /// In byte order (`COLLATE "C"`), the order Rust sorts SKUs in: confirm and release lock
 /// stock rows in this order, like every other writer, whatever the database's collation.
 const LINES: &str = "
-    SELECT sku, quantity, confirmed, released FROM reservation_lines WHERE reservation_id = $1
-    ORDER BY sku COLLATE \"C\"";
+    SELECT sku, location_id, quantity, confirmed, released FROM reservation_lines
+    WHERE reservation_id = $1 ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\"";
 
 /// Sets the counts of a locked reservation's lines, as the core decided them.
 const UPDATE_LINES: &str = "
     UPDATE reservation_lines l SET confirmed = u.confirmed, released = u.released
-    FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bigint[])
-        AS u(reservation_id, sku, confirmed, released)
-    WHERE l.reservation_id = u.reservation_id AND l.sku = u.sku";
+    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
+        AS u(reservation_id, sku, location_id, confirmed, released)
+    WHERE l.reservation_id = u.reservation_id AND l.sku = u.sku
+      AND l.location_id = u.location_id";
 
 /// Moves a hold on, only while it is still a hold at this very moment: judged by its row count.
 const SETTLE_HOLD: &str = "
@@ -103,8 +105,9 @@ const LOCK_DUE: &str = "
     FOR UPDATE SKIP LOCKED";
 
 const LINES_OF_MANY: &str = "
-    SELECT reservation_id, sku, quantity, confirmed, released FROM reservation_lines
-    WHERE reservation_id = ANY($1) ORDER BY reservation_id, sku COLLATE \"C\"";
+    SELECT reservation_id, sku, location_id, quantity, confirmed, released FROM reservation_lines
+    WHERE reservation_id = ANY($1)
+    ORDER BY reservation_id, sku COLLATE \"C\", location_id COLLATE \"C\"";
 
 /// Ends locked holds, each in its own state (by id).
 const END_MANY: &str = "
@@ -147,38 +150,45 @@ pub(crate) struct Header {
     pub read_at: SystemTime,
 }
 
-/// A line as its row keeps it; see [`ReservationLine::stored`] for what the row leaves out.
+/// The units of a line at one location, as its row keeps them; see
+/// [`ReservationLine::from_allocations`] for what the row leaves out.
 #[derive(Debug)]
 pub(crate) struct StoredLine {
     sku: Sku,
-    quantity: Quantity,
+    location: LocationId,
+    quantity: i64,
     confirmed: i64,
     released: i64,
 }
 
-impl StoredLine {
-    fn read(&self, stored_state: ReservationState, state: ReservationState) -> ReservationLine {
-        ReservationLine::stored(
-            self.sku.clone(),
-            self.quantity,
-            self.confirmed,
-            self.released,
-            stored_state,
-            state == ReservationState::Held,
-        )
-    }
-}
-
 impl Header {
-    pub fn with_lines(self, lines: Vec<StoredLine>) -> Reservation {
+    /// The reservation with its lines, from their rows (by SKU, then location).
+    pub fn with_lines(self, rows: Vec<StoredLine>) -> Reservation {
+        let live = self.state == ReservationState::Held;
+        let mut lines: Vec<ReservationLine> = Vec::new();
+        let mut allocations: Vec<Allocation> = Vec::new();
+        let mut rows = rows.into_iter().peekable();
+        while let Some(row) = rows.next() {
+            allocations.push(Allocation::stored(
+                row.location,
+                row.quantity,
+                row.confirmed,
+                row.released,
+                self.stored_state,
+                live,
+            ));
+            if rows.peek().is_none_or(|next| next.sku != row.sku) {
+                let line =
+                    ReservationLine::from_allocations(row.sku, std::mem::take(&mut allocations))
+                        .expect("a stored line's quantity is valid");
+                lines.push(line);
+            }
+        }
         Reservation {
             id: self.id,
             order_id: self.order_id,
             state: self.state,
-            lines: lines
-                .iter()
-                .map(|line| line.read(self.stored_state, self.state))
-                .collect(),
+            lines,
             created_at: self.created_at,
             expires_at: self.expires_at,
         }
@@ -214,17 +224,29 @@ pub(crate) async fn insert(
     Ok((row.try_get(0)?, row.try_get(1)?))
 }
 
+/// Inserts the lines of a new hold, a row per allocation, each SKU's under its fence.
 pub(crate) async fn insert_lines(
     tx: &Transaction<'_>,
     id: ReservationId,
-    lines: &[(&Line, FenceToken)],
+    lines: &[(&ReservationLine, FenceToken)],
 ) -> Result<(), tokio_postgres::Error> {
     let statement = tx.prepare_cached(INSERT_LINES).await?;
-    let skus: Vec<&str> = lines.iter().map(|(l, _)| l.sku.as_str()).collect();
-    let quantities: Vec<i64> = lines.iter().map(|(l, _)| l.quantity.get()).collect();
-    let fences: Vec<i64> = lines.iter().map(|(_, f)| f.get()).collect();
-    tx.execute(&statement, &[&id.as_uuid(), &skus, &quantities, &fences])
-        .await?;
+    let rows = lines
+        .iter()
+        .flat_map(|(line, fence)| line.allocations.iter().map(move |a| (line, a, fence)));
+    let (mut skus, mut locations, mut quantities, mut fences) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (line, allocation, fence) in rows {
+        skus.push(line.sku.as_str());
+        locations.push(allocation.location.as_str());
+        quantities.push(allocation.quantity);
+        fences.push(fence.get());
+    }
+    tx.execute(
+        &statement,
+        &[&id.as_uuid(), &skus, &locations, &quantities, &fences],
+    )
+    .await?;
     Ok(())
 }
 
@@ -248,11 +270,20 @@ pub(crate) async fn insert_many(
     let keys: Vec<&str> = holds.iter().map(|h| h.2).collect();
     let expires: Vec<SystemTime> = holds.iter().map(|h| h.0.expires_at).collect();
     let created: Vec<SystemTime> = holds.iter().map(|h| h.0.created_at).collect();
-    let skus: Vec<&str> = holds.iter().map(|h| h.0.lines[0].sku.as_str()).collect();
-    let quantities: Vec<i64> = holds.iter().map(|h| h.0.lines[0].quantity.get()).collect();
-    let fences: Vec<i64> = holds.iter().map(|h| h.3.get()).collect();
+    let (mut line_ids, mut skus, mut locations, mut quantities, mut fences) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (reservation, _, _, fence) in holds {
+        let line = &reservation.lines[0];
+        for allocation in &line.allocations {
+            line_ids.push(reservation.id.as_uuid());
+            skus.push(line.sku.as_str());
+            locations.push(allocation.location.as_str());
+            quantities.push(allocation.quantity);
+            fences.push(fence.get());
+        }
+    }
     let header_params: [Param<'_>; 6] = [&ids, &order_ids, &callers, &keys, &expires, &created];
-    let line_params: [Param<'_>; 4] = [&ids, &skus, &quantities, &fences];
+    let line_params: [Param<'_>; 5] = [&line_ids, &skus, &locations, &quantities, &fences];
     // `biased`: the reservations reach PostgreSQL before the lines that reference them.
     let (inserted, _) = tokio::try_join!(
         biased;
@@ -368,19 +399,27 @@ pub(crate) async fn update_lines(
         return Ok(());
     }
     let statement = tx.prepare_cached(UPDATE_LINES).await?;
-    let lines = reservations
-        .iter()
-        .flat_map(|r| r.lines.iter().map(move |line| (r.id.as_uuid(), line)));
-    let (mut ids, mut skus, mut confirmed, mut released) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (id, line) in lines {
+    let rows = reservations.iter().flat_map(|r| {
+        r.lines.iter().flat_map(move |line| {
+            line.allocations
+                .iter()
+                .map(move |a| (r.id.as_uuid(), line.sku.as_str(), a))
+        })
+    });
+    let (mut ids, mut skus, mut locations, mut confirmed, mut released) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (id, sku, allocation) in rows {
         ids.push(id);
-        skus.push(line.sku.as_str());
-        confirmed.push(line.confirmed);
-        released.push(line.released);
+        skus.push(sku);
+        locations.push(allocation.location.as_str());
+        confirmed.push(allocation.confirmed);
+        released.push(allocation.released);
     }
-    tx.execute(&statement, &[&ids, &skus, &confirmed, &released])
-        .await?;
+    tx.execute(
+        &statement,
+        &[&ids, &skus, &locations, &confirmed, &released],
+    )
+    .await?;
     Ok(())
 }
 
@@ -477,11 +516,12 @@ fn line(row: &Row, first: usize) -> Result<StoredLine, Error> {
     let count = |index: usize| row.try_get::<_, i64>(index).map_err(Error::internal);
     Ok(StoredLine {
         sku: stored(Sku::parse(row.try_get(first).map_err(Error::internal)?))?,
-        quantity: stored(Quantity::parse(
+        location: stored(LocationId::parse(
             row.try_get(first + 1).map_err(Error::internal)?,
         ))?,
-        confirmed: count(first + 2)?,
-        released: count(first + 3)?,
+        quantity: count(first + 2)?,
+        confirmed: count(first + 3)?,
+        released: count(first + 4)?,
     })
 }
 

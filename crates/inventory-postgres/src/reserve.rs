@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
     command::{
@@ -12,12 +11,12 @@ use inventory_core::{
     },
     domain::{
         FenceToken, Line, MovementKind, Reservation, ReservationId, ReservationLine,
-        ReservationState, Sku, StockLevel, Ttl,
+        ReservationState, Sku, Ttl,
     },
     events::ReservationEvent,
     pause::PausePoint,
     ports::{Answers, ReservationStore, ReserveGroup, WriteOutcome},
-    rules::{self, LineRefusal, LinesVerdict, SettleStep},
+    rules::{self, LinesVerdict, SettleStep},
 };
 
 use crate::{
@@ -25,42 +24,11 @@ use crate::{
     error::{from_db, from_pool},
     idempotency,
     ledger::{self, Cause, NewMovement},
-    orders, outbox,
+    locations, orders, outbox,
     outcome::{RESERVE, ReserveOutcome},
     reservations::{self, NewReservation},
-    stock,
+    stock::{self, StockMove},
 };
-
-/// The conditional update of every line, in SKU order; the lines that did not apply are read
-/// back and the core judges the reservation from them.
-async fn hold_lines(
-    tx: &Transaction<'_>,
-    lines: &[(&Line, FenceToken)],
-) -> Result<(LinesVerdict, Vec<StockLevel>), Error> {
-    let mut levels = Vec::with_capacity(lines.len());
-    let mut refusals = Vec::new();
-    for (line, fence) in lines {
-        let units = line.quantity.get();
-        if let Some(level) = stock::reserve(tx, &line.sku, units, *fence)
-            .await
-            .map_err(from_db)?
-        {
-            levels.push(level);
-            continue;
-        }
-        let found = stock::read_with_fence(tx, &line.sku)
-            .await
-            .map_err(from_db)?;
-        let refusal = rules::line_refusal(line, *fence, found.as_ref().map(|(l, f)| (l, *f)));
-        match &refusal {
-            LineRefusal::Fenced(..) => crate::metrics::store().fence_rejected.add(1, &[]),
-            LineRefusal::Short(_) => crate::metrics::store().insufficient.add(1, &[]),
-            LineRefusal::UnknownSku(_) => {}
-        }
-        refusals.push(refusal);
-    }
-    Ok((rules::judge_lines(refusals), levels))
-}
 
 impl ReservationStore for PgStore {
     #[tracing::instrument(name = "sql.reserve", skip_all, fields(order_id = command.order_id.as_str()))]
@@ -83,7 +51,7 @@ impl ReservationStore for PgStore {
 
             let started = std::time::Instant::now();
             let mut client = self.pool().get().await.map_err(from_pool)?;
-            let mut tx = client.transaction().await.map_err(from_db)?;
+            let tx = client.transaction().await.map_err(from_db)?;
             let fingerprint = command.fingerprint();
             if let Some(outcome) = idempotency::claim(
                 &tx,
@@ -106,27 +74,64 @@ impl ReservationStore for PgStore {
                 .await?
                 .is_empty();
             self.pauses.reach(PausePoint::OrderChecked).await;
+            // Every SKU's row and then its location rows, locked in (SKU, location) order, and
+            // the locations as they are configured: what allocation is decided on.
+            let skus: Vec<&str> = lines.iter().map(|(line, _)| line.sku.as_str()).collect();
+            let (mut stock, configured) = tokio::try_join!(
+                biased;
+                stock::lock_many(&tx, &skus),
+                locations::all(&tx),
+            )?;
+            let metrics = crate::metrics::store();
             let result = if cancelled {
                 Err(Error::OrderCancelled {
                     order_id: command.order_id.clone(),
                 })
             } else {
-                // The line updates run under a savepoint: a refusal undoes them but keeps the
-                // claim, so the refusal itself is stored and replayed.
-                let savepoint = tx.savepoint("lines").await.map_err(from_db)?;
-                let (verdict, levels) = hold_lines(&savepoint, &lines).await?;
-                match verdict {
+                match rules::place_lines(&lines, &mut stock, command.allocation, &configured) {
                     LinesVerdict::Fenced(lines) => {
+                        metrics.fence_rejected.add(1, &[]);
                         // Dropping the transaction rolls back the claim too: a lost lease is
                         // transient and must not be stored.
                         return Ok(WriteOutcome::Fenced(lines));
                     }
                     LinesVerdict::Refused(error) => {
-                        savepoint.rollback().await.map_err(from_db)?;
+                        if let Error::InsufficientStock(_) = &error {
+                            metrics.insufficient.add(1, &[]);
+                        }
                         Err(error)
                     }
-                    LinesVerdict::Held => {
-                        savepoint.commit().await.map_err(from_db)?;
+                    LinesVerdict::Held(placed) => {
+                        let held: Vec<(ReservationLine, FenceToken)> = lines
+                            .iter()
+                            .zip(&placed)
+                            .map(|((line, fence), placements)| {
+                                let allocations = rules::allocations(placements);
+                                (ReservationLine::new_hold(line, allocations), *fence)
+                            })
+                            .collect();
+                        let moves: Vec<StockMove<'_>> = placed
+                            .iter()
+                            .flatten()
+                            .map(|p| StockMove {
+                                sku: &p.level.sku,
+                                location: &p.location,
+                                on_hand: 0,
+                                reserved: p.units,
+                            })
+                            .collect();
+                        let fences: Vec<(&Sku, FenceToken)> = lines
+                            .iter()
+                            .map(|(line, fence)| (&line.sku, *fence))
+                            .collect();
+                        let moved = stock::apply(&tx, &moves, &fences, true).await?;
+                        debug_assert!(
+                            moved
+                                .iter()
+                                .zip(placed.iter().flatten())
+                                .all(|(m, p)| m.level == p.level && m.total == p.total),
+                            "the stored levels are the decided ones"
+                        );
                         let id = ReservationId::new_random();
                         let (created_at, expires_at) = reservations::insert(
                             &tx,
@@ -140,17 +145,16 @@ impl ReservationStore for PgStore {
                         )
                         .await
                         .map_err(from_db)?;
-                        reservations::insert_lines(&tx, id, &lines)
+                        let rows: Vec<(&ReservationLine, FenceToken)> =
+                            held.iter().map(|(line, fence)| (line, *fence)).collect();
+                        reservations::insert_lines(&tx, id, &rows)
                             .await
                             .map_err(from_db)?;
                         let reservation = Reservation {
                             id,
                             order_id: command.order_id.clone(),
                             state: ReservationState::Held,
-                            lines: lines
-                                .iter()
-                                .map(|(line, _)| ReservationLine::new_hold(line))
-                                .collect(),
+                            lines: held.into_iter().map(|(line, _)| line).collect(),
                             created_at,
                             expires_at,
                         };
@@ -158,7 +162,7 @@ impl ReservationStore for PgStore {
                             &tx,
                             ReservationEvent::Held,
                             &reservation,
-                            &levels,
+                            &stock::levels_after(&moved),
                         )
                         .await
                         .map_err(from_db)?;
@@ -168,17 +172,12 @@ impl ReservationStore for PgStore {
                             Some(command.idempotency_key.as_str()),
                         )
                         .of_reservation(id, &command.order_id);
-                        // `levels` are in SKU order, like `lines`.
-                        let movements: Vec<NewMovement<'_>> = levels
+                        let movements: Vec<NewMovement<'_>> = moved
                             .iter()
-                            .zip(&lines)
-                            .map(|(level, (line, _))| {
-                                NewMovement::of_units(
-                                    MovementKind::Held,
-                                    level,
-                                    line.quantity.get(),
-                                )
-                                .because(cause)
+                            .zip(&moves)
+                            .map(|(m, units)| {
+                                NewMovement::of_units(MovementKind::Held, m, units.reserved)
+                                    .because(cause)
                             })
                             .collect();
                         ledger::append(&tx, &movements).await.map_err(from_db)?;
@@ -345,22 +344,34 @@ impl PgStore {
                 .settle
                 .expired_meanwhile(reservation, &command.lines);
         }
-        let mut levels = Vec::with_capacity(change.moves.len());
-        for (sku, units) in &change.moves {
-            let level = match command.settle {
-                Settle::Confirm => stock::ship(&tx, sku, *units).await,
-                Settle::Release => stock::unreserve(&tx, sku, *units, 1).await,
-            };
-            levels.push(level.map_err(from_db)?);
-        }
+        let moves: Vec<StockMove<'_>> = change
+            .moves
+            .iter()
+            .map(|m| StockMove {
+                sku: &m.sku,
+                location: &m.location,
+                // Confirmed units leave the stock: both columns drop, `available` stays.
+                on_hand: match command.settle {
+                    Settle::Confirm => -m.units,
+                    Settle::Release => 0,
+                },
+                reserved: -m.units,
+            })
+            .collect();
+        let moved = stock::apply(&tx, &moves, &[], false).await?;
         if change.write_lines {
             reservations::update_lines(&tx, &[&change.after])
                 .await
                 .map_err(from_db)?;
         }
-        outbox::append_reservation_event(&tx, change.event, &change.after, &levels)
-            .await
-            .map_err(from_db)?;
+        outbox::append_reservation_event(
+            &tx,
+            change.event,
+            &change.after,
+            &stock::levels_after(&moved),
+        )
+        .await
+        .map_err(from_db)?;
         let cause = Cause::call(
             command.caller.as_str(),
             "",
@@ -371,10 +382,10 @@ impl PgStore {
             Settle::Confirm => MovementKind::Confirmed,
             Settle::Release => MovementKind::Released,
         };
-        let movements: Vec<NewMovement<'_>> = levels
+        let movements: Vec<NewMovement<'_>> = moved
             .iter()
             .zip(&change.moves)
-            .map(|(level, (_, units))| NewMovement::of_units(kind, level, *units).because(cause))
+            .map(|(m, units)| NewMovement::of_units(kind, m, units.units).because(cause))
             .collect();
         ledger::append(&tx, &movements).await.map_err(from_db)?;
         if let Some(key) = &command.idempotency_key {

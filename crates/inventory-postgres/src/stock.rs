@@ -1,15 +1,20 @@
-//! SQL for the `stock` table.
+//! SQL for the `stock` table (each SKU's total, lease fence and version) and the
+//! `stock_locations` table (its units at each location; the totals are their sums).
 //!
-//! Invariant relied on: `0 <= reserved <= on_hand <= MAX_ON_HAND` is enforced by CHECK
-//! constraints, so every statement here may assume it and none can break it.
+//! Invariants relied on: `0 <= reserved <= on_hand <= MAX_ON_HAND` is enforced by CHECK
+//! constraints on both tables, so every statement here may assume it and none can break it.
+//! Every writer locks a SKU's `stock` row before any of its location rows, and SKUs in byte
+//! order, so rows are always locked in (SKU, location) order. Every change goes through
+//! [`apply`], which moves a location row and its SKU's total together, one version per
+//! movement.
 
 use std::collections::HashMap;
 
-use deadpool_postgres::Transaction;
+use deadpool_postgres::{GenericClient, Transaction};
 use inventory_core::{
     Error,
-    domain::{FenceToken, MAX_ON_HAND, Sku, StockLevel},
-    rules::LockedStock,
+    allocation::SkuStock,
+    domain::{FenceToken, LocationId, Sku, StockLevel},
 };
 use tokio_postgres::Row;
 
@@ -17,17 +22,25 @@ use crate::error::from_db;
 
 const LOCK_ONE: &str = "SELECT on_hand, reserved, version FROM stock WHERE sku = $1 FOR UPDATE";
 
-/// A SKU's first stock. Nothing comes back when another transaction created it meanwhile.
+const LOCK_LOCATION: &str = "
+    SELECT on_hand, reserved, version FROM stock_locations
+    WHERE sku = $1 AND location_id = $2 FOR UPDATE";
+
+/// A SKU's first stock, at one location. Nothing comes back when another transaction created
+/// the SKU meanwhile.
 const CREATE: &str = "
-    INSERT INTO stock (sku, on_hand) VALUES ($1, $2) ON CONFLICT (sku) DO NOTHING
+    WITH s AS (
+        INSERT INTO stock (sku, on_hand) VALUES ($1, $3) ON CONFLICT (sku) DO NOTHING
+        RETURNING sku, on_hand, reserved, version
+    )
+    INSERT INTO stock_locations (sku, location_id, on_hand, reserved, version)
+    SELECT sku, $2, on_hand, reserved, version FROM s
     RETURNING on_hand, reserved, version";
 
-/// Applies a decided adjustment. The guards repeat the rule that decided it (never below the
-/// reserved units, never above the limit): should they not hold, nothing comes back.
-const ADJUST: &str = "
-    UPDATE stock SET on_hand = on_hand + $2, version = version + 1, updated_at = now()
-    WHERE sku = $1 AND on_hand + $2 >= reserved AND on_hand + $2 <= $3
-    RETURNING on_hand, reserved, version";
+/// A location's first row for a SKU whose row is locked: nothing there yet.
+const ADD_LOCATION: &str = "
+    INSERT INTO stock_locations (sku, location_id, on_hand, version)
+    SELECT sku, $2, 0, version FROM stock WHERE sku = $1";
 
 /// Rows are locked as the sort returns them: in SKU order, like every other writer. Byte
 /// order (`COLLATE "C"`), as Rust sorts SKUs, whatever the database's collation.
@@ -40,49 +53,45 @@ const LOCK_MANY: &str = "
     SELECT sku, clock_timestamp(), on_hand, reserved, version, fence_token FROM locked
     ORDER BY sku COLLATE \"C\"";
 
-/// Every hold of a coalesced batch, one row per SKU. The guards repeat what the locked rows
-/// showed: should they ever not hold, fewer rows change and the transaction is abandoned.
-const HOLD_MANY: &str = "
+/// The location rows of SKUs whose `stock` rows this transaction locked just before, in
+/// (SKU, location) order.
+const LOCK_LOCATIONS_MANY: &str = "
+    SELECT sku, location_id, on_hand, reserved, version FROM stock_locations
+    WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\" FOR UPDATE";
+
+/// Moves SKU totals: each `(sku, on_hand, reserved, movements, fence)` by its deltas and one
+/// version per movement. With a fence (a Reserve's), only while the stored one is below it,
+/// which it then becomes; rows the guard keeps out are simply not returned.
+const APPLY_TOTALS: &str = "
     UPDATE stock s
-    SET reserved = s.reserved + u.units, fence_token = u.fence, version = s.version + u.holds,
+    SET on_hand = s.on_hand + u.on_hand, reserved = s.reserved + u.reserved,
+        version = s.version + u.movements, fence_token = coalesce(u.fence, s.fence_token),
         updated_at = clock_timestamp()
-    FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS u(sku, units, fence, holds)
-    WHERE s.sku = u.sku AND s.fence_token < u.fence AND s.on_hand - s.reserved >= u.units";
-
-/// Holds units for a lease holder: only while enough is available, and only with a fencing
-/// token strictly above the last accepted one, which it then becomes. Strictly: after a Redis
-/// failover two holders can be handed the same number, and only one of them may write.
-const RESERVE: &str = "
-    UPDATE stock
-    SET reserved = reserved + $2, fence_token = $3, version = version + 1, updated_at = now()
-    WHERE sku = $1 AND fence_token < $3 AND on_hand - reserved >= $2
-    RETURNING on_hand, reserved, version";
-
-const READ_WITH_FENCE: &str =
-    "SELECT on_hand, reserved, version, fence_token FROM stock WHERE sku = $1";
-
-/// Confirmed units leave the stock: both columns drop, so `available` is unchanged.
-const SHIP: &str = "
-    UPDATE stock
-    SET on_hand = on_hand - $2, reserved = reserved - $2, version = version + 1, updated_at = now()
-    WHERE sku = $1
-    RETURNING on_hand, reserved, version";
-
-/// Released or expired units go back to `available`: $2 units of $3 reservations, one
-/// version each.
-const UNRESERVE: &str = "
-    UPDATE stock SET reserved = reserved - $2, version = version + $3, updated_at = now()
-    WHERE sku = $1
-    RETURNING on_hand, reserved, version";
-
-/// Decided counts, one row each; the guard repeats the rule (never below the reserved units).
-const SET_MANY: &str = "
-    UPDATE stock s SET on_hand = u.on_hand, version = s.version + 1, updated_at = now()
-    FROM unnest($1::text[], $2::bigint[]) AS u(sku, on_hand)
-    WHERE s.sku = u.sku AND u.on_hand >= s.reserved
+    FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[])
+        AS u(sku, on_hand, reserved, movements, fence)
+    WHERE s.sku = u.sku AND (u.fence IS NULL OR s.fence_token < u.fence)
     RETURNING s.sku, s.on_hand, s.reserved, s.version";
 
+/// Moves location rows after their SKUs' totals moved (same transaction, so the totals read
+/// here are the new ones): each takes the version of its last movement, which is the SKU's
+/// new version less the SKU's movements after it (`later`).
+const APPLY_LOCATIONS: &str = "
+    UPDATE stock_locations l
+    SET on_hand = l.on_hand + u.on_hand, reserved = l.reserved + u.reserved,
+        version = s.version - u.later, fence_token = coalesce(u.fence, l.fence_token),
+        updated_at = clock_timestamp()
+    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[])
+        AS u(sku, location_id, on_hand, reserved, later, fence)
+        JOIN stock s ON s.sku = u.sku
+    WHERE l.sku = u.sku AND l.location_id = u.location_id
+      AND (u.fence IS NULL OR l.fence_token < u.fence)
+    RETURNING l.sku, l.location_id, l.on_hand, l.reserved, l.version";
+
 const READ_MANY: &str = "SELECT sku, on_hand, reserved, version FROM stock WHERE sku = ANY($1)";
+
+const READ_LOCATIONS_MANY: &str = "
+    SELECT sku, location_id, on_hand, reserved, version FROM stock_locations
+    WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\"";
 
 /// The SKU's row, locked until the transaction ends; `None` if there is no such SKU.
 pub(crate) async fn lock(
@@ -91,189 +100,360 @@ pub(crate) async fn lock(
 ) -> Result<Option<StockLevel>, tokio_postgres::Error> {
     let statement = tx.prepare_cached(LOCK_ONE).await?;
     let row = tx.query_opt(&statement, &[&sku.as_str()]).await?;
-    Ok(row.map(|row| level(sku, &row)))
+    Ok(row.map(|row| total(sku, &row)))
 }
 
-/// Creates the SKU with `on_hand` units; `None` if another transaction created it first.
+/// The SKU's row at `location`, locked (its `stock` row must be locked already); `None` if
+/// the SKU never had stock there.
+pub(crate) async fn lock_at(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+    location: &LocationId,
+) -> Result<Option<StockLevel>, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(LOCK_LOCATION).await?;
+    let row = tx
+        .query_opt(&statement, &[&sku.as_str(), &location.as_str()])
+        .await?;
+    Ok(row.map(|row| at(sku, location, &row)))
+}
+
+/// Creates the SKU with `on_hand` units at `location`; `None` if another transaction created
+/// the SKU first. The level returned is both the total and the location's.
 pub(crate) async fn create(
     tx: &Transaction<'_>,
     sku: &Sku,
+    location: &LocationId,
     on_hand: i64,
 ) -> Result<Option<StockLevel>, tokio_postgres::Error> {
     let statement = tx.prepare_cached(CREATE).await?;
-    let row = tx.query_opt(&statement, &[&sku.as_str(), &on_hand]).await?;
-    Ok(row.map(|row| level(sku, &row)))
+    let row = tx
+        .query_opt(&statement, &[&sku.as_str(), &location.as_str(), &on_hand])
+        .await?;
+    Ok(row.map(|row| total(sku, &row)))
 }
 
-/// Adds `delta` units (negative: removes) to a locked row; `None` if the guards refused.
-pub(crate) async fn adjust(
+/// Gives a locked SKU an empty row at `location`, which [`apply`] then moves.
+pub(crate) async fn add_location(
     tx: &Transaction<'_>,
     sku: &Sku,
-    delta: i64,
-) -> Result<Option<StockLevel>, tokio_postgres::Error> {
-    let statement = tx.prepare_cached(ADJUST).await?;
-    let row = tx
-        .query_opt(&statement, &[&sku.as_str(), &delta, &MAX_ON_HAND])
+    location: &LocationId,
+) -> Result<(), tokio_postgres::Error> {
+    let statement = tx.prepare_cached(ADD_LOCATION).await?;
+    tx.execute(&statement, &[&sku.as_str(), &location.as_str()])
         .await?;
-    Ok(row.map(|row| level(sku, &row)))
+    Ok(())
 }
 
-/// Locks the rows of `skus` in SKU order; each with the clock read once its lock was held.
+/// Locks the rows of `skus` in SKU order, then their location rows in (SKU, location) order
+/// (two statements, sent together); each SKU with the clock read once its lock was held.
 pub(crate) async fn lock_many(
     tx: &Transaction<'_>,
     skus: &[&str],
-) -> Result<HashMap<String, LockedStock>, Error> {
-    let statement = tx.prepare_cached(LOCK_MANY).await.map_err(from_db)?;
-    let rows = tx.query(&statement, &[&skus]).await.map_err(from_db)?;
+) -> Result<HashMap<Sku, SkuStock>, Error> {
+    let (lock, lock_locations) = tokio::try_join!(
+        biased;
+        tx.prepare_cached(LOCK_MANY),
+        tx.prepare_cached(LOCK_LOCATIONS_MANY),
+    )
+    .map_err(from_db)?;
+    // `biased`: the SKU rows are locked before their location rows.
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&skus];
+    let (rows, location_rows) = tokio::try_join!(
+        biased;
+        tx.query(&lock, &params),
+        tx.query(&lock_locations, &params),
+    )
+    .map_err(from_db)?;
     let mut locked = HashMap::with_capacity(rows.len());
     for row in &rows {
-        let sku: String = row.try_get(0).map_err(Error::internal)?;
-        let level = StockLevel {
-            sku: Sku::parse(&sku).map_err(Error::internal)?,
-            on_hand: row.try_get(2).map_err(Error::internal)?,
-            reserved: row.try_get(3).map_err(Error::internal)?,
-            version: row.try_get(4).map_err(Error::internal)?,
-        };
-        let entry = LockedStock {
+        let sku = parse_sku(row)?;
+        let entry = SkuStock {
             now: row.try_get(1).map_err(Error::internal)?,
-            level,
+            total: StockLevel::total(
+                sku.clone(),
+                row.try_get(2).map_err(Error::internal)?,
+                row.try_get(3).map_err(Error::internal)?,
+                row.try_get(4).map_err(Error::internal)?,
+            ),
             fence: FenceToken::new(row.try_get(5).map_err(Error::internal)?),
+            at: Vec::new(),
         };
         locked.insert(sku, entry);
+    }
+    for row in &location_rows {
+        let level = location_level(row)?;
+        if let Some(stock) = locked.get_mut(&level.sku) {
+            stock.at.push(level);
+        }
     }
     Ok(locked)
 }
 
-/// Writes the holds of a coalesced batch, one `(sku, units, fence, holds)` per SKU; returns
-/// how many rows the guards let through.
-pub(crate) async fn hold_many(
+/// Locks the location rows of SKUs whose `stock` rows this transaction holds, in
+/// (SKU, location) order.
+pub(crate) async fn lock_locations_many(
     tx: &Transaction<'_>,
-    per_sku: &[(&str, i64, i64, i64)],
-) -> Result<u64, tokio_postgres::Error> {
-    if per_sku.is_empty() {
-        return Ok(0);
-    }
-    let statement = tx.prepare_cached(HOLD_MANY).await?;
-    let skus: Vec<&str> = per_sku.iter().map(|p| p.0).collect();
-    let units: Vec<i64> = per_sku.iter().map(|p| p.1).collect();
-    let fences: Vec<i64> = per_sku.iter().map(|p| p.2).collect();
-    let holds: Vec<i64> = per_sku.iter().map(|p| p.3).collect();
-    tx.execute(&statement, &[&skus, &units, &fences, &holds])
-        .await
-}
-
-/// `Some(level)` if the units were held under `fence`; `None` if the SKU is unknown, too few
-/// units are available or the fence is stale (tell them apart with [`read_with_fence`]).
-pub(crate) async fn reserve(
-    tx: &Transaction<'_>,
-    sku: &Sku,
-    units: i64,
-    fence: FenceToken,
-) -> Result<Option<StockLevel>, tokio_postgres::Error> {
-    let statement = tx.prepare_cached(RESERVE).await?;
-    let row = tx
-        .query_opt(&statement, &[&sku.as_str(), &units, &fence.get()])
-        .await?;
-    Ok(row.map(|row| level(sku, &row)))
-}
-
-pub(crate) async fn read_with_fence(
-    tx: &Transaction<'_>,
-    sku: &Sku,
-) -> Result<Option<(StockLevel, FenceToken)>, tokio_postgres::Error> {
-    let statement = tx.prepare_cached(READ_WITH_FENCE).await?;
-    let row = tx.query_opt(&statement, &[&sku.as_str()]).await?;
-    Ok(row.map(|row| (level(sku, &row), FenceToken::new(row.get(3)))))
-}
-
-/// Takes confirmed units out of stock. The CHECK constraints make an impossible request
-/// (more than is reserved) an error instead of a wrong level.
-pub(crate) async fn ship(
-    tx: &Transaction<'_>,
-    sku: &Sku,
-    units: i64,
-) -> Result<StockLevel, tokio_postgres::Error> {
-    let statement = tx.prepare_cached(SHIP).await?;
-    let row = tx.query_one(&statement, &[&sku.as_str(), &units]).await?;
-    Ok(level(sku, &row))
-}
-
-/// Returns the held units of `holds` reservations to `available`; the version moves by one
-/// per reservation, so each one's event can carry its own level.
-pub(crate) async fn unreserve(
-    tx: &Transaction<'_>,
-    sku: &Sku,
-    units: i64,
-    holds: i64,
-) -> Result<StockLevel, tokio_postgres::Error> {
-    let statement = tx.prepare_cached(UNRESERVE).await?;
-    let row = tx
-        .query_one(&statement, &[&sku.as_str(), &units, &holds])
-        .await?;
-    Ok(level(sku, &row))
-}
-
-/// The stored levels of whichever of `skus` exist, in no particular order.
-pub(crate) async fn read_many(
-    client: &deadpool_postgres::Client,
     skus: &[Sku],
-) -> Result<Vec<StockLevel>, tokio_postgres::Error> {
-    let statement = client.prepare_cached(READ_MANY).await?;
-    let names: Vec<&str> = skus.iter().map(Sku::as_str).collect();
-    let rows = client.query(&statement, &[&names]).await?;
-    rows.iter()
-        .map(|row| {
-            let sku: &str = row.try_get(0)?;
-            Ok(StockLevel {
-                // The CHECK constraint on `stock.sku` matches `Sku::parse`, and the value was
-                // asked for by an equal `Sku`.
-                sku: skus
-                    .iter()
-                    .find(|s| s.as_str() == sku)
-                    .cloned()
-                    .expect("row for a requested SKU"),
-                on_hand: row.try_get(1)?,
-                reserved: row.try_get(2)?,
-                version: row.try_get(3)?,
-            })
-        })
-        .collect()
-}
-
-fn level(sku: &Sku, row: &Row) -> StockLevel {
-    StockLevel {
-        sku: sku.clone(),
-        on_hand: row.get(0),
-        reserved: row.get(1),
-        version: row.get(2),
-    }
-}
-
-/// Writes decided counts of locked rows (`(sku, on_hand)`); returns the levels written, in no
-/// particular order.
-pub(crate) async fn set_many(
-    tx: &Transaction<'_>,
-    counts: &[(&str, i64)],
 ) -> Result<Vec<StockLevel>, Error> {
-    if counts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let statement = tx.prepare_cached(SET_MANY).await.map_err(from_db)?;
-    let skus: Vec<&str> = counts.iter().map(|c| c.0).collect();
-    let on_hands: Vec<i64> = counts.iter().map(|c| c.1).collect();
-    let rows = tx
-        .query(&statement, &[&skus, &on_hands])
+    let statement = tx
+        .prepare_cached(LOCK_LOCATIONS_MANY)
         .await
         .map_err(from_db)?;
+    let names: Vec<&str> = skus.iter().map(Sku::as_str).collect();
+    let rows = tx.query(&statement, &[&names]).await.map_err(from_db)?;
+    rows.iter().map(location_level).collect()
+}
+
+/// One movement of a SKU's stock at one location.
+#[derive(Clone, Debug)]
+pub(crate) struct StockMove<'a> {
+    pub sku: &'a Sku,
+    pub location: &'a LocationId,
+    pub on_hand: i64,
+    pub reserved: i64,
+}
+
+/// The levels right after one movement: the location's and the SKU's total, both at the
+/// version the movement produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Moved {
+    pub level: StockLevel,
+    pub total: StockLevel,
+}
+
+/// What events carry after `moved`: each SKU's last total, then each location's last level,
+/// by SKU, then location.
+pub(crate) fn levels_after(moved: &[Moved]) -> Vec<StockLevel> {
+    let mut totals: Vec<StockLevel> = Vec::new();
+    let mut at: Vec<StockLevel> = Vec::new();
+    for m in moved {
+        match totals.iter_mut().find(|t| t.sku == m.total.sku) {
+            Some(t) => *t = m.total.clone(),
+            None => totals.push(m.total.clone()),
+        }
+        match at
+            .iter_mut()
+            .find(|l| l.sku == m.level.sku && l.location == m.level.location)
+        {
+            Some(l) => *l = m.level.clone(),
+            None => at.push(m.level.clone()),
+        }
+    }
+    totals.sort_by(|a, b| a.sku.cmp(&b.sku));
+    at.sort_by(|a, b| (&a.sku, &a.location).cmp(&(&b.sku, &b.location)));
+    totals.extend(at);
+    totals
+}
+
+/// Applies `moves` (in the order given, one version each), and answers the levels right
+/// after each. `locked`: whether the transaction holds the SKUs' rows already; if not, they
+/// are locked first, in SKU order. `fences`: a Reserve's lease tokens per SKU, each guarding
+/// its SKU's row and location rows (strictly greater). The statements are sent together.
+/// Should a row not be there or a guard not hold, nothing is answered but an error, and the
+/// caller's transaction is abandoned.
+pub(crate) async fn apply(
+    tx: &Transaction<'_>,
+    moves: &[StockMove<'_>],
+    fences: &[(&Sku, FenceToken)],
+    locked: bool,
+) -> Result<Vec<Moved>, Error> {
+    if moves.is_empty() {
+        return Ok(Vec::new());
+    }
+    let fence_of = |sku: &Sku| {
+        fences
+            .iter()
+            .find(|(s, _)| *s == sku)
+            .map(|(_, fence)| fence.get())
+    };
+    // Per SKU: deltas and movements; per (SKU, location): deltas and the SKU's movements
+    // after its last one. Both in (SKU, location) order.
+    let mut totals: Vec<(&Sku, i64, i64, i64)> = Vec::new();
+    let mut rows: Vec<(&Sku, &LocationId, i64, i64, usize)> = Vec::new();
+    for (index, m) in moves.iter().enumerate() {
+        match totals.iter_mut().find(|t| t.0 == m.sku) {
+            Some(t) => {
+                t.1 += m.on_hand;
+                t.2 += m.reserved;
+                t.3 += 1;
+            }
+            None => totals.push((m.sku, m.on_hand, m.reserved, 1)),
+        }
+        match rows.iter_mut().find(|r| r.0 == m.sku && r.1 == m.location) {
+            Some(r) => {
+                r.2 += m.on_hand;
+                r.3 += m.reserved;
+                r.4 = index;
+            }
+            None => rows.push((m.sku, m.location, m.on_hand, m.reserved, index)),
+        }
+    }
+    totals.sort_by(|a, b| a.0.cmp(b.0));
+    rows.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    let later =
+        |sku: &Sku, last: usize| moves[last + 1..].iter().filter(|m| m.sku == sku).count() as i64;
+
+    let (lock, apply_totals, apply_locations) = tokio::try_join!(
+        biased;
+        tx.prepare_cached(LOCK_MANY),
+        tx.prepare_cached(APPLY_TOTALS),
+        tx.prepare_cached(APPLY_LOCATIONS),
+    )
+    .map_err(from_db)?;
+    let t_skus: Vec<&str> = totals.iter().map(|t| t.0.as_str()).collect();
+    let t_on: Vec<i64> = totals.iter().map(|t| t.1).collect();
+    let t_res: Vec<i64> = totals.iter().map(|t| t.2).collect();
+    let t_moves: Vec<i64> = totals.iter().map(|t| t.3).collect();
+    let t_fences: Vec<Option<i64>> = totals.iter().map(|t| fence_of(t.0)).collect();
+    let l_skus: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    let l_locations: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    let l_on: Vec<i64> = rows.iter().map(|r| r.2).collect();
+    let l_res: Vec<i64> = rows.iter().map(|r| r.3).collect();
+    let l_later: Vec<i64> = rows.iter().map(|r| later(r.0, r.4)).collect();
+    let l_fences: Vec<Option<i64>> = rows.iter().map(|r| fence_of(r.0)).collect();
+    // `biased`: the totals are locked in SKU order (an array update locks in whatever order
+    // its join yields), then move before their locations.
+    let lock_first = async {
+        if locked {
+            return Ok(Vec::new());
+        }
+        tx.query(&lock, &[&t_skus]).await
+    };
+    let total_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+        [&t_skus, &t_on, &t_res, &t_moves, &t_fences];
+    let location_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+        [&l_skus, &l_locations, &l_on, &l_res, &l_later, &l_fences];
+    let (_, total_rows, location_rows) = tokio::try_join!(
+        biased;
+        lock_first,
+        tx.query(&apply_totals, &total_params),
+        tx.query(&apply_locations, &location_params),
+    )
+    .map_err(from_db)?;
+    if total_rows.len() != totals.len() || location_rows.len() != rows.len() {
+        return Err(Error::internal(
+            "the locked stock rows no longer matched their guards",
+        ));
+    }
+
+    // Walk back from the levels after every movement to each movement's own.
+    let mut running_totals: HashMap<&str, StockLevel> = HashMap::with_capacity(totals.len());
+    for row in &total_rows {
+        let sku: &str = row.try_get(0).map_err(Error::internal)?;
+        let (sku_ref, on, res, count) = totals
+            .iter()
+            .find(|t| t.0.as_str() == sku)
+            .copied()
+            .ok_or_else(|| Error::internal("a total that was not moved"))?;
+        let after = total_at(sku_ref, row, 1);
+        running_totals.insert(
+            sku_ref.as_str(),
+            StockLevel {
+                on_hand: after.on_hand - on,
+                reserved: after.reserved - res,
+                version: after.version - count,
+                ..after
+            },
+        );
+    }
+    let mut running_at: HashMap<(&str, &str), StockLevel> = HashMap::with_capacity(rows.len());
+    for row in &location_rows {
+        let after = location_level(row)?;
+        let (sku_ref, location, on, res, _) = rows
+            .iter()
+            .find(|r| Some(r.1) == after.location.as_ref() && *r.0 == after.sku)
+            .copied()
+            .ok_or_else(|| Error::internal("a location that was not moved"))?;
+        running_at.insert(
+            (sku_ref.as_str(), location.as_str()),
+            StockLevel {
+                on_hand: after.on_hand - on,
+                reserved: after.reserved - res,
+                ..after
+            },
+        );
+    }
+    let mut moved = Vec::with_capacity(moves.len());
+    for m in moves {
+        let total = running_totals
+            .get_mut(m.sku.as_str())
+            .expect("every moved SKU is answered");
+        total.on_hand += m.on_hand;
+        total.reserved += m.reserved;
+        total.version += 1;
+        let level = running_at
+            .get_mut(&(m.sku.as_str(), m.location.as_str()))
+            .expect("every moved location is answered");
+        level.on_hand += m.on_hand;
+        level.reserved += m.reserved;
+        level.version = total.version;
+        moved.push(Moved {
+            level: level.clone(),
+            total: total.clone(),
+        });
+    }
+    Ok(moved)
+}
+
+/// The totals of whichever of `skus` exist, in no particular order.
+pub(crate) async fn read_many(
+    client: &impl GenericClient,
+    skus: &[Sku],
+) -> Result<Vec<StockLevel>, Error> {
+    let statement = client.prepare_cached(READ_MANY).await.map_err(from_db)?;
+    let names: Vec<&str> = skus.iter().map(Sku::as_str).collect();
+    let rows = client.query(&statement, &[&names]).await.map_err(from_db)?;
     rows.iter()
-        .map(|row| {
-            let sku: &str = row.try_get(0).map_err(Error::internal)?;
-            Ok(StockLevel {
-                sku: Sku::parse(sku).map_err(Error::internal)?,
-                on_hand: row.try_get(1).map_err(Error::internal)?,
-                reserved: row.try_get(2).map_err(Error::internal)?,
-                version: row.try_get(3).map_err(Error::internal)?,
-            })
-        })
+        .map(|row| Ok(total_at(&parse_sku(row)?, row, 1)))
         .collect()
+}
+
+/// The location levels of whichever of `skus` exist, by SKU, then location.
+pub(crate) async fn read_locations_many(
+    client: &impl GenericClient,
+    skus: &[Sku],
+) -> Result<Vec<StockLevel>, Error> {
+    let statement = client
+        .prepare_cached(READ_LOCATIONS_MANY)
+        .await
+        .map_err(from_db)?;
+    let names: Vec<&str> = skus.iter().map(Sku::as_str).collect();
+    let rows = client.query(&statement, &[&names]).await.map_err(from_db)?;
+    rows.iter().map(location_level).collect()
+}
+
+/// `(on_hand, reserved, version)` from column `first` on.
+fn total_at(sku: &Sku, row: &Row, first: usize) -> StockLevel {
+    StockLevel::total(
+        sku.clone(),
+        row.get(first),
+        row.get(first + 1),
+        row.get(first + 2),
+    )
+}
+
+fn total(sku: &Sku, row: &Row) -> StockLevel {
+    total_at(sku, row, 0)
+}
+
+fn at(sku: &Sku, location: &LocationId, row: &Row) -> StockLevel {
+    StockLevel {
+        location: Some(location.clone()),
+        ..total_at(sku, row, 0)
+    }
+}
+
+/// `(sku, location_id, on_hand, reserved, version)`.
+fn location_level(row: &Row) -> Result<StockLevel, Error> {
+    let sku = parse_sku(row)?;
+    let location: &str = row.try_get(1).map_err(Error::internal)?;
+    Ok(StockLevel {
+        location: Some(LocationId::parse(location).map_err(Error::internal)?),
+        ..total_at(&sku, row, 2)
+    })
+}
+
+fn parse_sku(row: &Row) -> Result<Sku, Error> {
+    let sku: &str = row.try_get(0).map_err(Error::internal)?;
+    Sku::parse(sku).map_err(Error::internal)
 }

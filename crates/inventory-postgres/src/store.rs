@@ -6,8 +6,11 @@ use std::{sync::Arc, time::Duration};
 use deadpool_postgres::Pool;
 use inventory_core::{
     Dependency, Error,
-    command::{AdjustStock, BatchSetStock, GetStock, ListStockMovements, MovementPage, SetStock},
-    domain::{MovementKind, StockLevel},
+    command::{
+        AdjustStock, BatchSetStock, GetStock, ListStockMovements, MovementPage, SetStock,
+        StockLevels, TransferStock, Transferred,
+    },
+    domain::{Location, LocationId, MovementKind, Sku, StockLevel},
     pause::PausePoints,
     ports::StockStore,
     rules,
@@ -19,11 +22,12 @@ use crate::{
     error::{from_db, from_pool},
     idempotency,
     ledger::{self, Cause, NewMovement},
-    outbox,
+    locations, outbox,
     outcome::{
         ADJUST_STOCK, AdjustOutcome, BATCH_SET_STOCK, BatchSetOutcome, SET_STOCK, SetOutcome,
+        TRANSFER_STOCK, TransferOutcome,
     },
-    stock,
+    stock::{self, Moved, StockMove},
 };
 
 #[derive(Clone, Debug)]
@@ -91,35 +95,34 @@ impl StockStore for PgStore {
         self.bounded(async {
             let mut client = self.pool.get().await.map_err(from_pool)?;
             let tx = client.transaction().await.map_err(from_db)?;
-            let fingerprint = command.fingerprint();
-
             if let Some(outcome) = idempotency::claim(
                 &tx,
                 &self.pauses,
                 command.caller.as_str(),
                 &command.idempotency_key,
                 ADJUST_STOCK,
-                &fingerprint,
+                &command.fingerprint(),
             )
             .await?
             .stored::<AdjustOutcome>()?
             {
                 return outcome.into_result(command);
             }
-
+            known_locations(&tx, [&command.location]).await?;
             let result = apply_adjustment(&tx, command).await?;
-            let outcome = AdjustOutcome::from_result(&result)
-                .expect("apply_adjustment returns only storable outcomes");
-            if let Ok(level) = &result {
+            if let Ok(moved) = &result {
                 let cause = Cause::call(
                     command.caller.as_str(),
                     command.reason.as_str(),
                     Some(command.idempotency_key.as_str()),
                 );
                 let change =
-                    StockChange::new(MovementKind::Adjusted, level, command.delta.get(), cause);
+                    StockChange::new(MovementKind::Adjusted, moved, command.delta.get(), cause);
                 record_changes(&tx, &[change]).await?;
             }
+            let result = result.map(|moved| moved.total);
+            let outcome = AdjustOutcome::from_result(&result)
+                .expect("apply_adjustment returns only storable outcomes");
             idempotency::record(
                 &tx,
                 command.caller.as_str(),
@@ -154,9 +157,15 @@ impl StockStore for PgStore {
             {
                 return outcome.into_result(command);
             }
+            known_locations(&tx, [&command.location]).await?;
             let result = apply_count(&tx, command).await?;
-            let changed = matches!(&result, Ok(Count { changed: true, .. }));
-            if let (true, Ok(Count { level, delta, .. })) = (changed, &result) {
+            let changed = matches!(&result, Ok(Count { moved: Some(_), .. }));
+            if let Ok(Count {
+                moved: Some(moved),
+                delta,
+                ..
+            }) = &result
+            {
                 let cause = Cause::call(
                     command.caller.as_str(),
                     command.reason.as_str(),
@@ -164,11 +173,11 @@ impl StockStore for PgStore {
                 );
                 record_changes(
                     &tx,
-                    &[StockChange::new(MovementKind::Set, level, *delta, cause)],
+                    &[StockChange::new(MovementKind::Set, moved, *delta, cause)],
                 )
                 .await?;
             }
-            let result = result.map(|count| count.level);
+            let result = result.map(|count| count.total);
             let outcome = SetOutcome::from_result(&result)
                 .expect("apply_count returns only storable outcomes");
             idempotency::record(
@@ -205,6 +214,7 @@ impl StockStore for PgStore {
             {
                 return outcome.into_result(command);
             }
+            known_locations(&tx, command.counts.iter().map(|c| &c.location)).await?;
             // Under a savepoint: a refusal undoes every row the batch wrote (SKUs it created
             // included) but keeps the claim, so the refusal itself is stored and replayed.
             let savepoint = tx.savepoint("counts").await.map_err(from_db)?;
@@ -240,119 +250,266 @@ impl StockStore for PgStore {
     }
 
     #[tracing::instrument(skip_all, fields(skus = query.skus().len()))]
-    async fn get_stock(&self, query: &GetStock) -> Result<Vec<StockLevel>, Error> {
+    async fn get_stock(&self, query: &GetStock) -> Result<StockLevels, Error> {
         self.bounded(async {
             let client = self.pool.get().await.map_err(from_pool)?;
-            let mut found = stock::read_many(&client, query.skus())
-                .await
-                .map_err(from_db)?;
+            let position = |sku: &Sku| query.skus().iter().position(|s| s == sku);
+            let (mut totals, mut by_location) = if query.by_location {
+                // One statement, one snapshot: the totals are the sums of the locations (and
+                // a SKU's version is its newest location's, since every movement is one
+                // location's).
+                let by_location = stock::read_locations_many(&client, query.skus()).await?;
+                let mut totals: Vec<StockLevel> = Vec::new();
+                for level in &by_location {
+                    match totals.iter_mut().find(|t| t.sku == level.sku) {
+                        Some(t) => {
+                            t.on_hand += level.on_hand;
+                            t.reserved += level.reserved;
+                            t.version = t.version.max(level.version);
+                        }
+                        None => totals.push(StockLevel {
+                            location: None,
+                            ..level.clone()
+                        }),
+                    }
+                }
+                (totals, by_location)
+            } else {
+                (stock::read_many(&client, query.skus()).await?, Vec::new())
+            };
             let missing: Vec<_> = query
                 .skus()
                 .iter()
-                .filter(|sku| !found.iter().any(|level| &level.sku == *sku))
+                .filter(|sku| !totals.iter().any(|level| &level.sku == *sku))
                 .cloned()
                 .collect();
             if !missing.is_empty() {
                 return Err(Error::UnknownSkus(missing));
             }
-            found.sort_by_key(|level| query.skus().iter().position(|sku| sku == &level.sku));
-            Ok(found)
+            totals.sort_by_key(|level| position(&level.sku));
+            by_location.sort_by(|a, b| {
+                (position(&a.sku), &a.location).cmp(&(position(&b.sku), &b.location))
+            });
+            Ok(StockLevels {
+                totals,
+                by_location,
+            })
+        })
+        .await
+    }
+
+    #[tracing::instrument(name = "sql.transfer_stock", skip_all, fields(sku = %command.sku, quantity = command.quantity))]
+    async fn transfer_stock(&self, command: &TransferStock) -> Result<Transferred, Error> {
+        self.bounded(async {
+            let mut client = self.pool.get().await.map_err(from_pool)?;
+            let tx = client.transaction().await.map_err(from_db)?;
+            if let Some(outcome) = idempotency::claim(
+                &tx,
+                &self.pauses,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                TRANSFER_STOCK,
+                &command.fingerprint(),
+            )
+            .await?
+            .stored::<TransferOutcome>()?
+            {
+                return outcome.into_result();
+            }
+            known_locations(&tx, [&command.from, &command.to]).await?;
+            let result = apply_transfer(&tx, command).await?;
+            let outcome = TransferOutcome::of(&result);
+            idempotency::record(
+                &tx,
+                command.caller.as_str(),
+                &command.idempotency_key,
+                &outcome,
+            )
+            .await?;
+            tx.commit().await.map_err(from_db)?;
+            if result.is_ok() {
+                self.outbox_written();
+            }
+            result
+        })
+        .await
+    }
+
+    #[tracing::instrument(name = "sql.upsert_location", skip_all, fields(location = %location.id))]
+    async fn upsert_location(&self, location: &Location) -> Result<Location, Error> {
+        self.bounded(async {
+            let client = self.pool.get().await.map_err(from_pool)?;
+            locations::upsert(&client, location).await
+        })
+        .await
+    }
+
+    async fn list_locations(&self) -> Result<Vec<Location>, Error> {
+        self.bounded(async {
+            let client = self.pool.get().await.map_err(from_pool)?;
+            locations::all(&client).await
         })
         .await
     }
 }
 
-/// What a count came to: the level after it, the change of `on_hand`, and whether anything
-/// was written (a count equal to what is stored writes nothing).
-struct Count {
-    level: StockLevel,
-    delta: i64,
-    changed: bool,
+/// Refuses a location that does not exist, before anything is written (and nothing is
+/// stored with the key: once the location is created, the same call goes through). Every
+/// deployment has `default`, which needs no read.
+async fn known_locations<'a>(
+    tx: &deadpool_postgres::Transaction<'_>,
+    wanted: impl IntoIterator<Item = &'a LocationId>,
+) -> Result<(), Error> {
+    let wanted: Vec<&LocationId> = wanted
+        .into_iter()
+        .filter(|l| l.as_str() != LocationId::DEFAULT)
+        .collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let all = locations::all(tx).await?;
+    wanted
+        .into_iter()
+        .try_for_each(|location| locations::check(&all, location))
 }
 
-/// An absolute count: the row is locked (or created), the core decides, the count is written
-/// under guards that repeat the decision.
+/// A SKU created by its first change at `location`: the total and the location are equal.
+fn created(level: StockLevel, location: &LocationId) -> Moved {
+    Moved {
+        level: StockLevel {
+            location: Some(location.clone()),
+            ..level.clone()
+        },
+        total: level,
+    }
+}
+
+/// Writes one decided change of `on_hand` at a location of a locked SKU, giving the SKU a row
+/// there first if it has none.
+async fn move_on_hand(
+    tx: &deadpool_postgres::Transaction<'_>,
+    sku: &Sku,
+    location: &LocationId,
+    had_row: bool,
+    delta: i64,
+) -> Result<Moved, Error> {
+    if !had_row {
+        stock::add_location(tx, sku, location)
+            .await
+            .map_err(from_db)?;
+    }
+    let moves = [StockMove {
+        sku,
+        location,
+        on_hand: delta,
+        reserved: 0,
+    }];
+    let mut moved = stock::apply(tx, &moves, &[], true).await?;
+    Ok(moved.remove(0))
+}
+
+/// What a count came to: the SKU's total after it, the change of `on_hand`, and what was
+/// written (`None`: a count equal to what is stored writes nothing).
+struct Count {
+    total: StockLevel,
+    delta: i64,
+    moved: Option<Moved>,
+}
+
+/// An absolute count: the SKU's row is locked (or created), then its row at the location;
+/// the core decides, the count is written under guards that repeat the decision.
 async fn apply_count(
     tx: &deadpool_postgres::Transaction<'_>,
     command: &SetStock,
 ) -> Result<Result<Count, Error>, Error> {
     let sku = &command.sku;
+    let location = &command.location;
     let mut current = stock::lock(tx, sku).await.map_err(from_db)?;
     if current.is_none() {
-        let created = match rules::set_stock(None, command) {
+        let created_level = match rules::set_stock(None, command) {
             Err(refusal) => return Ok(Err(refusal)),
-            Ok(first) => stock::create(tx, sku, first.on_hand)
+            Ok(first) => stock::create(tx, sku, location, first.on_hand)
                 .await
                 .map_err(from_db)?,
         };
-        if let Some(level) = created {
-            let delta = level.on_hand;
+        if let Some(level) = created_level {
             return Ok(Ok(Count {
-                level,
-                delta,
-                changed: true,
+                total: level.clone(),
+                delta: level.on_hand,
+                moved: Some(created(level, location)),
             }));
         }
         // Created meanwhile by another transaction (committed: the insert waited for it).
         current = stock::lock(tx, sku).await.map_err(from_db)?;
     }
-    let before = current.as_ref().map_or(0, |level| level.on_hand);
-    let decided = match rules::set_stock(current.as_ref(), command) {
+    let total = current.ok_or_else(|| Error::internal("a SKU vanished while it was created"))?;
+    let at = stock::lock_at(tx, sku, location).await.map_err(from_db)?;
+    let (total_after, at_after, delta) = match rules::set_at(&total, at.as_ref(), command) {
         Err(refusal) => return Ok(Err(refusal)),
-        Ok(level) => level,
-    };
-    let delta = decided.on_hand - before;
-    if delta == 0
-        && let Some(current) = current
-    {
         // The count confirms what is stored: no change, no version, no movement.
-        return Ok(Ok(Count {
-            level: current,
-            delta: 0,
-            changed: false,
-        }));
-    }
-    match stock::adjust(tx, sku, delta).await.map_err(from_db)? {
-        Some(level) => {
-            debug_assert_eq!(level, decided, "the stored level is the decided one");
-            Ok(Ok(Count {
-                level,
-                delta,
-                changed: true,
-            }))
+        Ok(None) => {
+            return Ok(Ok(Count {
+                total,
+                delta: 0,
+                moved: None,
+            }));
         }
-        None => Err(Error::internal(
-            "the locked stock row no longer matched its guards",
-        )),
-    }
+        Ok(Some(decided)) => decided,
+    };
+    let moved = move_on_hand(tx, sku, location, at.is_some(), delta).await?;
+    debug_assert_eq!(
+        (&moved.total, &moved.level),
+        (&total_after, &at_after),
+        "the stored levels are the decided ones"
+    );
+    Ok(Ok(Count {
+        total: moved.total.clone(),
+        delta,
+        moved: Some(moved),
+    }))
 }
 
-/// A batch of counts, under a savepoint the caller rolls back on a refusal. One pass in SKU
-/// order, like every writer: each SKU's row is locked, or created (which locks the new row),
-/// or locked after all if another transaction created it meanwhile. Then every count is
-/// decided in request order (the first refusal refuses the batch), and the changed rows are
-/// written with one statement, one event and one movement each.
+/// A batch of counts, under a savepoint the caller rolls back on a refusal. Each SKU's row is
+/// locked (or created, which locks the new row, or locked after all if another transaction
+/// created it meanwhile) in SKU order, then all their location rows, in (SKU, location)
+/// order. Every count is then decided in request order (the first refusal refuses the
+/// batch), each expected version against the SKU's version before the batch (a sync sends
+/// what it read), and the changes are written together, with an event and a movement each.
 async fn apply_counts(
     tx: &deadpool_postgres::Transaction<'_>,
     command: &BatchSetStock,
 ) -> Result<Result<Vec<StockLevel>, Error>, Error> {
-    let mut by_sku: Vec<&SetStock> = command.counts.iter().collect();
-    by_sku.sort_by(|a, b| a.sku.cmp(&b.sku));
-    let mut current: std::collections::HashMap<String, StockLevel> =
-        std::collections::HashMap::with_capacity(by_sku.len());
-    let mut created = Vec::new();
-    for count in by_sku {
+    use std::collections::HashMap;
+    let mut by_key: Vec<&SetStock> = command.counts.iter().collect();
+    by_key.sort_by(|a, b| (&a.sku, &a.location).cmp(&(&b.sku, &b.location)));
+    let mut totals: HashMap<Sku, StockLevel> = HashMap::with_capacity(by_key.len());
+    let mut before: HashMap<Sku, i64> = HashMap::with_capacity(by_key.len());
+    // The counts that created their SKU, by index in the request.
+    let mut creating: Vec<usize> = Vec::new();
+    let index_of = |count: &SetStock| {
+        command
+            .counts
+            .iter()
+            .position(|c| std::ptr::eq(c, count))
+            .expect("a count of the batch")
+    };
+    for count in by_key {
+        if totals.contains_key(&count.sku) {
+            continue;
+        }
         let level = match stock::lock(tx, &count.sku).await.map_err(from_db)? {
             Some(level) => level,
             // A count the core refuses for a missing SKU creates nothing; it is decided below.
             None if rules::set_stock(None, count).is_err() => continue,
-            None => match stock::create(tx, &count.sku, count.on_hand)
+            None => match stock::create(tx, &count.sku, &count.location, count.on_hand)
                 .await
                 .map_err(from_db)?
             {
                 Some(level) => {
-                    created.push(count.sku.clone());
-                    level
+                    creating.push(index_of(count));
+                    before.insert(count.sku.clone(), 0);
+                    totals.insert(count.sku.clone(), level);
+                    continue;
                 }
                 // Created meanwhile by another transaction (committed: the insert waited
                 // for it): lock it and decide on it below.
@@ -362,53 +519,194 @@ async fn apply_counts(
                     .ok_or_else(|| Error::internal("a SKU vanished while it was created"))?,
             },
         };
-        current.insert(count.sku.as_str().to_owned(), level);
+        before.insert(count.sku.clone(), level.version);
+        totals.insert(count.sku.clone(), level);
     }
-    for count in &command.counts {
-        if created.contains(&count.sku) {
-            continue;
-        }
-        if let Err(refusal) = rules::set_stock(current.get(count.sku.as_str()), count) {
-            return Ok(Err(refusal));
-        }
-    }
-    let changes: Vec<(&str, i64)> = command
-        .counts
-        .iter()
-        .filter(|c| !created.contains(&c.sku))
-        .filter(|c| current[c.sku.as_str()].on_hand != c.on_hand)
-        .map(|c| (c.sku.as_str(), c.on_hand))
+    let mut skus: Vec<Sku> = totals.keys().cloned().collect();
+    skus.sort();
+    let mut at: HashMap<(Sku, LocationId), StockLevel> = stock::lock_locations_many(tx, &skus)
+        .await?
+        .into_iter()
+        .filter_map(|level| Some(((level.sku.clone(), level.location.clone()?), level)))
         .collect();
-    let mut changed = stock::set_many(tx, &changes).await?;
-    if changed.len() != changes.len() {
-        return Err(Error::internal(
-            "the locked stock rows no longer matched their guards",
-        ));
-    }
-    let mut changes = Vec::with_capacity(command.counts.len());
-    for count in &command.counts {
-        let (level, before) = if created.contains(&count.sku) {
-            (current[count.sku.as_str()].clone(), 0)
-        } else if let Some(i) = changed.iter().position(|l| l.sku == count.sku) {
-            (changed.swap_remove(i), current[count.sku.as_str()].on_hand)
-        } else {
+    let mut changes: Vec<(usize, i64, bool)> = Vec::new();
+    for (index, count) in command.counts.iter().enumerate() {
+        if creating.contains(&index) {
             continue;
+        }
+        let Some(total) = totals.get_mut(&count.sku) else {
+            return Ok(Err(rules::set_stock(None, count)
+                .expect_err("only a refused count leaves its SKU unlocked")));
         };
-        let cause = Cause::call(
-            command.caller.as_str(),
-            count.reason.as_str(),
-            Some(command.idempotency_key.as_str()),
-        );
-        let delta = level.on_hand - before;
-        changes.push(StockChange::new(MovementKind::Set, &level, delta, cause));
-        current.insert(count.sku.as_str().to_owned(), level);
+        let expected = before[&count.sku];
+        if let Some(wanted) = count.expected_version
+            && wanted != expected
+        {
+            return Ok(Err(Error::VersionMismatch {
+                sku: count.sku.clone(),
+                expected: wanted,
+                current: expected,
+            }));
+        }
+        let unversioned = SetStock {
+            expected_version: None,
+            ..count.clone()
+        };
+        let key = (count.sku.clone(), count.location.clone());
+        match rules::set_at(total, at.get(&key), &unversioned) {
+            Err(refusal) => return Ok(Err(refusal)),
+            Ok(None) => {}
+            Ok(Some((total_after, at_after, delta))) => {
+                *total = total_after;
+                let had_row = at.insert(key, at_after).is_some();
+                changes.push((index, delta, had_row));
+            }
+        }
     }
-    record_changes(tx, &changes).await?;
+    for (index, _, had_row) in &changes {
+        let count = &command.counts[*index];
+        if !had_row {
+            stock::add_location(tx, &count.sku, &count.location)
+                .await
+                .map_err(from_db)?;
+        }
+    }
+    let moves: Vec<StockMove<'_>> = changes
+        .iter()
+        .map(|(index, delta, _)| {
+            let count = &command.counts[*index];
+            StockMove {
+                sku: &count.sku,
+                location: &count.location,
+                on_hand: *delta,
+                reserved: 0,
+            }
+        })
+        .collect();
+    let moved = stock::apply(tx, &moves, &[], true).await?;
+    let mut records = Vec::with_capacity(command.counts.len());
+    for index in &creating {
+        let count = &command.counts[*index];
+        let level = created(
+            StockLevel::total(count.sku.clone(), count.on_hand, 0, 1),
+            &count.location,
+        );
+        records.push((*index, level, count.on_hand));
+    }
+    for ((index, delta, _), moved) in changes.iter().zip(moved) {
+        records.push((*index, moved, *delta));
+    }
+    records.sort_by_key(|r| r.0);
+    let recorded: Vec<StockChange<'_>> = records
+        .iter()
+        .map(|(index, moved, delta)| {
+            let count = &command.counts[*index];
+            let cause = Cause::call(
+                command.caller.as_str(),
+                count.reason.as_str(),
+                Some(command.idempotency_key.as_str()),
+            );
+            StockChange::new(MovementKind::Set, moved, *delta, cause)
+        })
+        .collect();
+    record_changes(tx, &recorded).await?;
     Ok(Ok(command
         .counts
         .iter()
-        .map(|c| current[c.sku.as_str()].clone())
+        .map(|c| totals[&c.sku].clone())
         .collect()))
+}
+
+/// A transfer: the SKU's row is locked, then both location rows (in location order); the
+/// core decides; both sides move in one write, one movement each, and one event.
+async fn apply_transfer(
+    tx: &deadpool_postgres::Transaction<'_>,
+    command: &TransferStock,
+) -> Result<Result<Transferred, Error>, Error> {
+    let sku = &command.sku;
+    let Some(total) = stock::lock(tx, sku).await.map_err(from_db)? else {
+        return Ok(Err(Error::UnknownSkus(vec![sku.clone()])));
+    };
+    let (first, second) = if command.from < command.to {
+        (&command.from, &command.to)
+    } else {
+        (&command.to, &command.from)
+    };
+    let first_row = stock::lock_at(tx, sku, first).await.map_err(from_db)?;
+    let second_row = stock::lock_at(tx, sku, second).await.map_err(from_db)?;
+    let (from_row, to_row) = if first == &command.from {
+        (first_row, second_row)
+    } else {
+        (second_row, first_row)
+    };
+    let decided = match rules::transfer(&total, from_row.as_ref(), to_row.as_ref(), command) {
+        Err(refusal) => return Ok(Err(refusal)),
+        Ok(decided) => decided,
+    };
+    if from_row.is_none() {
+        stock::add_location(tx, sku, &command.from)
+            .await
+            .map_err(from_db)?;
+    }
+    if to_row.is_none() {
+        stock::add_location(tx, sku, &command.to)
+            .await
+            .map_err(from_db)?;
+    }
+    let side = |location, on_hand| StockMove {
+        sku,
+        location,
+        on_hand,
+        reserved: 0,
+    };
+    let mut moves = vec![
+        side(&command.from, -command.quantity),
+        side(&command.to, command.quantity),
+    ];
+    moves.sort_by(|a, b| a.location.cmp(b.location));
+    let moved = stock::apply(tx, &moves, &[], true).await?;
+    let (from, to) = if moved[0].level.location.as_ref() == Some(&command.from) {
+        (&moved[0], &moved[1])
+    } else {
+        (&moved[1], &moved[0])
+    };
+    let transferred = Transferred {
+        total: moved[1].total.clone(),
+        from: from.level.clone(),
+        to: to.level.clone(),
+    };
+    debug_assert_eq!(
+        transferred, decided,
+        "the stored levels are the decided ones"
+    );
+    outbox::append_sku_event(
+        tx,
+        outbox::STOCK_TRANSFERRED,
+        sku,
+        &json!({
+            "quantity": command.quantity,
+            "reason": command.reason.as_str(),
+            "level": outbox::level_payload(&transferred.total),
+            "from": outbox::level_payload(&transferred.from),
+            "to": outbox::level_payload(&transferred.to),
+        }),
+    )
+    .await
+    .map_err(from_db)?;
+    let cause = Cause::call(
+        command.caller.as_str(),
+        command.reason.as_str(),
+        Some(command.idempotency_key.as_str()),
+    );
+    let movements: Vec<NewMovement<'_>> = moved
+        .iter()
+        .zip(&moves)
+        .map(|(m, side)| {
+            NewMovement::new(MovementKind::Transferred, m, side.on_hand, 0).because(cause)
+        })
+        .collect();
+    ledger::append(tx, &movements).await.map_err(from_db)?;
+    Ok(Ok(transferred))
 }
 
 /// A change of `on_hand` by an adjustment or a count, to be recorded: its `STOCK_ADJUSTED`
@@ -419,16 +717,18 @@ struct StockChange<'a> {
 }
 
 impl<'a> StockChange<'a> {
-    fn new(kind: MovementKind, level: &StockLevel, delta: i64, cause: Cause<'a>) -> Self {
+    fn new(kind: MovementKind, moved: &Moved, delta: i64, cause: Cause<'a>) -> Self {
+        let total = &moved.total;
         Self {
             payload: json!({
                 "delta": delta,
                 "reason": cause.reason,
-                "on_hand": level.on_hand,
-                "reserved": level.reserved,
-                "version": level.version,
+                "on_hand": total.on_hand,
+                "reserved": total.reserved,
+                "version": total.version,
+                "location": outbox::level_payload(&moved.level),
             }),
-            movement: NewMovement::new(kind, level, delta, 0).because(cause),
+            movement: NewMovement::new(kind, moved, delta, 0).because(cause),
         }
     }
 }
@@ -448,41 +748,42 @@ async fn record_changes(
     ledger::append(tx, &movements).await.map_err(from_db)
 }
 
-/// The stock change itself: the row is locked, the core decides, the decision is written
-/// under guards that repeat it. `Err` is either a storable business outcome or a failure to
-/// reach or use the database (which rolls the whole transaction back, claim included).
+/// The stock change itself: the SKU's row is locked (or created), then its row at the
+/// location; the core decides, the decision is written under guards that repeat it. `Err` is
+/// either a storable business outcome or a failure to reach or use the database (which rolls
+/// the whole transaction back, claim included).
 async fn apply_adjustment(
     tx: &deadpool_postgres::Transaction<'_>,
     command: &AdjustStock,
-) -> Result<Result<StockLevel, Error>, Error> {
+) -> Result<Result<Moved, Error>, Error> {
     let sku = &command.sku;
-    let delta = command.delta.get();
+    let location = &command.location;
     let mut current = stock::lock(tx, sku).await.map_err(from_db)?;
     if current.is_none() {
-        let created = match rules::adjust_stock(None, command) {
+        let created_level = match rules::adjust_stock(None, command) {
             Err(refusal) => return Ok(Err(refusal)),
-            Ok(first) => stock::create(tx, sku, first.on_hand)
+            Ok(first) => stock::create(tx, sku, location, first.on_hand)
                 .await
                 .map_err(from_db)?,
         };
-        if let Some(level) = created {
-            return Ok(Ok(level));
+        if let Some(level) = created_level {
+            return Ok(Ok(created(level, location)));
         }
         // Another transaction created the SKU meanwhile (and committed: the insert waited
         // for it). Its row exists now: lock it and decide again.
         current = stock::lock(tx, sku).await.map_err(from_db)?;
     }
-    let decided = match rules::adjust_stock(current.as_ref(), command) {
+    let total = current.ok_or_else(|| Error::internal("a SKU vanished while it was created"))?;
+    let at = stock::lock_at(tx, sku, location).await.map_err(from_db)?;
+    let (total_after, at_after) = match rules::adjust_at(&total, at.as_ref(), command) {
         Err(refusal) => return Ok(Err(refusal)),
-        Ok(level) => level,
+        Ok(decided) => decided,
     };
-    match stock::adjust(tx, sku, delta).await.map_err(from_db)? {
-        Some(level) => {
-            debug_assert_eq!(level, decided, "the stored level is the decided one");
-            Ok(Ok(level))
-        }
-        None => Err(Error::internal(
-            "the locked stock row no longer matched its guards",
-        )),
-    }
+    let moved = move_on_hand(tx, sku, location, at.is_some(), command.delta.get()).await?;
+    debug_assert_eq!(
+        (&moved.total, &moved.level),
+        (&total_after, &at_after),
+        "the stored levels are the decided ones"
+    );
+    Ok(Ok(moved))
 }

@@ -1,25 +1,34 @@
-//! The verifier: every SKU recomputed from its ledger and from the live holds, every drift
-//! named. Three statements, each one scan, so it runs at the speed of reading the tables:
+//! The verifier: every SKU, at every location, recomputed from its ledger and from the live
+//! holds, every drift named. A few statements, each one scan, so it runs at the speed of
+//! reading the tables:
 //!
-//! 1. along each SKU's movements in version order, versions are dense and each level is the
-//!    previous one plus the movement's deltas (the first movement is version 1, or the
-//!    opening balance, and its level is its own deltas; under `LEDGER_RETENTION`, it follows
-//!    the version pruning recorded in `ledger_pruned`);
-//! 2. each SKU's last movement is its `stock` row (level and version), and every `stock` row
-//!    has movements;
-//! 3. each SKU's `reserved` is exactly what its `HELD` reservations still hold.
+//! 1. along each SKU's movements in version order, versions are dense (the first is version
+//!    1, or the opening balance; under `LEDGER_RETENTION`, it follows the version pruning
+//!    recorded in `ledger_pruned`), and along each (SKU, location)'s, each level is the
+//!    previous one plus the movement's deltas (a location's first movement: its own deltas,
+//!    unless pruning took the ones before);
+//! 2. each (SKU, location)'s last movement is its `stock_locations` row (level and version),
+//!    each SKU's last version is its `stock` row's, every row has movements, and each
+//!    `stock` row is the sum of its locations;
+//! 3. each (SKU, location)'s `reserved` is exactly what `HELD` reservations still hold
+//!    there.
 
 use std::fmt;
 
 use serde::Serialize;
 
+/// Versions along each SKU, levels along each (SKU, location).
 const CHAIN: &str = "
     SELECT c.sku, version, kind, on_hand_delta, reserved_delta, on_hand, reserved,
-           prev_version, prev_on_hand, prev_reserved, p.through_version
+           prev_version, prev_on_hand, prev_reserved, p.through_version, location_id,
+           prev_at_version
     FROM (
-        SELECT m.*, lag(version) OVER w AS prev_version, lag(on_hand) OVER w AS prev_on_hand,
-               lag(reserved) OVER w AS prev_reserved
-        FROM stock_movements m WINDOW w AS (PARTITION BY sku ORDER BY version)) c
+        SELECT m.*, lag(version) OVER w AS prev_version,
+               lag(version) OVER at AS prev_at_version,
+               lag(on_hand) OVER at AS prev_on_hand, lag(reserved) OVER at AS prev_reserved
+        FROM stock_movements m
+        WINDOW w AS (PARTITION BY sku ORDER BY version),
+               at AS (PARTITION BY sku, location_id ORDER BY version)) c
     LEFT JOIN ledger_pruned p ON p.sku = c.sku
     WHERE CASE
         WHEN prev_version IS NULL AND p.through_version IS NOT NULL
@@ -27,31 +36,48 @@ const CHAIN: &str = "
         WHEN prev_version IS NULL
             THEN NOT ((version = 1 OR kind = 'OPENING')
                       AND on_hand = on_hand_delta AND reserved = reserved_delta)
-        ELSE version <> prev_version + 1 OR on_hand <> prev_on_hand + on_hand_delta
-             OR reserved <> prev_reserved + reserved_delta
+        WHEN version <> prev_version + 1 THEN true
+        WHEN prev_at_version IS NULL
+            THEN p.through_version IS NULL
+                 AND (on_hand <> on_hand_delta OR reserved <> reserved_delta)
+        ELSE on_hand <> prev_on_hand + on_hand_delta OR reserved <> prev_reserved + reserved_delta
     END
     ORDER BY c.sku COLLATE \"C\", version";
 
+/// Each location row against its last movement.
 const LAST: &str = "
     SELECT coalesce(s.sku, l.sku), s.on_hand, s.reserved, s.version,
-           l.on_hand, l.reserved, l.version
-    FROM stock s
-    FULL JOIN (SELECT DISTINCT ON (sku) sku, on_hand, reserved, version FROM stock_movements
-               ORDER BY sku, version DESC) l ON l.sku = s.sku
+           l.on_hand, l.reserved, l.version, coalesce(s.location_id, l.location_id)
+    FROM stock_locations s
+    FULL JOIN (SELECT DISTINCT ON (sku, location_id) sku, location_id, on_hand, reserved, version
+               FROM stock_movements ORDER BY sku, location_id, version DESC) l
+        ON l.sku = s.sku AND l.location_id = s.location_id
     WHERE s.sku IS NULL OR l.sku IS NULL
        OR (s.on_hand, s.reserved, s.version) IS DISTINCT FROM (l.on_hand, l.reserved, l.version)
-    ORDER BY coalesce(s.sku, l.sku) COLLATE \"C\"";
+    ORDER BY coalesce(s.sku, l.sku) COLLATE \"C\", 8";
+
+/// Each SKU's total against the sum of its locations and its last movement's version.
+const TOTALS: &str = "
+    SELECT s.sku, s.on_hand, s.reserved, s.version, a.on_hand, a.reserved, m.version
+    FROM stock s
+    LEFT JOIN (SELECT sku, sum(on_hand)::bigint AS on_hand, sum(reserved)::bigint AS reserved
+               FROM stock_locations GROUP BY sku) a USING (sku)
+    LEFT JOIN (SELECT sku, max(version) AS version FROM stock_movements GROUP BY sku) m
+        USING (sku)
+    WHERE (s.on_hand, s.reserved) IS DISTINCT FROM (a.on_hand, a.reserved)
+       OR s.version IS DISTINCT FROM m.version
+    ORDER BY s.sku COLLATE \"C\"";
 
 const HELD: &str = "
-    SELECT s.sku, s.reserved, coalesce(h.held, 0)::bigint
-    FROM stock s
+    SELECT s.sku, s.reserved, coalesce(h.held, 0)::bigint, s.location_id
+    FROM stock_locations s
     LEFT JOIN (
-        SELECT l.sku, sum(l.quantity - l.confirmed - l.released) AS held
+        SELECT l.sku, l.location_id, sum(l.quantity - l.confirmed - l.released) AS held
         FROM reservation_lines l JOIN reservations r USING (reservation_id)
-        WHERE r.state = 'HELD' GROUP BY l.sku
-    ) h USING (sku)
+        WHERE r.state = 'HELD' GROUP BY l.sku, l.location_id
+    ) h USING (sku, location_id)
     WHERE s.reserved <> coalesce(h.held, 0)
-    ORDER BY s.sku COLLATE \"C\"";
+    ORDER BY s.sku COLLATE \"C\", s.location_id COLLATE \"C\"";
 
 const COUNTS: &str = "
     SELECT (SELECT count(*) FROM stock), (SELECT count(*) FROM stock_movements)";
@@ -97,6 +123,7 @@ pub async fn verify(client: &mut tokio_postgres::Client) -> Result<Report, tokio
             (row.get(3), row.get(4), row.get(5), row.get(6));
         let previous: Option<i64> = row.get(7);
         let pruned: Option<i64> = row.get(10);
+        let location: &str = row.get(11);
         let problem = match (previous, pruned) {
             (None, Some(through)) => format!(
                 "pruned through version {through}, yet the ledger resumes at version {version}: \
@@ -110,10 +137,12 @@ pub async fn verify(client: &mut tokio_postgres::Client) -> Result<Report, tokio
                 format!("version {version} follows version {previous}: movements are missing")
             }
             (Some(_), _) => {
-                let (p_on, p_res): (i64, i64) = (row.get(8), row.get(9));
+                let (p_on, p_res): (Option<i64>, Option<i64>) = (row.get(8), row.get(9));
                 format!(
-                    "version {version} ({kind}): {p_on}/{p_res} moved by {d_on}/{d_res} is not \
-                     the recorded {on_hand}/{reserved}"
+                    "version {version} ({kind}) at {location}: {}/{} moved by {d_on}/{d_res} \
+                     is not the recorded {on_hand}/{reserved}",
+                    p_on.unwrap_or(0),
+                    p_res.unwrap_or(0)
                 )
             }
         };
@@ -125,15 +154,16 @@ pub async fn verify(client: &mut tokio_postgres::Client) -> Result<Report, tokio
     for row in tx.query(LAST, &[]).await? {
         let stock: Option<i64> = row.get(3);
         let ledger: Option<i64> = row.get(6);
+        let location: &str = row.get(7);
         let problem = match (stock, ledger) {
-            (None, _) => "movements for a SKU with no stock row".to_owned(),
-            (_, None) => "a stock row with no movements".to_owned(),
+            (None, _) => format!("movements at {location} with no stock row there"),
+            (_, None) => format!("a stock row at {location} with no movements"),
             (Some(version), Some(last)) => {
                 let (on_hand, reserved): (i64, i64) = (row.get(1), row.get(2));
                 let (l_on, l_res): (i64, i64) = (row.get(4), row.get(5));
                 format!(
-                    "the row says {on_hand}/{reserved} at version {version}, the ledger \
-                     {l_on}/{l_res} at version {last}"
+                    "at {location} the row says {on_hand}/{reserved} at version {version}, \
+                     the ledger {l_on}/{l_res} at version {last}"
                 )
             }
         };
@@ -142,11 +172,26 @@ pub async fn verify(client: &mut tokio_postgres::Client) -> Result<Report, tokio
             problem,
         });
     }
-    for row in tx.query(HELD, &[]).await? {
-        let (reserved, held): (i64, i64) = (row.get(1), row.get(2));
+    for row in tx.query(TOTALS, &[]).await? {
+        let (on_hand, reserved, version): (i64, i64, i64) = (row.get(1), row.get(2), row.get(3));
+        let (sum_on, sum_res, last): (Option<i64>, Option<i64>, Option<i64>) =
+            (row.get(4), row.get(5), row.get(6));
         report.drifts.push(Drift {
             sku: row.get(0),
-            problem: format!("reserved is {reserved}, live holds hold {held}"),
+            problem: format!(
+                "the total says {on_hand}/{reserved} at version {version}; its locations sum \
+                 to {}/{} and its last movement is version {}",
+                sum_on.unwrap_or(0),
+                sum_res.unwrap_or(0),
+                last.map_or_else(|| "none".to_owned(), |v| v.to_string())
+            ),
+        });
+    }
+    for row in tx.query(HELD, &[]).await? {
+        let (reserved, held, location): (i64, i64, &str) = (row.get(1), row.get(2), row.get(3));
+        report.drifts.push(Drift {
+            sku: row.get(0),
+            problem: format!("at {location} reserved is {reserved}, live holds hold {held}"),
         });
     }
     tx.commit().await?;

@@ -51,7 +51,7 @@ pub async fn reservations(
                             r.state = 'HELD' AND r.expires_at > c.now AS live
                  ) u
                  WHERE $1::text IS NULL OR starts_with(r.order_id, $1::text)
-                 ORDER BY r.reservation_id, l.sku COLLATE \"C\""
+                 ORDER BY r.reservation_id, l.sku COLLATE \"C\", l.location_id COLLATE \"C\""
             ),
             &[&order_prefix],
         )
@@ -59,9 +59,17 @@ pub async fn reservations(
     let mut reservations: Vec<ReservationRow> = Vec::new();
     for row in rows {
         let id: String = row.get(0);
-        let line = (row.get(4), row.get(5), row.get(6));
-        let units = (row.get(7), row.get(8), row.get(9));
+        let line: (String, i64, i64) = (row.get(4), row.get(5), row.get(6));
+        let units: (i64, i64, i64) = (row.get(7), row.get(8), row.get(9));
         match reservations.last_mut() {
+            // A line split over locations has a row per location: one line, their sums.
+            Some(last) if last.id == id && last.lines.last().is_some_and(|l| l.0 == line.0) => {
+                let (same, counts) = (last.lines.last_mut(), last.units.last_mut());
+                let (same, counts) = (same.expect("a line"), counts.expect("its units"));
+                same.1 += line.1;
+                (counts.0, counts.1, counts.2) =
+                    (counts.0 + units.0, counts.1 + units.1, counts.2 + units.2);
+            }
             Some(last) if last.id == id => {
                 last.lines.push(line);
                 last.units.push(units);

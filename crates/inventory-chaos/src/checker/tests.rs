@@ -71,6 +71,7 @@ fn event(sequence: i64, kind: &str, id: Option<&str>, q: i64, level: (i64, i64, 
             Vec::new()
         },
         levels: vec![("S".into(), level.0, level.1, level.2)],
+        steps: Vec::new(),
     }
 }
 

@@ -13,6 +13,7 @@ fn group(sku: &str, keys: &[&str]) -> ReserveGroup {
                 vec![Line {
                     sku: sku.clone(),
                     quantity: Quantity::parse(1).unwrap(),
+                    location: None,
                 }],
                 None,
             );

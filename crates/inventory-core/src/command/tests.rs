@@ -11,6 +11,7 @@ fn adjust(sku: &str, delta: i64, key: &str, reason: &str) -> AdjustStock {
         idempotency_key: IdempotencyKey::parse(key).unwrap(),
         reason: Reason::parse(reason).unwrap(),
         expected_version: None,
+        location: LocationId::default_location(),
     }
 }
 
@@ -48,6 +49,7 @@ fn reserve(lines: &[(&str, i64)], ttl: Option<u64>) -> Reserve {
             .map(|(sku, quantity)| Line {
                 sku: Sku::parse(sku).unwrap(),
                 quantity: Quantity::parse(*quantity).unwrap(),
+                location: None,
             })
             .collect(),
         ttl.map(|secs| Ttl::parse(Duration::from_secs(secs)).unwrap()),

@@ -84,14 +84,17 @@ fn states_round_trip_through_their_names() {
 fn a_stored_line_puts_its_unrecorded_units_where_the_state_says() {
     use ReservationState::*;
     let read = |confirmed, released, state, live| {
-        let line = ReservationLine::stored(
-            Sku::parse("A").unwrap(),
-            Quantity::parse(5).unwrap(),
+        let allocation = Allocation::stored(
+            LocationId::default_location(),
+            5,
             confirmed,
             released,
             state,
             live,
         );
+        let line =
+            ReservationLine::from_allocations(Sku::parse("A").unwrap(), vec![allocation]).unwrap();
+        assert_eq!(line.quantity, Quantity::parse(5).unwrap());
         assert_eq!(line.held + line.confirmed + line.released, 5);
         (line.held, line.confirmed, line.released)
     };

@@ -1,7 +1,9 @@
 use std::time::{Duration, SystemTime};
 
 use super::*;
-use crate::domain::{Caller, IdempotencyKey, OrderId, Quantity, Reason, StockDelta};
+use crate::domain::{
+    AllocationPolicy, Caller, IdempotencyKey, OrderId, Quantity, Reason, StockDelta,
+};
 
 fn sku(raw: &str) -> Sku {
     Sku::parse(raw).unwrap()
@@ -13,6 +15,7 @@ fn level(on_hand: i64, reserved: i64, version: i64) -> StockLevel {
         on_hand,
         reserved,
         version,
+        location: None,
     }
 }
 
@@ -24,6 +27,7 @@ fn adjust(delta: i64) -> AdjustStock {
         idempotency_key: IdempotencyKey::parse("k").unwrap(),
         reason: Reason::parse("r").unwrap(),
         expected_version: None,
+        location: LocationId::default_location(),
     }
 }
 
@@ -74,54 +78,84 @@ fn line(raw: &str, quantity: i64) -> Line {
     Line {
         sku: sku(raw),
         quantity: Quantity::parse(quantity).unwrap(),
+        location: None,
+    }
+}
+
+/// Every location as configured: `default` only.
+fn only_default() -> Vec<Location> {
+    vec![Location {
+        id: LocationId::default_location(),
+        priority: 0,
+        active: true,
+    }]
+}
+
+/// A SKU's locked stock, all at `default`.
+fn stock_of(raw: &str, on_hand: i64, reserved: i64, fence: i64) -> SkuStock {
+    let total = StockLevel {
+        sku: sku(raw),
+        ..level(on_hand, reserved, 1)
+    };
+    SkuStock {
+        at: vec![StockLevel {
+            location: Some(LocationId::default_location()),
+            ..total.clone()
+        }],
+        total,
+        fence: FenceToken::new(fence),
+        now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000),
     }
 }
 
 #[test]
-fn a_refused_line_is_unknown_fenced_or_short() {
+fn a_cart_is_held_whole_or_refused_with_fences_first_then_unknown_skus_then_shortfalls() {
+    let (a, b, c) = (line("A", 3), line("B", 1), line("C", 2));
     let fence = FenceToken::new(5);
-    let l = line("A", 3);
-    assert_eq!(
-        line_refusal(&l, fence, None),
-        LineRefusal::UnknownSku(sku("A"))
-    );
-    let row = level(4, 2, 1);
-    assert_eq!(
-        line_refusal(&l, fence, Some((&row, FenceToken::new(5)))),
-        LineRefusal::Fenced(sku("A"), FenceToken::new(5))
-    );
-    assert_eq!(
-        line_refusal(&l, fence, Some((&row, FenceToken::new(4)))),
-        LineRefusal::Short(Shortfall {
-            sku: sku("A"),
-            requested: 3,
-            available: 2
-        })
-    );
-}
-
-#[test]
-fn fenced_lines_outrank_unknown_skus_which_outrank_shortfalls() {
-    let short = LineRefusal::Short(Shortfall {
-        sku: sku("C"),
-        requested: 2,
-        available: 1,
-    });
-    let unknown = LineRefusal::UnknownSku(sku("B"));
-    let fenced = LineRefusal::Fenced(sku("A"), FenceToken::new(7));
-    assert!(matches!(judge_lines(vec![]), LinesVerdict::Held));
+    let stock = |a_fence: i64| {
+        std::collections::HashMap::from([
+            (sku("A"), stock_of("A", 4, 2, a_fence)),
+            (sku("C"), stock_of("C", 1, 0, 1)),
+        ])
+    };
+    let policy = AllocationPolicy::default();
+    let locations = only_default();
+    // A is short (2 available), B is unknown, C is short: the unknown SKU decides.
+    let mut locked = stock(1);
+    let lines = [(&a, fence), (&b, fence), (&c, fence)];
     assert!(matches!(
-        judge_lines(vec![short.clone()]),
-        LinesVerdict::Refused(Error::InsufficientStock(s)) if s.len() == 1
-    ));
-    assert!(matches!(
-        judge_lines(vec![short.clone(), unknown.clone()]),
+        place_lines(&lines, &mut locked, policy, &locations),
         LinesVerdict::Refused(Error::UnknownSkus(s)) if s == [sku("B")]
     ));
+    // A's stored fence is not below the token: fenced outranks everything.
+    let mut fenced = stock(5);
     assert!(matches!(
-        judge_lines(vec![short, unknown, fenced]),
-        LinesVerdict::Fenced(f) if f == [(sku("A"), FenceToken::new(7))]
+        place_lines(&lines, &mut fenced, policy, &locations),
+        LinesVerdict::Fenced(f) if f == [(sku("A"), FenceToken::new(5))]
     ));
+    let lines = [(&a, fence), (&c, fence)];
+    match place_lines(&lines, &mut locked, policy, &locations) {
+        LinesVerdict::Refused(Error::InsufficientStock(short)) => {
+            let named: Vec<(&str, i64, i64)> = short
+                .iter()
+                .map(|s| (s.sku.as_str(), s.requested, s.available))
+                .collect();
+            assert_eq!(named, [("A", 3, 2), ("C", 2, 1)]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(locked, stock(1), "a refused cart changes nothing");
+    let (a2, c1) = (line("A", 2), line("C", 1));
+    let lines = [(&a2, fence), (&c1, fence)];
+    match place_lines(&lines, &mut locked, policy, &locations) {
+        LinesVerdict::Held(placed) => {
+            assert_eq!(placed.len(), 2);
+            assert_eq!((placed[0][0].units, placed[0][0].total.reserved), (2, 4));
+            assert_eq!(placed[1][0].level.version, 2);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(locked[&sku("A")].total.available(), 0);
 }
 
 fn reserve(key: &str, quantity: i64) -> (Reserve, Ttl) {
@@ -145,12 +179,8 @@ fn group(fence: i64, batch: Vec<(Reserve, Ttl)>) -> ReserveGroup {
     }
 }
 
-fn locked(on_hand: i64, reserved: i64, fence: i64) -> LockedStock {
-    LockedStock {
-        level: level(on_hand, reserved, 1),
-        fence: FenceToken::new(fence),
-        now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000),
-    }
+fn locked(on_hand: i64, reserved: i64, fence: i64) -> SkuStock {
+    stock_of("A", on_hand, reserved, fence)
 }
 
 fn decided(verdict: GroupVerdict) -> Vec<Decided> {
@@ -172,16 +202,24 @@ fn a_group_decides_each_request_as_if_alone_after_the_ones_before() {
         ],
     );
     let stock = locked(7, 0, 9);
-    let decisions =
-        decided(decide_group(&g, Some(&stock), |_| Ok(Earlier::Claimed), |_| false).unwrap());
+    let decisions = decided(
+        decide_group(
+            &g,
+            Some(&stock),
+            &only_default(),
+            |_| Ok(Earlier::Claimed),
+            |_| false,
+        )
+        .unwrap(),
+    );
     let held: Vec<bool> = decisions.iter().map(|d| d.answer.is_ok()).collect();
     // 7 units: 3 + 3 + 1 fit, the last 5 do not.
     assert_eq!(held, [true, true, true, false]);
     assert!(decisions.iter().all(|d| d.executed));
     let after: Vec<(i64, i64)> = decisions
         .iter()
-        .filter_map(|d| d.level_after.as_ref())
-        .map(|l| (l.reserved, l.version))
+        .filter_map(|d| d.placements.last())
+        .map(|p| (p.total.reserved, p.total.version))
         .collect();
     assert_eq!(after, [(3, 2), (6, 3), (7, 4)], "each hold's own level");
     match &decisions[3].answer {
@@ -200,6 +238,7 @@ fn a_stale_fence_writes_nothing_of_the_group() {
     let verdict = decide_group(
         &g,
         Some(&locked(5, 0, 9)),
+        &only_default(),
         |_| {
             asked += 1;
             Ok(Earlier::Claimed)
@@ -226,6 +265,7 @@ fn replays_conflicts_and_vanished_keys_take_no_stock() {
         decide_group(
             &g,
             Some(&locked(2, 0, 1)),
+            &only_default(),
             |command| {
                 Ok(match command.idempotency_key.as_str() {
                     "replayed" => Earlier::Replay(Err(Error::UnknownSkus(vec![sku("A")]))),
@@ -255,7 +295,16 @@ fn replays_conflicts_and_vanished_keys_take_no_stock() {
 #[test]
 fn an_unknown_sku_is_a_stored_refusal_for_every_request() {
     let g = group(1, vec![reserve("a", 1), reserve("b", 1)]);
-    let decisions = decided(decide_group(&g, None, |_| Ok(Earlier::Claimed), |_| false).unwrap());
+    let decisions = decided(
+        decide_group(
+            &g,
+            None,
+            &only_default(),
+            |_| Ok(Earlier::Claimed),
+            |_| false,
+        )
+        .unwrap(),
+    );
     assert!(
         decisions
             .iter()
@@ -266,8 +315,22 @@ fn an_unknown_sku_is_a_stored_refusal_for_every_request() {
 /// A live hold of `lines` (`(sku, quantity)`), nothing settled yet.
 fn hold_of(lines: &[(&str, i64)]) -> Reservation {
     let (command, ttl) = reserve("k", 1);
-    let lines: Vec<Line> = lines.iter().map(|(s, q)| line(s, *q)).collect();
+    let lines: Vec<ReservationLine> = lines
+        .iter()
+        .map(|(s, q)| at_default(&line(s, *q)))
+        .collect();
     new_hold(&command, lines, SystemTime::UNIX_EPOCH, ttl)
+}
+
+/// A line just held, all at `default`.
+fn at_default(line: &Line) -> ReservationLine {
+    let placed = Allocation::new_hold(LocationId::default_location(), line.quantity.get());
+    ReservationLine::new_hold(line, vec![placed])
+}
+
+/// `(sku, units)` of each move (all at `default` here).
+fn pairs(moves: &[Move]) -> Vec<(Sku, i64)> {
+    moves.iter().map(|m| (m.sku.clone(), m.units)).collect()
 }
 
 fn applied(step: Result<SettleStep, Error>) -> UnitMove {
@@ -298,7 +361,7 @@ fn settling_a_whole_hold_moves_every_held_unit_and_writes_no_line() {
     use ReservationState::*;
     let hold = hold_of(&[("A", 5), ("B", 3)]);
     let confirm = applied(Settle::Confirm.step(&hold, &[]));
-    assert_eq!(confirm.moves, vec![(sku("A"), 5), (sku("B"), 3)]);
+    assert_eq!(pairs(&confirm.moves), vec![(sku("A"), 5), (sku("B"), 3)]);
     assert_eq!(confirm.after.state, Confirmed);
     assert_eq!(confirm.event, ReservationEvent::Confirmed);
     assert_eq!(counts(&confirm.after), vec![(0, 5, 0), (0, 3, 0)]);
@@ -360,7 +423,7 @@ fn partial_calls_move_only_their_units_and_the_last_one_ends_the_hold() {
     let hold = hold_of(&[("A", 5), ("B", 3)]);
 
     let first = applied(Settle::Confirm.step(&hold, &units(&[("A", 2)])));
-    assert_eq!(first.moves, vec![(sku("A"), 2)]);
+    assert_eq!(pairs(&first.moves), vec![(sku("A"), 2)]);
     assert_eq!(first.after.state, Held);
     assert_eq!(first.event, ReservationEvent::PartiallyConfirmed);
     assert_eq!(counts(&first.after), vec![(3, 2, 0), (3, 0, 0)]);
@@ -368,7 +431,7 @@ fn partial_calls_move_only_their_units_and_the_last_one_ends_the_hold() {
 
     // Lines in any order; moves come out in SKU order.
     let second = applied(Settle::Release.step(&first.after, &units(&[("B", 3), ("A", 1)])));
-    assert_eq!(second.moves, vec![(sku("A"), 1), (sku("B"), 3)]);
+    assert_eq!(pairs(&second.moves), vec![(sku("A"), 1), (sku("B"), 3)]);
     assert_eq!(second.after.state, Held);
     assert_eq!(second.event, ReservationEvent::PartiallyReleased);
     assert_eq!(counts(&second.after), vec![(2, 2, 1), (0, 0, 3)]);
@@ -385,7 +448,7 @@ fn releasing_the_rest_of_a_partly_confirmed_hold_leaves_it_confirmed() {
     let hold = hold_of(&[("A", 5)]);
     let part = applied(Settle::Confirm.step(&hold, &units(&[("A", 2)]))).after;
     let rest = applied(Settle::Release.step(&part, &[]));
-    assert_eq!(rest.moves, vec![(sku("A"), 3)]);
+    assert_eq!(pairs(&rest.moves), vec![(sku("A"), 3)]);
     assert_eq!(rest.after.state, ReservationState::Confirmed);
     assert_eq!(rest.event, ReservationEvent::Released);
     assert_eq!(counts(&rest.after), vec![(0, 2, 3)]);
@@ -436,12 +499,12 @@ fn expiry_and_cancel_return_only_what_is_still_held() {
     let untouched = end_hold(&hold, Expired);
     assert_eq!(untouched.after.state, Expired);
     assert_eq!(untouched.event, ReservationEvent::Expired);
-    assert_eq!(untouched.moves, vec![(sku("A"), 5), (sku("B"), 3)]);
+    assert_eq!(pairs(&untouched.moves), vec![(sku("A"), 5), (sku("B"), 3)]);
     assert!(!untouched.write_lines);
 
     let part = applied(Settle::Confirm.step(&hold, &units(&[("A", 5), ("B", 1)]))).after;
     let expired = end_hold(&part, Expired);
-    assert_eq!(expired.moves, vec![(sku("B"), 2)]);
+    assert_eq!(pairs(&expired.moves), vec![(sku("B"), 2)]);
     assert_eq!(expired.after.state, Confirmed, "some units were confirmed");
     assert_eq!(expired.event, ReservationEvent::Expired);
     assert_eq!(counts(&expired.after), vec![(0, 5, 0), (0, 1, 2)]);
@@ -484,7 +547,7 @@ fn held(created_secs: u64, expires_secs: u64) -> Reservation {
         expires_at: SystemTime::UNIX_EPOCH + Duration::from_secs(expires_secs),
         ..new_hold(
             &command,
-            command.lines().to_vec(),
+            command.lines().iter().map(at_default).collect(),
             SystemTime::UNIX_EPOCH,
             reserve("k", 1).1,
         )
@@ -565,6 +628,7 @@ fn a_cancelled_order_is_a_stored_refusal_that_takes_no_stock() {
         decide_group(
             &g,
             Some(&locked(2, 0, 1)),
+            &only_default(),
             |_| Ok(Earlier::Claimed),
             |c| c.order_id.as_str() == "gone",
         )
@@ -575,7 +639,7 @@ fn a_cancelled_order_is_a_stored_refusal_that_takes_no_stock() {
         Err(Error::OrderCancelled { order_id }) if order_id.as_str() == "gone"
     ));
     assert!(decisions[0].executed, "stored with its key");
-    assert!(decisions[0].level_after.is_none());
+    assert!(decisions[0].placements.is_empty());
     // Both units were left for the live order.
-    assert_eq!(decisions[1].level_after.as_ref().unwrap().reserved, 2);
+    assert_eq!(decisions[1].placements.last().unwrap().total.reserved, 2);
 }

@@ -1,6 +1,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use inventory_core::domain::{Caller, IdempotencyKey, Reason, StockDelta};
+use serde_json::json;
 
 use super::*;
 
@@ -22,14 +23,57 @@ fn a_hold_replays_exactly_to_the_microsecond() {
         id: ReservationId::new_random(),
         order_id: OrderId::parse("order-1").unwrap(),
         state: ReservationState::Held,
-        lines: vec![ReservationLine::new_hold(&Line {
-            sku: sku("A"),
-            quantity: Quantity::parse(3).unwrap(),
-        })],
+        lines: vec![
+            ReservationLine::new_hold(
+                &Line::new(sku("A"), Quantity::parse(3).unwrap()),
+                vec![Allocation::new_hold(LocationId::default_location(), 3)],
+            ),
+            ReservationLine::new_hold(
+                &Line::new(sku("B"), Quantity::parse(5).unwrap()),
+                vec![
+                    Allocation::new_hold(LocationId::parse("east").unwrap(), 2),
+                    Allocation::new_hold(LocationId::parse("west").unwrap(), 3),
+                ],
+            ),
+        ],
         created_at: UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456),
         expires_at: UNIX_EPOCH + Duration::from_micros(1_700_000_900_123_456),
     };
     assert_eq!(round_trip(Ok(held.clone())).unwrap(), held);
+}
+
+#[test]
+fn a_hold_stored_before_locations_replays_at_default() {
+    let old = json!({
+        "outcome": "held",
+        "reservation": {
+            "reservation_id": "0b7e5a4c-3f1d-4a9e-9c2b-6d8f0e1a2b3c",
+            "order_id": "o",
+            "lines": [["A", 3]],
+            "created_at_micros": 1,
+            "expires_at_micros": 2,
+        },
+    });
+    let replayed = serde_json::from_value::<ReserveOutcome>(old)
+        .unwrap()
+        .into_result()
+        .unwrap()
+        .unwrap();
+    let line = &replayed.lines[0];
+    assert_eq!((line.quantity.get(), line.held), (3, 3));
+    assert_eq!(
+        line.allocations,
+        [Allocation::new_hold(LocationId::default_location(), 3)]
+    );
+}
+
+#[test]
+fn an_unknown_pinned_location_replays() {
+    let location = LocationId::parse("mars").unwrap();
+    assert!(matches!(
+        round_trip(Err(Error::UnknownLocation(location.clone()))),
+        Err(Error::UnknownLocation(l)) if l == location
+    ));
 }
 
 #[test]
@@ -60,6 +104,7 @@ fn outcomes_stored_by_earlier_versions_still_read() {
         idempotency_key: IdempotencyKey::parse("k").unwrap(),
         reason: Reason::parse("r").unwrap(),
         expected_version: None,
+        location: LocationId::default_location(),
     };
     let level = serde_json::from_value::<AdjustOutcome>(old)
         .unwrap()

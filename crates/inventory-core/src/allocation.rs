@@ -1,0 +1,163 @@
+//! Allocation: which locations a Reserve line's units come from, decided as a pure function
+//! of the SKU's rows as its transaction locked them (the total, and one row per location).
+//!
+//! - Only active locations are allocated from. A pinned line is served by its location
+//!   alone; an unknown pinned location is refused as such, an inactive one has nothing
+//!   available.
+//! - [`AllocationStrategy::Priority`]: locations by `priority` (lowest first), then id.
+//!   [`AllocationStrategy::MostAvailable`]: by available units (most first), then priority,
+//!   then id.
+//! - Without split, a line is served whole by the first location in that order that has all
+//!   its units; with split, it takes what each location has, in that order, until it is
+//!   served. When it cannot be served, the shortfall names what is available over every
+//!   location the line could have used.
+//! - Every unit placed moves the location's `reserved` and the SKU's total, and each
+//!   (line, location) is one movement: one SKU version.
+
+use std::time::SystemTime;
+
+use crate::{
+    domain::{
+        AllocationPolicy, AllocationStrategy, FenceToken, Line, Location, LocationId, StockLevel,
+    },
+    error::Shortfall,
+};
+
+/// One SKU's stock as a transaction locked it: its total (with its lease fence) and its
+/// rows per location.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkuStock {
+    /// The SKU's total (`location: None`).
+    pub total: StockLevel,
+    pub fence: FenceToken,
+    /// The database's clock once the SKU's row was locked.
+    pub now: SystemTime,
+    /// The SKU's level at each location it has a row at, by location id.
+    pub at: Vec<StockLevel>,
+}
+
+/// Units of a line placed at one location, and the levels right after (each placement is one
+/// movement, so `total.version` is the version it produced).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub location: LocationId,
+    pub units: i64,
+    /// The location's level right after.
+    pub level: StockLevel,
+    /// The SKU's total right after.
+    pub total: StockLevel,
+}
+
+/// Why a line could not be placed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unplaced {
+    /// The line pins a location that does not exist.
+    UnknownLocation(LocationId),
+    /// Not enough units at the locations the line may use; `available` is what they have.
+    Short(Shortfall),
+}
+
+impl SkuStock {
+    /// The locations `line` may take units from, in the order the policy tries them, with
+    /// what each has available.
+    fn candidates(
+        &self,
+        line: &Line,
+        policy: AllocationPolicy,
+        locations: &[Location],
+    ) -> Result<Vec<(usize, i64)>, Unplaced> {
+        let configured = |id: &LocationId| locations.iter().find(|l| &l.id == id);
+        if let Some(pinned) = &line.location {
+            let Some(location) = configured(pinned) else {
+                return Err(Unplaced::UnknownLocation(pinned.clone()));
+            };
+            return Ok(self
+                .at
+                .iter()
+                .position(|row| row.location.as_ref() == Some(pinned))
+                .filter(|_| location.active)
+                .map(|index| vec![(index, self.at[index].available())])
+                .unwrap_or_default());
+        }
+        let mut found: Vec<(usize, i64, i32, &LocationId)> = self
+            .at
+            .iter()
+            .enumerate()
+            .filter_map(|(index, row)| {
+                let id = row.location.as_ref()?;
+                let location = configured(id).filter(|l| l.active)?;
+                Some((index, row.available(), location.priority, id))
+            })
+            .collect();
+        match policy.strategy {
+            AllocationStrategy::Priority => found.sort_by(|a, b| (a.2, a.3).cmp(&(b.2, b.3))),
+            AllocationStrategy::MostAvailable => {
+                found.sort_by(|a, b| (b.1, a.2, a.3).cmp(&(a.1, b.2, b.3)))
+            }
+        }
+        Ok(found
+            .into_iter()
+            .map(|(i, available, ..)| (i, available))
+            .collect())
+    }
+
+    /// Places `line` by `policy` among `locations` (every configured location) and applies
+    /// it to this stock, so the next line of the same SKU sees what is left. Nothing changes
+    /// when the line cannot be placed.
+    pub fn place(
+        &mut self,
+        line: &Line,
+        policy: AllocationPolicy,
+        locations: &[Location],
+    ) -> Result<Vec<Placement>, Unplaced> {
+        let units = line.quantity.get();
+        let candidates = self.candidates(line, policy, locations)?;
+        let mut takes: Vec<(usize, i64)> = Vec::new();
+        if policy.allow_split {
+            let mut left = units;
+            for &(index, available) in &candidates {
+                if left == 0 {
+                    break;
+                }
+                let take = available.min(left);
+                if take > 0 {
+                    takes.push((index, take));
+                    left -= take;
+                }
+            }
+            if left > 0 {
+                takes.clear();
+            }
+        } else if let Some(&(index, _)) = candidates.iter().find(|(_, a)| *a >= units) {
+            takes.push((index, units));
+        }
+        if takes.is_empty() {
+            return Err(Unplaced::Short(Shortfall {
+                sku: line.sku.clone(),
+                requested: units,
+                available: candidates.iter().map(|(_, a)| a.max(&0)).sum(),
+            }));
+        }
+        // One movement per location, in location order, like every write.
+        takes.sort_by(|a, b| self.at[a.0].location.cmp(&self.at[b.0].location));
+        Ok(takes
+            .into_iter()
+            .map(|(index, take)| {
+                self.total.reserved += take;
+                self.total.version += 1;
+                let row = &mut self.at[index];
+                row.reserved += take;
+                row.version = self.total.version;
+                Placement {
+                    location: row.location.clone().expect("a location's row"),
+                    units: take,
+                    level: row.clone(),
+                    total: self.total.clone(),
+                }
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests;

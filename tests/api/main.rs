@@ -22,6 +22,7 @@ mod hostile;
 mod lab;
 mod ledger;
 mod list;
+mod locations;
 mod migrations;
 mod partial;
 mod race;

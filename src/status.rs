@@ -96,11 +96,17 @@ fn status_of(error: Error) -> Status {
         Error::InsufficientStock(ref shortfalls) => {
             let mut details = ErrorDetails::new();
             for shortfall in shortfalls {
+                // Enough over every location, but no single one has it all.
+                let whole = if shortfall.available >= shortfall.requested {
+                    "; no one location has them all (allow_split combines locations)"
+                } else {
+                    ""
+                };
                 details.add_precondition_failure_violation(
                     "INSUFFICIENT_STOCK",
                     shortfall.sku.as_str(),
                     format!(
-                        "requested {}, available {}",
+                        "requested {}, available {}{whole}",
                         shortfall.requested, shortfall.available
                     ),
                 );

@@ -314,7 +314,7 @@ async fn priority_serves_each_line_whole_from_the_first_location_that_can() {
     let failure = refused.get_details_precondition_failure().unwrap();
     assert_eq!(
         failure.violations[0].description,
-        "requested 3, available 3"
+        "requested 3, available 3; no one location has them all (allow_split combines locations)"
     );
     assert_eq!(
         at_locations(&app, "MUG").await,

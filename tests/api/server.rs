@@ -392,3 +392,163 @@ async fn an_older_binary_is_ready_on_a_newer_schema_and_a_newer_binary_is_not() 
     let app = crate::helpers::spawn_app_with(test_settings(behind)).await;
     assert_eq!(readiness(&app).await.1, ServingStatus::NotServing);
 }
+
+/// The README's block of commands under `heading`, each `grpcurl` command (continued over
+/// lines ending in `\`) split into its words as a shell would: single quotes only.
+fn readme_commands(heading: &str) -> Vec<Vec<String>> {
+    let readme = include_str!("../../README.md");
+    let start = readme.find(heading).expect("the README has the heading");
+    let block = readme[start..]
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("a sh block follows the heading");
+    let joined = block.replace("\\\n", " ");
+    joined
+        .lines()
+        .filter(|l| l.starts_with("grpcurl "))
+        .map(|line| {
+            let (mut words, mut word, mut quoted) = (Vec::new(), String::new(), false);
+            for c in line.chars() {
+                match c {
+                    '\'' => quoted = !quoted,
+                    ' ' if !quoted => {
+                        if !word.is_empty() {
+                            words.push(std::mem::take(&mut word));
+                        }
+                    }
+                    c => word.push(c),
+                }
+            }
+            assert!(!quoted, "unbalanced quotes: {line}");
+            words.push(word);
+            words.remove(0);
+            words
+        })
+        .collect()
+}
+
+/// The README's locations walk-through, run word for word (only the address and the
+/// reservation id substituted): a split, a pin, a shipment from one location, a transfer and
+/// a location closed.
+#[tokio::test]
+async fn grpcurl_runs_the_readme_locations_walk_through() {
+    let app = spawn_app().await;
+    let addr = app.addr.to_string();
+    let commands = readme_commands("Stock at several locations");
+    assert_eq!(commands.len(), 11, "{commands:?}");
+    let answers = tokio::task::spawn_blocking(move || {
+        let mut answers: Vec<serde_json::Value> = Vec::new();
+        let mut order_50 = String::new();
+        for words in commands {
+            let words: Vec<String> = words
+                .into_iter()
+                .map(|w| {
+                    w.replace("127.0.0.1:50051", &addr)
+                        .replace("<id from order-50>", &order_50)
+                })
+                .collect();
+            let args: Vec<&str> = words.iter().map(String::as_str).collect();
+            let (ok, out, err) = run_grpcurl(&args);
+            assert!(ok, "{words:?}: {err}");
+            let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+            if words.iter().any(|w| w.contains(r#""order_id":"order-50""#)) {
+                order_50 = answer["reservationId"].as_str().unwrap().to_owned();
+            }
+            answers.push(answer);
+        }
+        answers
+    })
+    .await
+    .unwrap();
+
+    let listed = &answers[2]["locations"];
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["locationId"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"berlin") && ids.contains(&"paris"),
+        "{listed}"
+    );
+
+    let read = &answers[5];
+    assert_eq!(read["levels"][0]["onHand"], "7", "{read}");
+    assert_eq!(read["levels"][0]["locationId"], "", "{read}");
+    let at = |answer: &serde_json::Value, location: &str| -> (String, String) {
+        let level = answer["locationLevels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["locationId"] == location)
+            .unwrap_or_else(|| panic!("{location} in {answer}"));
+        (
+            level["onHand"].as_str().unwrap().to_owned(),
+            level["reserved"].as_str().unwrap().to_owned(),
+        )
+    };
+    assert_eq!(at(read, "berlin"), ("2".into(), "0".into()));
+    assert_eq!(at(read, "paris"), ("5".into(), "0".into()));
+
+    // No warehouse has 4: berlin (priority 1) gives its 2, paris the rest.
+    let allocations = |answer: &serde_json::Value| -> Vec<(String, String)> {
+        answer["lines"][0]["allocations"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{answer}"))
+            .iter()
+            .map(|a| (a["locationId"].to_string(), a["quantity"].to_string()))
+            .collect()
+    };
+    let pair = |location: &str, quantity: &str| (format!("{location:?}"), format!("{quantity:?}"));
+    assert_eq!(
+        allocations(&answers[6]),
+        [pair("berlin", "2"), pair("paris", "2")]
+    );
+    assert_eq!(allocations(&answers[7]), [pair("paris", "1")]);
+    // Shipping paris's 2 leaves berlin's 2 held.
+    let shipped = &answers[8];
+    assert_eq!(shipped["state"], "RESERVATION_STATE_HELD", "{shipped}");
+    assert_eq!(shipped["lines"][0]["held"], "2", "{shipped}");
+    assert_eq!(shipped["lines"][0]["confirmed"], "2", "{shipped}");
+
+    // The transfer moved one of paris's 2 available units; its held unit stayed.
+    let moved = &answers[9];
+    assert_eq!(moved["level"]["onHand"], "5", "{moved}");
+    let sides: Vec<_> = moved["locationLevels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (&l["locationId"], &l["onHand"], &l["reserved"]))
+        .collect();
+    assert_eq!(
+        sides,
+        [
+            (&"paris".into(), &"2".into(), &"1".into()),
+            (&"berlin".into(), &"3".into(), &"2".into())
+        ],
+        "{moved}"
+    );
+    assert_eq!(answers[10]["active"], false, "{}", answers[10]);
+    assert_eq!(app.level("DEMO-LAMP").await, (5, 3));
+
+    let mut client = app.client.clone();
+    let read = client
+        .get_stock(inventory_server::proto::GetStockRequest {
+            skus: vec!["DEMO-LAMP".into()],
+            by_location: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let at = |location: &str| {
+        let l = read
+            .location_levels
+            .iter()
+            .find(|l| l.location_id == location)
+            .unwrap();
+        (l.on_hand, l.reserved)
+    };
+    assert_eq!((at("berlin"), at("paris")), ((3, 2), (2, 1)));
+}

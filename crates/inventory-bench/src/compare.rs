@@ -138,6 +138,7 @@ pub async fn run(config: CompareConfig) -> anyhow::Result<bool> {
                             scenario,
                             clients,
                             max_batch: variant.max_batch(),
+                            locations: 1,
                         };
                         let result = suite::service(suite, &databases, run).await?;
                         result.print();

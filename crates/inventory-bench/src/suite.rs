@@ -130,6 +130,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
                     scenario,
                     clients,
                     max_batch,
+                    locations: 1,
                 };
                 let result = service(&config, &databases, run).await?;
                 result.print();
@@ -184,24 +185,94 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
         scenario: Scenario::Race,
         clients: 64,
         max_batch: 64,
+        locations: 1,
     };
     let race = service(&config, &databases, run).await?;
     race.print();
     all_audits_passed &= race.audit.as_ref().is_some_and(|a| a.passed);
     all_audits_passed &= verify_speed(&config, &databases).await?;
 
-    let table = table(&rows);
+    // The hot SKU with its stock spread over three locations, every Reserve allowed to split,
+    // at the most clients: against the raw one-request transaction and the one-location
+    // service of the same row.
+    let located = match rows
+        .iter()
+        .filter(|r| r.scenario == Scenario::Hot)
+        .max_by_key(|r| r.clients)
+    {
+        Some(hot) => {
+            serial += 1;
+            let run = ServiceRun {
+                server: &config.server,
+                verify: true,
+                label: format!("coalesced-hot-{}-3-locations", hot.clients),
+                serial,
+                scenario: Scenario::Hot,
+                clients: hot.clients,
+                max_batch: 64,
+                locations: LOCATIONS,
+            };
+            let result = service(&config, &databases, run).await?;
+            result.print();
+            all_audits_passed &= result.audit.as_ref().is_some_and(|a| a.passed);
+            let measured = Measured::of(&result, hot.raw_tps);
+            Some(Located {
+                clients: hot.clients,
+                locations: LOCATIONS,
+                vs_one_location: measured.reservations_per_s
+                    / hot.coalesced.reservations_per_s.max(1e-9),
+                measured,
+            })
+        }
+        None => None,
+    };
+
+    let mut table = table(&rows);
+    if let Some(located) = &located {
+        table.push_str(&located_table(located));
+    }
     println!("\n{table}");
     std::fs::write(config.out.join("summary.md"), &table)?;
     std::fs::write(
         config.out.join("summary.json"),
-        serde_json::to_vec_pretty(&rows)?,
+        serde_json::to_vec_pretty(&serde_json::json!({ "rows": rows, "located": located }))?,
     )?;
     println!(
         "results: {} (one JSON and one SVG per run, summary.md, summary.json)",
         config.out.display()
     );
     Ok(all_audits_passed)
+}
+
+/// Locations of the located hot row.
+const LOCATIONS: usize = 3;
+
+/// The hot SKU at several locations, split allowed.
+#[derive(Debug, Serialize)]
+struct Located {
+    clients: usize,
+    locations: usize,
+    /// `ratio_to_raw` is against the raw one-request transaction of the hot row.
+    measured: Measured,
+    /// Over the one-location coalesced service of the same row.
+    vs_one_location: f64,
+}
+
+fn located_table(located: &Located) -> String {
+    let m = &located.measured;
+    format!(
+        "\n| hot SKU at {} locations, split | clients | coalesced r/s | ratio to raw SQL | p99 | \
+         batch | vs one location | audit |\n|---|---:|---:|---:|---:|---:|---:|---|\n\
+         | Hot | {} | {:.0} | **{:.2}x** | {} | {} | {:.2}x | {} |\n",
+        located.locations,
+        located.clients,
+        m.reservations_per_s,
+        m.ratio_to_raw,
+        us(m.p99_us),
+        m.batch.map_or_else(|| "—".to_owned(), |b| b.to_string()),
+        located.vs_one_location,
+        if m.audit_passed { "passed" } else { "FAILED" },
+    )
 }
 
 fn table(rows: &[Row]) -> String {
@@ -264,12 +335,13 @@ async fn raw(
         &[&(skus as i32)],
     )
     .await?;
-    db.batch_execute(
+    db.execute(
         "INSERT INTO stock_locations (sku, location_id, on_hand, version)
-         SELECT sku, 'default', on_hand, version FROM stock;
-         VACUUM ANALYZE",
+         SELECT sku, 'default', on_hand, version FROM stock",
+        &[],
     )
     .await?;
+    db.batch_execute("VACUUM ANALYZE").await?;
     let host = host(&db_config);
     let pgbench = Command::new(&config.pgbench)
         .args(["-n", "-M", "prepared", "-h", &host])
@@ -333,6 +405,8 @@ pub(crate) struct ServiceRun<'a> {
     pub clients: usize,
     /// `COALESCE_MAX_BATCH`: 1 is the lease-only service, 64 the service as shipped.
     pub max_batch: usize,
+    /// Locations the stock is spread over; with more than one, every Reserve may split.
+    pub locations: usize,
 }
 
 /// The service under load: a fresh database, its own server process, then the audit.
@@ -349,6 +423,7 @@ pub(crate) async fn service(
         scenario,
         clients,
         max_batch,
+        locations,
     } = run;
     let label = label.as_str();
     let name = format!("bench_service_{serial}_{max_batch}");
@@ -393,7 +468,7 @@ pub(crate) async fn service(
             run_id: format!("s{serial}x{max_batch}"),
             token: None,
             seed: serial as u64,
-            locations: 1,
+            locations,
         };
         let prepared = load::prepare(load.clone()).await?;
         let wal_before = wal_position(&db_config).await?;

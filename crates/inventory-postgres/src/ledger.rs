@@ -1,11 +1,12 @@
 //! SQL for the `stock_movements` table, the stock ledger: one movement per change of a SKU's
-//! level, written by the transaction that makes the change, right after its outbox event.
+//! level at one location, written by the transaction that makes the change, right after its
+//! outbox event.
 //!
 //! Invariant relied on: every statement that changes a `stock` row is followed, in the same
 //! transaction, by [`append`] with one movement per version it produced, so a SKU's versions
-//! are exactly its movements. The same call writes the availability events: a movement that
-//! takes `available` to 0 is followed by `OUT_OF_STOCK`, one that takes it from 0 to more by
-//! `BACK_IN_STOCK`.
+//! are exactly its movements. The same call writes the availability events: a call that
+//! takes a SKU's total `available` to 0 is followed by `OUT_OF_STOCK`, one that takes it from
+//! 0 to more by `BACK_IN_STOCK`.
 
 use std::time::SystemTime;
 
@@ -107,23 +108,10 @@ impl<'a> NewMovement<'a> {
         Self::new(kind, moved, on_hand, reserved)
     }
 
-    /// The SKU's `available` (over every location) before the change.
+    /// The SKU's `available` (over every location: a storefront sells the SKU, not a
+    /// location's units) before the change.
     fn available_before(&self) -> i64 {
         self.total.available() - (self.on_hand_delta - self.reserved_delta)
-    }
-
-    /// The availability event the change causes, if it crossed 0 (the SKU's total: a
-    /// storefront sells the SKU, not a location's units). Not for the change that created
-    /// the SKU: its own event says so, and there was nothing to be back in stock.
-    fn crossing(&self) -> Option<&'static str> {
-        if self.total.version == 1 {
-            return None;
-        }
-        match (self.available_before() > 0, self.total.available() > 0) {
-            (true, false) => Some(OUT_OF_STOCK),
-            (false, true) => Some(BACK_IN_STOCK),
-            _ => None,
-        }
     }
 }
 
@@ -141,10 +129,7 @@ pub(crate) async fn append(
         columns.push(m);
     }
     tx.execute(&statement, &columns.params()).await?;
-    let crossings: Vec<(&NewMovement<'_>, &str)> = movements
-        .iter()
-        .filter_map(|m| m.crossing().map(|kind| (m, kind)))
-        .collect();
+    let crossings = crossings(movements);
     if crossings.is_empty() {
         return Ok(());
     }
@@ -168,6 +153,35 @@ pub(crate) async fn append(
     tx.execute(&statement, &[&ids, &types, &skus, &payloads])
         .await?;
     Ok(())
+}
+
+/// The availability events of one call's movements: per SKU, from its `available` before the
+/// call's first movement of it to after the last, so a change that passes through 0 and
+/// back within the transaction (a transfer, a batch of counts moving units between
+/// locations) announces nothing nobody could see. Not for a SKU the call created: its own
+/// event says so, and there was nothing to be back in stock. In the order of each SKU's
+/// last movement.
+fn crossings<'m, 'a>(movements: &'m [NewMovement<'a>]) -> Vec<(&'m NewMovement<'a>, &'static str)> {
+    let mut crossings = Vec::new();
+    for (index, last) in movements.iter().enumerate() {
+        let sku = &last.total.sku;
+        if movements[index + 1..].iter().any(|m| &m.total.sku == sku) {
+            continue;
+        }
+        let first = movements
+            .iter()
+            .find(|m| &m.total.sku == sku)
+            .expect("the SKU's last movement is one of them");
+        if first.total.version == 1 {
+            continue;
+        }
+        match (first.available_before() > 0, last.total.available() > 0) {
+            (true, false) => crossings.push((last, OUT_OF_STOCK)),
+            (false, true) => crossings.push((last, BACK_IN_STOCK)),
+            _ => {}
+        }
+    }
+    crossings
 }
 
 pub(crate) const OUT_OF_STOCK: &str = "OUT_OF_STOCK";

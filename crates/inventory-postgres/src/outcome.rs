@@ -392,10 +392,8 @@ pub(crate) enum BatchSetOutcome {
 }
 
 impl BatchSetOutcome {
-    pub(crate) fn from_result(
-        command: &BatchSetStock,
-        result: &Result<Vec<StockLevel>, Error>,
-    ) -> Option<Self> {
+    /// `result`'s refusal comes with the index of the count refused.
+    pub(crate) fn from_result(result: &Result<Vec<StockLevel>, (usize, Error)>) -> Option<Self> {
         Some(match result {
             Ok(levels) => Self::Set {
                 levels: levels
@@ -403,19 +401,10 @@ impl BatchSetOutcome {
                     .map(|l| (l.on_hand, l.reserved, l.version))
                     .collect(),
             },
-            Err(error) => {
-                let sku = match error {
-                    Error::VersionMismatch { sku, .. } | Error::CountBelowReserved { sku, .. } => {
-                        sku
-                    }
-                    _ => return None,
-                };
-                let index = command.counts.iter().position(|c| &c.sku == sku)?;
-                Self::Refused {
-                    index,
-                    refusal: SetOutcome::from_result(&Err(error.clone()))?,
-                }
-            }
+            Err((index, error)) => Self::Refused {
+                index: *index,
+                refusal: SetOutcome::from_result(&Err(error.clone()))?,
+            },
         })
     }
 
@@ -463,6 +452,11 @@ pub(crate) enum SetOutcome {
         expected: i64,
         current: i64,
     },
+    /// The count would take the SKU's total (over its locations) past the limit. Absent
+    /// before counts were per location.
+    StockLimit {
+        requested: i64,
+    },
 }
 
 impl SetOutcome {
@@ -481,6 +475,9 @@ impl SetOutcome {
             }) => Self::VersionMismatch {
                 expected: *expected,
                 current: *current,
+            },
+            Err(Error::StockLimit { requested, .. }) => Self::StockLimit {
+                requested: *requested,
             },
             Err(_) => return None,
         })
@@ -509,6 +506,11 @@ impl SetOutcome {
                 sku,
                 expected,
                 current,
+            }),
+            Self::StockLimit { requested } => Err(Error::StockLimit {
+                sku,
+                requested,
+                limit: MAX_ON_HAND,
             }),
         }
     }

@@ -224,8 +224,9 @@ impl StockStore for PgStore {
             } else {
                 savepoint.rollback().await.map_err(from_db)?;
             }
-            let outcome = BatchSetOutcome::from_result(command, &result)
+            let outcome = BatchSetOutcome::from_result(&result)
                 .expect("apply_counts returns only storable outcomes");
+            let result = result.map_err(|(_, refusal)| refusal);
             idempotency::record(
                 &tx,
                 command.caller.as_str(),
@@ -478,7 +479,7 @@ async fn apply_count(
 async fn apply_counts(
     tx: &deadpool_postgres::Transaction<'_>,
     command: &BatchSetStock,
-) -> Result<Result<Vec<StockLevel>, Error>, Error> {
+) -> Result<Result<Vec<StockLevel>, (usize, Error)>, Error> {
     use std::collections::HashMap;
     let mut by_key: Vec<&SetStock> = command.counts.iter().collect();
     by_key.sort_by(|a, b| (&a.sku, &a.location).cmp(&(&b.sku, &b.location)));
@@ -535,18 +536,20 @@ async fn apply_counts(
             continue;
         }
         let Some(total) = totals.get_mut(&count.sku) else {
-            return Ok(Err(rules::set_stock(None, count)
-                .expect_err("only a refused count leaves its SKU unlocked")));
+            let refusal = rules::set_stock(None, count)
+                .expect_err("only a refused count leaves its SKU unlocked");
+            return Ok(Err((index, refusal)));
         };
         let expected = before[&count.sku];
         if let Some(wanted) = count.expected_version
             && wanted != expected
         {
-            return Ok(Err(Error::VersionMismatch {
+            let refusal = Error::VersionMismatch {
                 sku: count.sku.clone(),
                 expected: wanted,
                 current: expected,
-            }));
+            };
+            return Ok(Err((index, refusal)));
         }
         let unversioned = SetStock {
             expected_version: None,
@@ -554,7 +557,7 @@ async fn apply_counts(
         };
         let key = (count.sku.clone(), count.location.clone());
         match rules::set_at(total, at.get(&key), &unversioned) {
-            Err(refusal) => return Ok(Err(refusal)),
+            Err(refusal) => return Ok(Err((index, refusal))),
             Ok(None) => {}
             Ok(Some((total_after, at_after, delta))) => {
                 *total = total_after;
@@ -596,7 +599,10 @@ async fn apply_counts(
     for ((index, delta, _), moved) in changes.iter().zip(moved) {
         records.push((*index, moved, *delta));
     }
-    records.sort_by_key(|r| r.0);
+    // Each SKU's changes in version order: events and movements as they happened.
+    records.sort_by(|a, b| {
+        (&a.1.total.sku, a.1.total.version).cmp(&(&b.1.total.sku, b.1.total.version))
+    });
     let recorded: Vec<StockChange<'_>> = records
         .iter()
         .map(|(index, moved, delta)| {

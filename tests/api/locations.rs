@@ -910,3 +910,86 @@ async fn a_holder_paused_past_its_lease_writes_nothing_at_any_location() {
     let (clean, report) = verify(&app).await;
     assert!(clean, "{report}");
 }
+
+/// A location that stopped changing long ago does not hold back the pruning of its SKU's
+/// later movements: its own go too, and `verify` still checks its row through the total.
+#[tokio::test]
+async fn an_idle_location_never_holds_back_ledger_pruning() {
+    let app = spawn_app().await;
+    three_locations(&app).await;
+    stock_at(&app, "IDLE", "", 4).await;
+    for _ in 0..3 {
+        stock_at(&app, "IDLE", "east", 1).await;
+    }
+    let retention = inventory_postgres::retention::Retention {
+        events: std::time::Duration::from_secs(86_400),
+        idempotency_keys: std::time::Duration::from_secs(86_400),
+        reservations: std::time::Duration::from_secs(86_400),
+        ledger: Some(std::time::Duration::ZERO),
+    };
+    let pruned = app.store.prune(&retention, 100).await.unwrap();
+    assert_eq!(
+        pruned.movements, 3,
+        "all but the SKU's latest, default's included"
+    );
+    let kept: Vec<(i64, String)> = app
+        .db
+        .query(
+            "SELECT version, location_id FROM stock_movements WHERE sku = 'IDLE'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(kept, [(4, "east".to_owned())]);
+    let (ok, out) = verify(&app).await;
+    assert!(ok, "{out}");
+
+    // The pruned location's row still has to add up with the others to the total.
+    app.db
+        .execute(
+            "UPDATE stock_locations SET on_hand = 5 WHERE sku = 'IDLE' AND location_id = 'default'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (ok, out) = verify(&app).await;
+    assert!(!ok, "{out}");
+    assert!(out.contains("its locations sum to 8/0"), "{out}");
+}
+
+/// A hold at a location the SKU has no row for is drift, not silence.
+#[tokio::test]
+async fn verify_names_a_hold_at_a_location_without_a_stock_row() {
+    let app = spawn_app().await;
+    three_locations(&app).await;
+    stock_at(&app, "GHOST", "east", 3).await;
+    let held = app
+        .client
+        .clone()
+        .reserve(reserve_with(
+            "g1",
+            vec![line("GHOST", 1, "east")],
+            AllocationStrategy::Priority,
+            false,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(allocations(&held), [("east".to_owned(), 1)]);
+    let (ok, out) = verify(&app).await;
+    assert!(ok, "{out}");
+    // Behind the service's back: the line claims to hold at west, where GHOST never was.
+    app.db
+        .execute(
+            "UPDATE reservation_lines SET location_id = 'west' WHERE sku = 'GHOST'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (ok, out) = verify(&app).await;
+    assert!(!ok, "{out}");
+    assert!(out.contains("west"), "{out}");
+}

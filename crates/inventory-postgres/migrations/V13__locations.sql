@@ -2,6 +2,12 @@
 -- (one per movement, whatever location it moved); `stock_locations` keeps the SKU's units at
 -- each location, and the totals are their sums. Every writer locks the SKU's `stock` row
 -- first and then the location rows it changes, in (SKU, location) byte order.
+--
+-- The tables this changes are locked up front, all at once, so the upgrade cannot deadlock
+-- with a request that reads one of them and then writes another (the operations guide says
+-- to stop every replica first; this holds even if one was left running).
+LOCK TABLE stock, reservation_lines, stock_movements, outbox IN ACCESS EXCLUSIVE MODE;
+
 CREATE TABLE locations (
     location_id  text        PRIMARY KEY CHECK (location_id ~ '^[a-z0-9-]{1,32}$'),
     priority     integer     NOT NULL DEFAULT 0,
@@ -48,3 +54,6 @@ ALTER TABLE outbox ADD CONSTRAINT outbox_event_type_check CHECK (event_type IN (
     'RESERVATION_RELEASED', 'RESERVATION_EXPIRED', 'RESERVATION_EXTENDED',
     'RESERVATION_PARTIALLY_CONFIRMED', 'RESERVATION_PARTIALLY_RELEASED',
     'OUT_OF_STOCK', 'BACK_IN_STOCK', 'STOCK_TRANSFERRED')) NOT VALID;
+
+-- The planner's statistics for the new table, before the first Reserve reads it.
+ANALYZE stock_locations;

@@ -96,18 +96,17 @@ const PRUNE_CANCELLED_ORDERS: &str = "
         WHERE cancelled_at < clock_timestamp() - make_interval(secs => $1)
         ORDER BY cancelled_at LIMIT $2)";
 
-/// The oldest movements past retention, only ever a prefix of a SKU's versions, and never at
-/// or after any of its locations' latest (so every location row keeps the level it must
-/// match, and the versions left stay dense); `ledger_pruned` records through which version
-/// each SKU was pruned. A location that has not changed for a long time holds back the
-/// pruning of its SKU's later movements.
+/// The oldest movements past retention, only ever a prefix of a SKU's versions, and never
+/// its latest (so the total's version keeps its movement, and the versions left stay dense);
+/// `ledger_pruned` records through which version each SKU was pruned. A location that has not
+/// changed since may lose every movement (verify then checks it only through the SKU's total),
+/// so one idle location never holds back the pruning of its SKU.
 const PRUNE_MOVEMENTS: &str = "
     WITH gone AS (
         DELETE FROM stock_movements WHERE (sku, version) IN (
             SELECT m.sku, m.version FROM stock_movements m
             WHERE m.occurred_at < clock_timestamp() - make_interval(secs => $1)
-              AND m.version < (SELECT min(s.version) FROM stock_locations s
-                               WHERE s.sku = m.sku)
+              AND m.version < (SELECT s.version FROM stock s WHERE s.sku = m.sku)
             ORDER BY m.occurred_at, m.sku, m.version LIMIT $2)
         RETURNING sku, version
     ), recorded AS (

@@ -74,7 +74,9 @@ const APPLY_TOTALS: &str = "
 
 /// Moves location rows after their SKUs' totals moved (same transaction, so the totals read
 /// here are the new ones): each takes the version of its last movement, which is the SKU's
-/// new version less the SKU's movements after it (`later`).
+/// new version less the SKU's movements after it (`later`). With a fence, only where the
+/// total took that very fence just before: the statement guards itself, whatever its caller
+/// does with a total the guard kept out.
 const APPLY_LOCATIONS: &str = "
     UPDATE stock_locations l
     SET on_hand = l.on_hand + u.on_hand, reserved = l.reserved + u.reserved,
@@ -84,7 +86,7 @@ const APPLY_LOCATIONS: &str = "
         AS u(sku, location_id, on_hand, reserved, later, fence)
         JOIN stock s ON s.sku = u.sku
     WHERE l.sku = u.sku AND l.location_id = u.location_id
-      AND (u.fence IS NULL OR l.fence_token < u.fence)
+      AND (u.fence IS NULL OR (l.fence_token < u.fence AND s.fence_token = u.fence))
     RETURNING l.sku, l.location_id, l.on_hand, l.reserved, l.version";
 
 const READ_MANY: &str = "SELECT sku, on_hand, reserved, version FROM stock WHERE sku = ANY($1)";
@@ -247,7 +249,7 @@ pub(crate) fn levels_after(moved: &[Moved]) -> Vec<StockLevel> {
 
 /// Applies `moves` (in the order given, one version each), and answers the levels right
 /// after each. `locked`: whether the transaction holds the SKUs' rows already; if not, they
-/// are locked first, in SKU order. `fences`: a Reserve's lease tokens per SKU, each guarding
+/// are locked first, in SKU order, then their location rows in (SKU, location) order. `fences`: a Reserve's lease tokens per SKU, each guarding
 /// its SKU's row and location rows (strictly greater). The statements are sent together.
 /// Should a row not be there or a guard not hold, nothing is answered but an error, and the
 /// caller's transaction is abandoned.
@@ -293,9 +295,10 @@ pub(crate) async fn apply(
     let later =
         |sku: &Sku, last: usize| moves[last + 1..].iter().filter(|m| m.sku == sku).count() as i64;
 
-    let (lock, apply_totals, apply_locations) = tokio::try_join!(
+    let (lock, lock_locations, apply_totals, apply_locations) = tokio::try_join!(
         biased;
         tx.prepare_cached(LOCK_MANY),
+        tx.prepare_cached(LOCK_LOCATIONS_MANY),
         tx.prepare_cached(APPLY_TOTALS),
         tx.prepare_cached(APPLY_LOCATIONS),
     )
@@ -311,21 +314,29 @@ pub(crate) async fn apply(
     let l_res: Vec<i64> = rows.iter().map(|r| r.3).collect();
     let l_later: Vec<i64> = rows.iter().map(|r| later(r.0, r.4)).collect();
     let l_fences: Vec<Option<i64>> = rows.iter().map(|r| fence_of(r.0)).collect();
-    // `biased`: the totals are locked in SKU order (an array update locks in whatever order
-    // its join yields), then move before their locations.
+    // `biased`: the totals are locked in SKU order, then their location rows in (SKU,
+    // location) order (an array update locks in whatever order its join yields), then the
+    // totals move before their locations.
     let lock_first = async {
         if locked {
             return Ok(Vec::new());
         }
         tx.query(&lock, &[&t_skus]).await
     };
+    let lock_locations_first = async {
+        if locked {
+            return Ok(Vec::new());
+        }
+        tx.query(&lock_locations, &[&t_skus]).await
+    };
     let total_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
         [&t_skus, &t_on, &t_res, &t_moves, &t_fences];
     let location_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
         [&l_skus, &l_locations, &l_on, &l_res, &l_later, &l_fences];
-    let (_, total_rows, location_rows) = tokio::try_join!(
+    let (_, _, total_rows, location_rows) = tokio::try_join!(
         biased;
         lock_first,
+        lock_locations_first,
         tx.query(&apply_totals, &total_params),
         tx.query(&apply_locations, &location_params),
     )

@@ -44,7 +44,8 @@ const CHAIN: &str = "
     END
     ORDER BY c.sku COLLATE \"C\", version";
 
-/// Each location row against its last movement.
+/// Each location row against its last movement (a location whose every movement was pruned
+/// has none: its row is checked through its SKU's total only).
 const LAST: &str = "
     SELECT coalesce(s.sku, l.sku), s.on_hand, s.reserved, s.version,
            l.on_hand, l.reserved, l.version, coalesce(s.location_id, l.location_id)
@@ -52,8 +53,12 @@ const LAST: &str = "
     FULL JOIN (SELECT DISTINCT ON (sku, location_id) sku, location_id, on_hand, reserved, version
                FROM stock_movements ORDER BY sku, location_id, version DESC) l
         ON l.sku = s.sku AND l.location_id = s.location_id
-    WHERE s.sku IS NULL OR l.sku IS NULL
-       OR (s.on_hand, s.reserved, s.version) IS DISTINCT FROM (l.on_hand, l.reserved, l.version)
+    LEFT JOIN ledger_pruned p ON p.sku = s.sku
+    WHERE s.sku IS NULL
+       OR (l.sku IS NULL AND (p.sku IS NULL OR s.version > p.through_version))
+       OR (l.sku IS NOT NULL
+           AND (s.on_hand, s.reserved, s.version)
+               IS DISTINCT FROM (l.on_hand, l.reserved, l.version))
     ORDER BY coalesce(s.sku, l.sku) COLLATE \"C\", 8";
 
 /// Each SKU's total against the sum of its locations and its last movement's version.
@@ -68,16 +73,18 @@ const TOTALS: &str = "
        OR s.version IS DISTINCT FROM m.version
     ORDER BY s.sku COLLATE \"C\"";
 
+/// Each location's `reserved` against its live holds, both ways: a hold at a location the SKU
+/// has no row for is drift too.
 const HELD: &str = "
-    SELECT s.sku, s.reserved, coalesce(h.held, 0)::bigint, s.location_id
+    SELECT sku, coalesce(s.reserved, 0), coalesce(h.held, 0)::bigint, location_id
     FROM stock_locations s
-    LEFT JOIN (
+    FULL JOIN (
         SELECT l.sku, l.location_id, sum(l.quantity - l.confirmed - l.released) AS held
         FROM reservation_lines l JOIN reservations r USING (reservation_id)
         WHERE r.state = 'HELD' GROUP BY l.sku, l.location_id
     ) h USING (sku, location_id)
-    WHERE s.reserved <> coalesce(h.held, 0)
-    ORDER BY s.sku COLLATE \"C\", s.location_id COLLATE \"C\"";
+    WHERE coalesce(s.reserved, 0) <> coalesce(h.held, 0)
+    ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\"";
 
 const COUNTS: &str = "
     SELECT (SELECT count(*) FROM stock), (SELECT count(*) FROM stock_movements)";

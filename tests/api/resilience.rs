@@ -513,3 +513,33 @@ async fn a_key_pruned_between_claim_and_read_is_claimed_again_not_an_internal_er
     assert_ne!(second.reservation_id, first.reservation_id);
     assert_eq!(app.level("PRUNED-KEY").await, (5, 2));
 }
+
+/// A pooled connection gets the statement bounds and one generic plan per prepared statement;
+/// an operator's own `plan_cache_mode` in `DATABASE_URL` still wins.
+#[tokio::test]
+async fn pooled_connections_plan_once_unless_the_url_says_otherwise() {
+    let database = fresh_database().await;
+    let settings = inventory_postgres::PoolSettings {
+        statement_timeout: Duration::from_millis(1500),
+        ..Default::default()
+    };
+    let show = |pool: inventory_postgres::Pool| async move {
+        let client = pool.get().await.expect("a pooled connection");
+        let mut values = Vec::new();
+        for name in ["plan_cache_mode", "statement_timeout", "lock_timeout"] {
+            let row = client
+                .query_one(&format!("SHOW {name}"), &[])
+                .await
+                .expect("SHOW");
+            values.push(row.get::<_, String>(0));
+        }
+        values
+    };
+    let pool = inventory_postgres::connect(database.clone(), &settings).expect("a pool");
+    assert_eq!(show(pool).await, ["force_generic_plan", "1500ms", "1500ms"]);
+
+    let mut theirs = database.clone();
+    theirs.options("-c plan_cache_mode=auto");
+    let pool = inventory_postgres::connect(theirs, &settings).expect("a pool");
+    assert_eq!(show(pool).await, ["auto", "1500ms", "1500ms"]);
+}

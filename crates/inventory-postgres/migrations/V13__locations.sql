@@ -1,7 +1,7 @@
 -- Stock at several locations. `stock` keeps each SKU's total, its lease fence and its version
 -- (one per movement, whatever location it moved); `stock_locations` keeps the SKU's units at
--- each location, and the totals are their sums. Every writer locks the SKU's `stock` row
--- first and then the location rows it changes, in (SKU, location) byte order.
+-- each location, and the totals are their sums. A SKU's `stock` row is the lock of all its
+-- location rows: every writer locks it before it reads or changes any of them.
 --
 -- The tables this changes are locked up front, all at once, so the upgrade cannot deadlock
 -- with a request that reads one of them and then writes another (the operations guide says

@@ -9,11 +9,11 @@
 //! 1. `BEGIN`
 //! 2. claim every idempotency key, read the outcomes stored for keys already used, take the
 //!    orders' locks (shared) and read which were cancelled, lock the stock rows (`FOR UPDATE`,
-//!    in SKU order, then their location rows in (SKU, location) order), read the configured
+//!    in SKU order; those locks cover their location rows, read next), read the configured
 //!    locations — in this order, the same order as the one-request path (keys, orders,
 //!    then stock), with keys sorted, so two transactions never wait on each other in a cycle;
 //! 3. decide each group in memory (fenced groups have their claims deleted again), then
-//!    write: one conditional update of the SKU totals and one of the location rows, each
+//!    write: one statement updating the SKU totals and then their location rows, each
 //!    guarded by its group's fence, the reservations, their lines, their outbox events and
 //!    every executed request's outcome;
 //! 4. `COMMIT`.

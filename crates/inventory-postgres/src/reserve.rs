@@ -74,8 +74,8 @@ impl ReservationStore for PgStore {
                 .await?
                 .is_empty();
             self.pauses.reach(PausePoint::OrderChecked).await;
-            // Every SKU's row and then its location rows, locked in (SKU, location) order, and
-            // the locations as they are configured: what allocation is decided on.
+            // Every SKU's row locked in SKU order, then its location rows (which that lock
+            // covers), and the locations as they are configured: what allocation is decided on.
             let skus: Vec<&str> = lines.iter().map(|(line, _)| line.sku.as_str()).collect();
             let (mut stock, configured) = tokio::try_join!(
                 biased;

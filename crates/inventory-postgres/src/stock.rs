@@ -3,10 +3,12 @@
 //!
 //! Invariants relied on: `0 <= reserved <= on_hand <= MAX_ON_HAND` is enforced by CHECK
 //! constraints on both tables, so every statement here may assume it and none can break it.
-//! Every writer locks a SKU's `stock` row before any of its location rows, and SKUs in byte
-//! order, so rows are always locked in (SKU, location) order. Every change goes through
-//! [`apply`], which moves a location row and its SKU's total together, one version per
-//! movement.
+//! A SKU's `stock` row is the lock of all its locations: every writer locks it (`FOR UPDATE`,
+//! SKUs in byte order) before it reads any of the SKU's location rows, and writes those rows
+//! only while holding it. So no two transactions ever contend on a location row, and the
+//! location rows, read by a statement that starts once the lock is held, are the latest.
+//! Every change goes through [`apply`], which moves a location row and its SKU's total
+//! together, one version per movement.
 
 use std::collections::HashMap;
 
@@ -22,9 +24,8 @@ use crate::error::from_db;
 
 const LOCK_ONE: &str = "SELECT on_hand, reserved, version FROM stock WHERE sku = $1 FOR UPDATE";
 
-const LOCK_LOCATION: &str = "
-    SELECT on_hand, reserved, version FROM stock_locations
-    WHERE sku = $1 AND location_id = $2 FOR UPDATE";
+const READ_LOCATION: &str = "
+    SELECT on_hand, reserved, version FROM stock_locations WHERE sku = $1 AND location_id = $2";
 
 /// A SKU's first stock, at one location. Nothing comes back when another transaction created
 /// the SKU meanwhile.
@@ -53,41 +54,39 @@ const LOCK_MANY: &str = "
     SELECT sku, clock_timestamp(), on_hand, reserved, version, fence_token FROM locked
     ORDER BY sku COLLATE \"C\"";
 
-/// The location rows of SKUs whose `stock` rows this transaction locked just before, in
-/// (SKU, location) order.
-const LOCK_LOCATIONS_MANY: &str = "
-    SELECT sku, location_id, on_hand, reserved, version FROM stock_locations
-    WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\" FOR UPDATE";
-
-/// Moves SKU totals: each `(sku, on_hand, reserved, movements, fence)` by its deltas and one
-/// version per movement. With a fence (a Reserve's), only while the stored one is below it,
-/// which it then becomes; rows the guard keeps out are simply not returned.
-const APPLY_TOTALS: &str = "
-    UPDATE stock s
-    SET on_hand = s.on_hand + u.on_hand, reserved = s.reserved + u.reserved,
-        version = s.version + u.movements, fence_token = coalesce(u.fence, s.fence_token),
-        updated_at = clock_timestamp()
-    FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[])
-        AS u(sku, on_hand, reserved, movements, fence)
-    WHERE s.sku = u.sku AND (u.fence IS NULL OR s.fence_token < u.fence)
-    RETURNING s.sku, s.on_hand, s.reserved, s.version";
-
-/// Moves location rows after their SKUs' totals moved (same transaction, so the totals read
-/// here are the new ones): each takes the version of its last movement, which is the SKU's
-/// new version less the SKU's movements after it (`later`). With a fence, only where the
-/// total took that very fence just before: the statement guards itself, whatever its caller
-/// does with a total the guard kept out.
-const APPLY_LOCATIONS: &str = "
-    UPDATE stock_locations l
-    SET on_hand = l.on_hand + u.on_hand, reserved = l.reserved + u.reserved,
-        version = s.version - u.later, fence_token = coalesce(u.fence, l.fence_token),
-        updated_at = clock_timestamp()
-    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[])
-        AS u(sku, location_id, on_hand, reserved, later, fence)
-        JOIN stock s ON s.sku = u.sku
-    WHERE l.sku = u.sku AND l.location_id = u.location_id
-      AND (u.fence IS NULL OR (l.fence_token < u.fence AND s.fence_token = u.fence))
-    RETURNING l.sku, l.location_id, l.on_hand, l.reserved, l.version";
+/// Moves SKU totals and then their location rows, in one statement. Totals: each `(sku,
+/// on_hand, reserved, movements, fence)` by its deltas and one version per movement; with a
+/// fence (a Reserve's), only while the stored one is below it, which it then becomes. Location
+/// rows: each `(sku, location_id, on_hand, reserved, later, fence)` by its deltas, taking the
+/// version of its last movement (the SKU's new version less the SKU's movements after it,
+/// `later`), and only if its total moved in this very statement (a total the guard kept out
+/// keeps its locations out too) and, with a fence, while its own is below it. Answers the
+/// totals (no location) and then the location rows, as they are after.
+const APPLY: &str = "
+    WITH t AS (
+        UPDATE stock s
+        SET on_hand = s.on_hand + u.on_hand, reserved = s.reserved + u.reserved,
+            version = s.version + u.movements, fence_token = coalesce(u.fence, s.fence_token),
+            updated_at = clock_timestamp()
+        FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[])
+            AS u(sku, on_hand, reserved, movements, fence)
+        WHERE s.sku = u.sku AND (u.fence IS NULL OR s.fence_token < u.fence)
+        RETURNING s.sku, s.on_hand, s.reserved, s.version
+    ), l AS (
+        UPDATE stock_locations l
+        SET on_hand = l.on_hand + u.on_hand, reserved = l.reserved + u.reserved,
+            version = t.version - u.later, fence_token = coalesce(u.fence, l.fence_token),
+            updated_at = clock_timestamp()
+        FROM unnest($6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::bigint[],
+                    $11::bigint[]) AS u(sku, location_id, on_hand, reserved, later, fence)
+            JOIN t ON t.sku = u.sku
+        WHERE l.sku = u.sku AND l.location_id = u.location_id
+          AND (u.fence IS NULL OR l.fence_token < u.fence)
+        RETURNING l.sku, l.location_id, l.on_hand, l.reserved, l.version
+    )
+    SELECT sku, NULL::text, on_hand, reserved, version FROM t
+    UNION ALL
+    SELECT sku, location_id, on_hand, reserved, version FROM l";
 
 const READ_MANY: &str = "SELECT sku, on_hand, reserved, version FROM stock WHERE sku = ANY($1)";
 
@@ -105,14 +104,14 @@ pub(crate) async fn lock(
     Ok(row.map(|row| total(sku, &row)))
 }
 
-/// The SKU's row at `location`, locked (its `stock` row must be locked already); `None` if
-/// the SKU never had stock there.
-pub(crate) async fn lock_at(
+/// The SKU's row at `location`, read under its `stock` row's lock (which the transaction must
+/// hold already); `None` if the SKU never had stock there.
+pub(crate) async fn read_at(
     tx: &Transaction<'_>,
     sku: &Sku,
     location: &LocationId,
 ) -> Result<Option<StockLevel>, tokio_postgres::Error> {
-    let statement = tx.prepare_cached(LOCK_LOCATION).await?;
+    let statement = tx.prepare_cached(READ_LOCATION).await?;
     let row = tx
         .query_opt(&statement, &[&sku.as_str(), &location.as_str()])
         .await?;
@@ -146,8 +145,9 @@ pub(crate) async fn add_location(
     Ok(())
 }
 
-/// Locks the rows of `skus` in SKU order, then their location rows in (SKU, location) order
-/// (two statements, sent together); each SKU with the clock read once its lock was held.
+/// Locks the rows of `skus` in SKU order and then reads their location rows in (SKU,
+/// location) order (two statements, sent together); each SKU with the clock read once its
+/// lock was held.
 pub(crate) async fn lock_many(
     tx: &Transaction<'_>,
     skus: &[&str],
@@ -155,10 +155,11 @@ pub(crate) async fn lock_many(
     let (lock, lock_locations) = tokio::try_join!(
         biased;
         tx.prepare_cached(LOCK_MANY),
-        tx.prepare_cached(LOCK_LOCATIONS_MANY),
+        tx.prepare_cached(READ_LOCATIONS_MANY),
     )
     .map_err(from_db)?;
-    // `biased`: the SKU rows are locked before their location rows.
+    // `biased`: the location rows are read by the statement after the one that locked their
+    // SKUs' rows, so under a snapshot taken once those locks were held.
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&skus];
     let (rows, location_rows) = tokio::try_join!(
         biased;
@@ -189,21 +190,6 @@ pub(crate) async fn lock_many(
         }
     }
     Ok(locked)
-}
-
-/// Locks the location rows of SKUs whose `stock` rows this transaction holds, in
-/// (SKU, location) order.
-pub(crate) async fn lock_locations_many(
-    tx: &Transaction<'_>,
-    skus: &[Sku],
-) -> Result<Vec<StockLevel>, Error> {
-    let statement = tx
-        .prepare_cached(LOCK_LOCATIONS_MANY)
-        .await
-        .map_err(from_db)?;
-    let names: Vec<&str> = skus.iter().map(Sku::as_str).collect();
-    let rows = tx.query(&statement, &[&names]).await.map_err(from_db)?;
-    rows.iter().map(location_level).collect()
 }
 
 /// One movement of a SKU's stock at one location.
@@ -249,8 +235,9 @@ pub(crate) fn levels_after(moved: &[Moved]) -> Vec<StockLevel> {
 
 /// Applies `moves` (in the order given, one version each), and answers the levels right
 /// after each. `locked`: whether the transaction holds the SKUs' rows already; if not, they
-/// are locked first, in SKU order, then their location rows in (SKU, location) order. `fences`: a Reserve's lease tokens per SKU, each guarding
-/// its SKU's row and location rows (strictly greater). The statements are sent together.
+/// are locked first, in SKU order. `fences`: a Reserve's lease tokens per SKU, each guarding
+/// its SKU's row and location rows (strictly greater). One statement moves the totals and
+/// their location rows, sent together with the lock.
 /// Should a row not be there or a guard not hold, nothing is answered but an error, and the
 /// caller's transaction is abandoned.
 pub(crate) async fn apply(
@@ -295,12 +282,10 @@ pub(crate) async fn apply(
     let later =
         |sku: &Sku, last: usize| moves[last + 1..].iter().filter(|m| m.sku == sku).count() as i64;
 
-    let (lock, lock_locations, apply_totals, apply_locations) = tokio::try_join!(
+    let (lock, apply) = tokio::try_join!(
         biased;
         tx.prepare_cached(LOCK_MANY),
-        tx.prepare_cached(LOCK_LOCATIONS_MANY),
-        tx.prepare_cached(APPLY_TOTALS),
-        tx.prepare_cached(APPLY_LOCATIONS),
+        tx.prepare_cached(APPLY),
     )
     .map_err(from_db)?;
     let t_skus: Vec<&str> = totals.iter().map(|t| t.0.as_str()).collect();
@@ -314,33 +299,32 @@ pub(crate) async fn apply(
     let l_res: Vec<i64> = rows.iter().map(|r| r.3).collect();
     let l_later: Vec<i64> = rows.iter().map(|r| later(r.0, r.4)).collect();
     let l_fences: Vec<Option<i64>> = rows.iter().map(|r| fence_of(r.0)).collect();
-    // `biased`: the totals are locked in SKU order, then their location rows in (SKU,
-    // location) order (an array update locks in whatever order its join yields), then the
-    // totals move before their locations.
+    // `biased`: the SKUs' rows are locked in SKU order before the update (an array update
+    // locks in whatever order its join yields); their locks cover their location rows.
     let lock_first = async {
         if locked {
             return Ok(Vec::new());
         }
         tx.query(&lock, &[&t_skus]).await
     };
-    let lock_locations_first = async {
-        if locked {
-            return Ok(Vec::new());
-        }
-        tx.query(&lock_locations, &[&t_skus]).await
-    };
-    let total_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-        [&t_skus, &t_on, &t_res, &t_moves, &t_fences];
-    let location_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-        [&l_skus, &l_locations, &l_on, &l_res, &l_later, &l_fences];
-    let (_, _, total_rows, location_rows) = tokio::try_join!(
-        biased;
-        lock_first,
-        lock_locations_first,
-        tx.query(&apply_totals, &total_params),
-        tx.query(&apply_locations, &location_params),
-    )
-    .map_err(from_db)?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
+        &t_skus,
+        &t_on,
+        &t_res,
+        &t_moves,
+        &t_fences,
+        &l_skus,
+        &l_locations,
+        &l_on,
+        &l_res,
+        &l_later,
+        &l_fences,
+    ];
+    let (_, answered) =
+        tokio::try_join!(biased; lock_first, tx.query(&apply, &params)).map_err(from_db)?;
+    let (location_rows, total_rows): (Vec<&Row>, Vec<&Row>) = answered
+        .iter()
+        .partition(|row| matches!(row.try_get::<_, Option<&str>>(1), Ok(Some(_))));
     if total_rows.len() != totals.len() || location_rows.len() != rows.len() {
         return Err(Error::internal(
             "the locked stock rows no longer matched their guards",
@@ -349,14 +333,14 @@ pub(crate) async fn apply(
 
     // Walk back from the levels after every movement to each movement's own.
     let mut running_totals: HashMap<&str, StockLevel> = HashMap::with_capacity(totals.len());
-    for row in &total_rows {
+    for row in total_rows {
         let sku: &str = row.try_get(0).map_err(Error::internal)?;
         let (sku_ref, on, res, count) = totals
             .iter()
             .find(|t| t.0.as_str() == sku)
             .copied()
             .ok_or_else(|| Error::internal("a total that was not moved"))?;
-        let after = total_at(sku_ref, row, 1);
+        let after = total_at(sku_ref, row, 2);
         running_totals.insert(
             sku_ref.as_str(),
             StockLevel {
@@ -368,7 +352,7 @@ pub(crate) async fn apply(
         );
     }
     let mut running_at: HashMap<(&str, &str), StockLevel> = HashMap::with_capacity(rows.len());
-    for row in &location_rows {
+    for row in location_rows {
         let after = location_level(row)?;
         let (sku_ref, location, on, res, _) = rows
             .iter()

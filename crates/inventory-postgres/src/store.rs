@@ -444,7 +444,7 @@ async fn apply_count(
         current = stock::lock(tx, sku).await.map_err(from_db)?;
     }
     let total = current.ok_or_else(|| Error::internal("a SKU vanished while it was created"))?;
-    let at = stock::lock_at(tx, sku, location).await.map_err(from_db)?;
+    let at = stock::read_at(tx, sku, location).await.map_err(from_db)?;
     let (total_after, at_after, delta) = match rules::set_at(&total, at.as_ref(), command) {
         Err(refusal) => return Ok(Err(refusal)),
         // The count confirms what is stored: no change, no version, no movement.
@@ -525,7 +525,7 @@ async fn apply_counts(
     }
     let mut skus: Vec<Sku> = totals.keys().cloned().collect();
     skus.sort();
-    let mut at: HashMap<(Sku, LocationId), StockLevel> = stock::lock_locations_many(tx, &skus)
+    let mut at: HashMap<(Sku, LocationId), StockLevel> = stock::read_locations_many(tx, &skus)
         .await?
         .into_iter()
         .filter_map(|level| Some(((level.sku.clone(), level.location.clone()?), level)))
@@ -623,8 +623,8 @@ async fn apply_counts(
         .collect()))
 }
 
-/// A transfer: the SKU's row is locked, then both location rows (in location order); the
-/// core decides; both sides move in one write, one movement each, and one event.
+/// A transfer: the SKU's row is locked (the lock of both location rows), both rows are read;
+/// the core decides; both sides move in one write, one movement each, and one event.
 async fn apply_transfer(
     tx: &deadpool_postgres::Transaction<'_>,
     command: &TransferStock,
@@ -633,18 +633,11 @@ async fn apply_transfer(
     let Some(total) = stock::lock(tx, sku).await.map_err(from_db)? else {
         return Ok(Err(Error::UnknownSkus(vec![sku.clone()])));
     };
-    let (first, second) = if command.from < command.to {
-        (&command.from, &command.to)
-    } else {
-        (&command.to, &command.from)
-    };
-    let first_row = stock::lock_at(tx, sku, first).await.map_err(from_db)?;
-    let second_row = stock::lock_at(tx, sku, second).await.map_err(from_db)?;
-    let (from_row, to_row) = if first == &command.from {
-        (first_row, second_row)
-    } else {
-        (second_row, first_row)
-    };
+    let (from_row, to_row) = tokio::try_join!(
+        stock::read_at(tx, sku, &command.from),
+        stock::read_at(tx, sku, &command.to),
+    )
+    .map_err(from_db)?;
     let decided = match rules::transfer(&total, from_row.as_ref(), to_row.as_ref(), command) {
         Err(refusal) => return Ok(Err(refusal)),
         Ok(decided) => decided,
@@ -780,7 +773,7 @@ async fn apply_adjustment(
         current = stock::lock(tx, sku).await.map_err(from_db)?;
     }
     let total = current.ok_or_else(|| Error::internal("a SKU vanished while it was created"))?;
-    let at = stock::lock_at(tx, sku, location).await.map_err(from_db)?;
+    let at = stock::read_at(tx, sku, location).await.map_err(from_db)?;
     let (total_after, at_after) = match rules::adjust_at(&total, at.as_ref(), command) {
         Err(refusal) => return Ok(Err(refusal)),
         Ok(decided) => decided,

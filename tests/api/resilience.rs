@@ -514,10 +514,11 @@ async fn a_key_pruned_between_claim_and_read_is_claimed_again_not_an_internal_er
     assert_eq!(app.level("PRUNED-KEY").await, (5, 2));
 }
 
-/// A pooled connection gets the statement bounds and one generic plan per prepared statement;
-/// an operator's own `plan_cache_mode` in `DATABASE_URL` still wins.
+/// A pooled connection carries the statement bounds, and the options of `DATABASE_URL` too:
+/// the plan cache mode a `Reserve` sets is its transaction's alone (`SET LOCAL`), the
+/// session's stays the operator's.
 #[tokio::test]
-async fn pooled_connections_plan_once_unless_the_url_says_otherwise() {
+async fn pooled_connections_carry_the_statement_bounds_and_the_urls_own_options() {
     let database = fresh_database().await;
     let settings = inventory_postgres::PoolSettings {
         statement_timeout: Duration::from_millis(1500),
@@ -536,10 +537,10 @@ async fn pooled_connections_plan_once_unless_the_url_says_otherwise() {
         values
     };
     let pool = inventory_postgres::connect(database.clone(), &settings).expect("a pool");
-    assert_eq!(show(pool).await, ["force_generic_plan", "1500ms", "1500ms"]);
+    assert_eq!(show(pool).await, ["auto", "1500ms", "1500ms"]);
 
     let mut theirs = database.clone();
-    theirs.options("-c plan_cache_mode=auto");
+    theirs.options("-c plan_cache_mode=force_custom_plan");
     let pool = inventory_postgres::connect(theirs, &settings).expect("a pool");
-    assert_eq!(show(pool).await, ["auto", "1500ms", "1500ms"]);
+    assert_eq!(show(pool).await, ["force_custom_plan", "1500ms", "1500ms"]);
 }

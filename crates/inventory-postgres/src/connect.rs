@@ -238,16 +238,9 @@ pub fn connect(
         "-c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout={}",
         ms * 4
     );
-    // Every statement here is prepared once per connection and looks rows up by key (or by
-    // arrays of keys): one generic plan serves every call. Left to choose, PostgreSQL keeps
-    // planning the array statements afresh on every call (their generic plan's estimate for
-    // an array of unknown length is above a one-element custom plan's), which measured about
-    // 0.5 ms of a 2.8 ms single Reserve. Before the deployment's own options, so a
-    // `plan_cache_mode` in `DATABASE_URL` still wins.
-    let plans = "-c plan_cache_mode=force_generic_plan";
     let options = match config.get_options() {
-        Some(theirs) => format!("{plans} {theirs} {ours}"),
-        None => format!("{plans} {ours}"),
+        Some(theirs) => format!("{theirs} {ours}"),
+        None => ours,
     };
     config.options(&options);
     harden(&mut config, settings);

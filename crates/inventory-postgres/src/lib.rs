@@ -43,6 +43,7 @@ pub mod migrate;
 mod orders;
 mod outbox;
 mod outcome;
+mod plans;
 mod reservations;
 mod reserve;
 pub mod retention;

@@ -21,7 +21,7 @@ use deadpool_postgres::Transaction;
 use inventory_core::{Error, domain::OrderId};
 use sha2::{Digest, Sha256};
 
-use crate::error::from_db;
+use crate::{error::from_db, plans};
 
 const LOCK_SHARED: &str = "SELECT pg_advisory_xact_lock_shared($1)";
 const LOCK_EXCLUSIVE: &str = "SELECT pg_advisory_xact_lock($1)";
@@ -74,10 +74,12 @@ pub(crate) async fn lock_and_read_cancelled(
     let callers: Vec<&str> = orders.iter().map(|(c, _)| *c).collect();
     let order_ids: Vec<&str> = orders.iter().map(|(_, o)| *o).collect();
     let read_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&callers, &order_ids];
-    let (_, rows) = tokio::try_join!(
+    let (_, _, rows, _) = tokio::try_join!(
         biased;
         futures::future::try_join_all(params.iter().map(|p| tx.query_one(&lock, p))),
+        tx.batch_execute(plans::GENERIC),
         tx.query(&read, &read_params),
+        tx.batch_execute(plans::DEFAULT),
     )
     .map_err(from_db)?;
     rows.iter()

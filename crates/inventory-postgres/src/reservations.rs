@@ -203,34 +203,16 @@ pub(crate) struct NewReservation<'a> {
     pub ttl: Ttl,
 }
 
-/// Inserts a `HELD` reservation; returns `(created_at, expires_at)` by PostgreSQL's clock.
+/// Inserts a `HELD` reservation and its lines, a row per allocation, each SKU's under its
+/// fence (both statements prepared first, then sent together, the reservation first); returns
+/// `(created_at, expires_at)` by PostgreSQL's clock.
 pub(crate) async fn insert(
     tx: &Transaction<'_>,
     new: &NewReservation<'_>,
-) -> Result<(SystemTime, SystemTime), tokio_postgres::Error> {
-    let statement = tx.prepare_cached(INSERT).await?;
-    let row = tx
-        .query_one(
-            &statement,
-            &[
-                &new.id.as_uuid(),
-                &new.order_id.as_str(),
-                &new.caller,
-                &new.idempotency_key,
-                &new.ttl.get().as_secs_f64(),
-            ],
-        )
-        .await?;
-    Ok((row.try_get(0)?, row.try_get(1)?))
-}
-
-/// Inserts the lines of a new hold, a row per allocation, each SKU's under its fence.
-pub(crate) async fn insert_lines(
-    tx: &Transaction<'_>,
-    id: ReservationId,
     lines: &[(&ReservationLine, FenceToken)],
-) -> Result<(), tokio_postgres::Error> {
-    let statement = tx.prepare_cached(INSERT_LINES).await?;
+) -> Result<(SystemTime, SystemTime), tokio_postgres::Error> {
+    let (insert, insert_lines) =
+        tokio::try_join!(tx.prepare_cached(INSERT), tx.prepare_cached(INSERT_LINES),)?;
     let rows = lines
         .iter()
         .flat_map(|(line, fence)| line.allocations.iter().map(move |a| (line, a, fence)));
@@ -242,12 +224,19 @@ pub(crate) async fn insert_lines(
         quantities.push(allocation.quantity);
         fences.push(fence.get());
     }
-    tx.execute(
-        &statement,
-        &[&id.as_uuid(), &skus, &locations, &quantities, &fences],
-    )
-    .await?;
-    Ok(())
+    let id = new.id.as_uuid();
+    let order_id = new.order_id.as_str();
+    let ttl = new.ttl.get().as_secs_f64();
+    let reservation: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+        [&id, &order_id, &new.caller, &new.idempotency_key, &ttl];
+    let line_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+        [&id, &skus, &locations, &quantities, &fences];
+    let (row, _) = tokio::try_join!(
+        biased;
+        tx.query_one(&insert, &reservation),
+        tx.execute(&insert_lines, &line_params),
+    )?;
+    Ok((row.try_get(0)?, row.try_get(1)?))
 }
 
 /// Inserts the holds of a coalesced batch (each `(hold, caller, idempotency key)`) with

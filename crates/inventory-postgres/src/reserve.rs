@@ -133,6 +133,24 @@ impl ReservationStore for PgStore {
                             "the stored levels are the decided ones"
                         );
                         let id = ReservationId::new_random();
+                        let cause = Cause::call(
+                            command.caller.as_str(),
+                            "",
+                            Some(command.idempotency_key.as_str()),
+                        )
+                        .of_reservation(id, &command.order_id);
+                        let movements: Vec<NewMovement<'_>> = moved
+                            .iter()
+                            .zip(&moves)
+                            .map(|(m, units)| {
+                                NewMovement::of_units(MovementKind::Held, m, units.reserved)
+                                    .because(cause)
+                            })
+                            .collect();
+                        let rows: Vec<(&ReservationLine, FenceToken)> =
+                            held.iter().map(|(line, fence)| (line, *fence)).collect();
+                        // The reservation with its lines (one round trip), then its event,
+                        // then its movements (and any availability event after the hold's).
                         let (created_at, expires_at) = reservations::insert(
                             &tx,
                             &NewReservation {
@@ -142,14 +160,10 @@ impl ReservationStore for PgStore {
                                 idempotency_key: command.idempotency_key.as_str(),
                                 ttl,
                             },
+                            &rows,
                         )
                         .await
                         .map_err(from_db)?;
-                        let rows: Vec<(&ReservationLine, FenceToken)> =
-                            held.iter().map(|(line, fence)| (line, *fence)).collect();
-                        reservations::insert_lines(&tx, id, &rows)
-                            .await
-                            .map_err(from_db)?;
                         let reservation = Reservation {
                             id,
                             order_id: command.order_id.clone(),
@@ -166,20 +180,6 @@ impl ReservationStore for PgStore {
                         )
                         .await
                         .map_err(from_db)?;
-                        let cause = Cause::call(
-                            command.caller.as_str(),
-                            "",
-                            Some(command.idempotency_key.as_str()),
-                        )
-                        .of_reservation(id, &command.order_id);
-                        let movements: Vec<NewMovement<'_>> = moved
-                            .iter()
-                            .zip(&moves)
-                            .map(|(m, units)| {
-                                NewMovement::of_units(MovementKind::Held, m, units.reserved)
-                                    .because(cause)
-                            })
-                            .collect();
                         ledger::append(&tx, &movements).await.map_err(from_db)?;
                         Ok(reservation)
                     }

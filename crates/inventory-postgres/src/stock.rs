@@ -20,7 +20,7 @@ use inventory_core::{
 };
 use tokio_postgres::Row;
 
-use crate::error::from_db;
+use crate::{error::from_db, plans};
 
 const LOCK_ONE: &str = "SELECT on_hand, reserved, version FROM stock WHERE sku = $1 FOR UPDATE";
 
@@ -161,10 +161,12 @@ pub(crate) async fn lock_many(
     // `biased`: the location rows are read by the statement after the one that locked their
     // SKUs' rows, so under a snapshot taken once those locks were held.
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&skus];
-    let (rows, location_rows) = tokio::try_join!(
+    let (_, rows, location_rows, _) = tokio::try_join!(
         biased;
+        tx.batch_execute(plans::GENERIC),
         tx.query(&lock, &params),
         tx.query(&lock_locations, &params),
+        tx.batch_execute(plans::DEFAULT),
     )
     .map_err(from_db)?;
     let mut locked = HashMap::with_capacity(rows.len());
@@ -320,8 +322,14 @@ pub(crate) async fn apply(
         &l_later,
         &l_fences,
     ];
-    let (_, answered) =
-        tokio::try_join!(biased; lock_first, tx.query(&apply, &params)).map_err(from_db)?;
+    let (_, _, answered, _) = tokio::try_join!(
+        biased;
+        tx.batch_execute(plans::GENERIC),
+        lock_first,
+        tx.query(&apply, &params),
+        tx.batch_execute(plans::DEFAULT),
+    )
+    .map_err(from_db)?;
     let (location_rows, total_rows): (Vec<&Row>, Vec<&Row>) = answered
         .iter()
         .partition(|row| matches!(row.try_get::<_, Option<&str>>(1), Ok(Some(_))));

@@ -399,3 +399,14 @@ impl TestApp {
         format!("{base}/{name}")
     }
 }
+
+/// Retention that prunes every stock movement it may (each SKU's latest is always kept) and
+/// nothing else.
+pub fn ledger_only_retention() -> Retention {
+    Retention {
+        events: Duration::from_secs(86_400),
+        idempotency_keys: Duration::from_secs(86_400),
+        reservations: Duration::from_secs(86_400),
+        ledger: Some(Duration::ZERO),
+    }
+}

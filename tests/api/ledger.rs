@@ -539,13 +539,11 @@ async fn a_pruned_ledger_keeps_each_skus_latest_movement_and_still_verifies() {
     stock(&app, "OLD", 5).await;
     app.hold("a", &[("OLD", 1)]).await;
     app.hold("b", &[("OLD", 1)]).await;
-    let retention = inventory_postgres::retention::Retention {
-        events: std::time::Duration::from_secs(86_400),
-        idempotency_keys: std::time::Duration::from_secs(86_400),
-        reservations: std::time::Duration::from_secs(86_400),
-        ledger: Some(std::time::Duration::ZERO),
-    };
-    let pruned = app.store.prune(&retention, 100).await.unwrap();
+    let pruned = app
+        .store
+        .prune(&crate::helpers::ledger_only_retention(), 100)
+        .await
+        .unwrap();
     assert_eq!(pruned.movements, 2, "all but the latest");
     let kept = movements(&app, "OLD").await;
     assert_eq!(kept.len(), 1);

@@ -921,13 +921,11 @@ async fn an_idle_location_never_holds_back_ledger_pruning() {
     for _ in 0..3 {
         stock_at(&app, "IDLE", "east", 1).await;
     }
-    let retention = inventory_postgres::retention::Retention {
-        events: std::time::Duration::from_secs(86_400),
-        idempotency_keys: std::time::Duration::from_secs(86_400),
-        reservations: std::time::Duration::from_secs(86_400),
-        ledger: Some(std::time::Duration::ZERO),
-    };
-    let pruned = app.store.prune(&retention, 100).await.unwrap();
+    let pruned = app
+        .store
+        .prune(&crate::helpers::ledger_only_retention(), 100)
+        .await
+        .unwrap();
     assert_eq!(
         pruned.movements, 3,
         "all but the SKU's latest, default's included"

@@ -74,12 +74,10 @@ pub(crate) async fn lock_and_read_cancelled(
     let callers: Vec<&str> = orders.iter().map(|(c, _)| *c).collect();
     let order_ids: Vec<&str> = orders.iter().map(|(_, o)| *o).collect();
     let read_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&callers, &order_ids];
-    let (_, _, rows, _) = tokio::try_join!(
+    let (_, rows) = tokio::try_join!(
         biased;
         futures::future::try_join_all(params.iter().map(|p| tx.query_one(&lock, p))),
-        tx.batch_execute(plans::GENERIC),
-        tx.query(&read, &read_params),
-        tx.batch_execute(plans::DEFAULT),
+        plans::generic(tx, tx.query(&read, &read_params)),
     )
     .map_err(from_db)?;
     rows.iter()

@@ -152,7 +152,7 @@ pub(crate) async fn lock_many(
     tx: &Transaction<'_>,
     skus: &[&str],
 ) -> Result<HashMap<Sku, SkuStock>, Error> {
-    let (lock, lock_locations) = tokio::try_join!(
+    let (lock, read_locations) = tokio::try_join!(
         biased;
         tx.prepare_cached(LOCK_MANY),
         tx.prepare_cached(READ_LOCATIONS_MANY),
@@ -161,13 +161,14 @@ pub(crate) async fn lock_many(
     // `biased`: the location rows are read by the statement after the one that locked their
     // SKUs' rows, so under a snapshot taken once those locks were held.
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&skus];
-    let (_, rows, location_rows, _) = tokio::try_join!(
-        biased;
-        tx.batch_execute(plans::GENERIC),
-        tx.query(&lock, &params),
-        tx.query(&lock_locations, &params),
-        tx.batch_execute(plans::DEFAULT),
-    )
+    let (rows, location_rows) = plans::generic(tx, async {
+        tokio::try_join!(
+            biased;
+            tx.query(&lock, &params),
+            tx.query(&read_locations, &params),
+        )
+    })
+    .await
     .map_err(from_db)?;
     let mut locked = HashMap::with_capacity(rows.len());
     for row in &rows {
@@ -322,13 +323,10 @@ pub(crate) async fn apply(
         &l_later,
         &l_fences,
     ];
-    let (_, _, answered, _) = tokio::try_join!(
-        biased;
-        tx.batch_execute(plans::GENERIC),
-        lock_first,
-        tx.query(&apply, &params),
-        tx.batch_execute(plans::DEFAULT),
-    )
+    let (_, answered) = plans::generic(tx, async {
+        tokio::try_join!(biased; lock_first, tx.query(&apply, &params))
+    })
+    .await
     .map_err(from_db)?;
     let (location_rows, total_rows): (Vec<&Row>, Vec<&Row>) = answered
         .iter()

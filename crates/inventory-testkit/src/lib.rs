@@ -7,6 +7,8 @@
 //! - [`scratch`]: a scratch folder removed on drop.
 //! - [`postgres`]: a throwaway PostgreSQL cluster, and fresh databases cloned from a migrated
 //!   template.
+//! - [`postgres_ha`]: PostgreSQL with automatic failover (pg_auto_failover), every node behind
+//!   fault proxies.
 //! - [`redis`]: `redis-server` nodes and the three topologies (single, Sentinel, Cluster).
 //! - [`proxy`]: a TCP proxy with latency, cut-off and stall switches.
 //! - [`server`]: `inventory-server` processes, ready once `grpc.health.v1` says SERVING.
@@ -18,6 +20,7 @@ pub mod audit;
 pub mod outcome;
 pub mod ports;
 pub mod postgres;
+pub mod postgres_ha;
 pub mod process;
 pub mod proxy;
 pub mod redis;

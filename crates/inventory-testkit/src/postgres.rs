@@ -241,7 +241,7 @@ pub fn pg_bin() -> anyhow::Result<PathBuf> {
 }
 
 /// Whether the `postgres` user can reach `path` (every folder above it lets it through).
-async fn postgres_reaches(path: &Path) -> bool {
+pub(crate) async fn postgres_reaches(path: &Path) -> bool {
     tokio::process::Command::new("runuser")
         .args(["-u", "postgres", "--", "test", "-x"])
         .arg(path.parent().unwrap_or(path))
@@ -252,7 +252,7 @@ async fn postgres_reaches(path: &Path) -> bool {
 
 /// One folder per requested path, the same on every run, so a run that was killed is found
 /// and stopped by the next.
-fn fallback_data_dir(requested: &Path) -> PathBuf {
+pub(crate) fn fallback_data_dir(requested: &Path) -> PathBuf {
     use std::hash::{Hash as _, Hasher as _};
     let mut hasher = std::hash::DefaultHasher::new();
     requested.hash(&mut hasher);

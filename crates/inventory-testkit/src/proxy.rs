@@ -43,7 +43,12 @@ pub struct Proxy {
 impl Proxy {
     /// Listens on an ephemeral loopback port and forwards to `upstream`.
     pub async fn start(upstream: SocketAddr) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), upstream).await
+    }
+
+    /// Listens on `listen` and forwards to `upstream`.
+    pub async fn start_on(listen: SocketAddr, upstream: SocketAddr) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let switches = Arc::new(Switches {
             latency_us: AtomicU64::new(0),

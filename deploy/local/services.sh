@@ -82,8 +82,15 @@ pg_bin() {
 
 ensure_packages() {
   local need=()
+  local pg_major
   pg_bin >/dev/null || need+=(postgresql)
   command -v psql >/dev/null || need+=(postgresql-client)
+  # The fault suite's pg-failover topology: pg_auto_failover's keeper and its extension for
+  # the installed PostgreSQL (or for the one being installed: Debian's default).
+  command -v pg_autoctl >/dev/null || need+=(pg-auto-failover-cli)
+  pg_major=$(basename "$(dirname "$(pg_bin 2>/dev/null || echo /usr/lib/postgresql/15/bin)")")
+  [ -f "/usr/share/postgresql/$pg_major/extension/pgautofailover.control" ] ||
+    need+=("postgresql-$pg_major-auto-failover")
   command -v redis-server >/dev/null || need+=(redis-server)
   command -v redis-cli >/dev/null || need+=(redis-tools)
   python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
@@ -373,7 +380,7 @@ cmd_chaos() {
   ensure_packages
   log "building release binaries"
   (cd "$ROOT" && cargo build --release --locked -p inventory-server -p inventory-chaos)
-  local args=(--topologies "${TOPOLOGIES:-single,sentinel,cluster}" --duration "${DURATION:-3m}"
+  local args=(--topologies "${TOPOLOGIES:-single,sentinel,cluster,pg-failover}" --duration "${DURATION:-3m}"
     --server "$ROOT/target/release/inventory-server" --out "$ROOT/target/chaos")
   if [ -n "${SEED:-}" ]; then args+=(--seed "$SEED"); fi
   (cd "$ROOT" && target/release/inventory-chaos "${args[@]}")

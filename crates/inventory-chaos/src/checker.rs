@@ -8,7 +8,7 @@
 //! after its step, so the checks replay stock and units from the stream itself, in commit
 //! order.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 pub use inventory_testkit::audit::{LevelMismatch, ReservationRow};
 use serde::Serialize;
@@ -43,6 +43,10 @@ pub struct Facts {
     pub level_mismatches: Vec<LevelMismatch>,
     /// Reservations of a cancelled order created after the cancel, or held past it.
     pub cancel_violations: Vec<String>,
+    /// The idempotency keys of the stored `ADJUSTED` movements.
+    pub adjust_keys: Vec<String>,
+    /// The orders stored as cancelled.
+    pub cancelled_orders: Vec<String>,
 }
 
 /// A fault healed at this moment; the `Reserve` calls that must succeed again soon after are
@@ -132,6 +136,7 @@ pub fn check(
     facts: &Facts,
     outages: &[Outage],
     heals: &[Heal],
+    failovers: &[Outage],
     load_end_ms: f64,
 ) -> Vec<Check> {
     let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
@@ -165,6 +170,8 @@ pub fn check(
         live_stream_consistent(history, stream),
         unavailable_while_redis_down(history, outages),
         resumed_after_faults(history, heals, load_end_ms),
+        adjusts_and_cancels_kept(history, facts),
+        retryable_during_failover(history, failovers),
     ]
 }
 
@@ -979,6 +986,83 @@ fn resumed_after_faults(history: &History, heals: &[Heal], load_end_ms: f64) -> 
     v.note = format!(
         "{} healed faults followed by a successful Reserve",
         v.examined
+    );
+    v.done()
+}
+
+/// Every `AdjustStock` and `CancelOrder` answered OK is stored: the movement with its key, the
+/// order's tombstone. (Reserves, confirms and releases have checks of their own above.)
+fn adjusts_and_cancels_kept(history: &History, facts: &Facts) -> Check {
+    let mut v = Verdict::new("adjusts_and_cancels_kept");
+    let adjusted: HashSet<&str> = facts.adjust_keys.iter().map(String::as_str).collect();
+    let cancelled: HashSet<&str> = facts.cancelled_orders.iter().map(String::as_str).collect();
+    for op in history.ops.iter().filter(|o| o.outcome == Outcome::Ok) {
+        match op.kind {
+            OpKind::Adjust => {
+                v.examined += 1;
+                let key = op.key.as_deref().unwrap_or("");
+                if !adjusted.contains(key) {
+                    v.fail(format!("adjust {key} answered OK, no movement stored"));
+                }
+            }
+            OpKind::Cancel => {
+                v.examined += 1;
+                let order = op.order();
+                if !cancelled.contains(order.as_str()) {
+                    v.fail(format!(
+                        "cancel of {order} answered OK, no tombstone stored"
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    v.note = format!("{} acknowledged adjusts and cancels stored", v.examined);
+    v.done()
+}
+
+/// While PostgreSQL fails over, a call is answered OK or with a status that says "try again"
+/// (or that the request cannot be met, as at any time): never an error that hides what
+/// happened (`INTERNAL`, `UNKNOWN`), nor `NOT_FOUND` for what an earlier answer created.
+fn retryable_during_failover(history: &History, failovers: &[Outage]) -> Check {
+    const EXPECTED: [&str; 7] = [
+        "Ok",
+        "Unavailable",
+        "DeadlineExceeded",
+        "Aborted",
+        "ResourceExhausted",
+        "FailedPrecondition",
+        "Cancelled",
+    ];
+    let mut v = Verdict::new("retryable_during_failover");
+    let mut unavailable = 0;
+    for failover in failovers {
+        for op in history
+            .ops
+            .iter()
+            .filter(|o| o.invoked_ms >= failover.start_ms && o.invoked_ms <= failover.end_ms)
+        {
+            v.examined += 1;
+            unavailable += usize::from(op.code == "Unavailable");
+            if !EXPECTED.contains(&op.code.as_str()) {
+                v.fail(format!(
+                    "{:?} {} answered {} ({}) at {:.0} ms during {}",
+                    op.kind,
+                    op.key
+                        .as_deref()
+                        .or(op.reservation_id.as_deref())
+                        .unwrap_or(""),
+                    op.code,
+                    op.message,
+                    op.invoked_ms,
+                    failover.fault
+                ));
+            }
+        }
+    }
+    v.note = format!(
+        "{} failovers: calls answered OK or retryable ({unavailable} UNAVAILABLE)",
+        failovers.len()
     );
     v.done()
 }

@@ -1,8 +1,10 @@
 //! The fault suite for `inventory-server`, in the manner of Jepsen: real processes, real
 //! faults on a seeded schedule, and a checker over the recorded history.
 //!
-//! - `inventory-testkit` starts the processes (PostgreSQL, Redis single, Sentinel or Cluster,
-//!   the server replicas) and the TCP fault proxies in front of PostgreSQL and a single Redis.
+//! - `inventory-testkit` starts the processes (PostgreSQL alone or as a pg_auto_failover
+//!   formation, Redis single, Sentinel or Cluster, the server replicas) and the TCP fault
+//!   proxies in front of PostgreSQL and a single Redis.
+//! - [`topology`]: what a run is made of (the Redis layout; PostgreSQL alone or failing over).
 //! - [`schedule`]: the seeded fault schedule.
 //! - [`workload`]: shoppers, a stocker and a live event watcher, every call recorded.
 //! - [`history`]: what was recorded.
@@ -15,4 +17,5 @@ pub mod history;
 pub mod report;
 pub mod run;
 pub mod schedule;
+pub mod topology;
 pub mod workload;

@@ -1,12 +1,15 @@
 //! `inventory-chaos`: runs the fault suite against real `inventory-server` processes, one
-//! Redis topology after another, and exits non-zero unless the checker passes every run.
+//! topology after another, and exits non-zero unless the checker passes every run.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::Parser;
-use inventory_chaos::run::{self, RunConfig};
-use inventory_testkit::{postgres::Postgres, redis::Topology};
+use inventory_chaos::{
+    run::{self, RunConfig},
+    topology::Topology,
+};
+use inventory_testkit::postgres::Postgres;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -15,7 +18,8 @@ use inventory_testkit::{postgres::Postgres, redis::Topology};
     about = "Fault suite for inventory-server"
 )]
 struct Cli {
-    /// Redis topologies to run, one after another.
+    /// Topologies to run, one after another: the Redis layouts, and `pg-failover` (PostgreSQL
+    /// failing over, one Redis instance).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Topology::ALL)]
     topologies: Vec<Topology>,
     /// How long the load and the faults run, per topology.
@@ -71,9 +75,16 @@ async fn run_all(cli: Cli) -> anyhow::Result<bool> {
         cli.duration,
         out.display()
     );
-    let postgres = Postgres::start(&out.join("postgres"))
-        .await
-        .context("start PostgreSQL")?;
+    // One instance for every topology but the one that brings its own formation.
+    let postgres = if cli.topologies.iter().any(|t| !t.fails_over()) {
+        Some(
+            Postgres::start(&out.join("postgres"))
+                .await
+                .context("start PostgreSQL")?,
+        )
+    } else {
+        None
+    };
     let mut all_passed = true;
     let mut outcome = Ok(());
     for topology in cli.topologies {
@@ -88,7 +99,7 @@ async fn run_all(cli: Cli) -> anyhow::Result<bool> {
             stock: cli.stock,
         };
         eprintln!("chaos {}: starting", topology.name());
-        match run::run(&config, &postgres).await {
+        match run::run(&config, postgres.as_ref()).await {
             Ok(report) => {
                 print!("{}", report.summary());
                 println!("report: {}", config.out.join("report.txt").display());
@@ -104,6 +115,8 @@ async fn run_all(cli: Cli) -> anyhow::Result<bool> {
             }
         }
     }
-    postgres.stop().await;
+    if let Some(postgres) = postgres {
+        postgres.stop().await;
+    }
     outcome.map(|()| all_passed)
 }

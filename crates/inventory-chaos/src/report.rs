@@ -3,13 +3,14 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use inventory_testkit::{redis::Topology, svg};
+use inventory_testkit::svg;
 use serde::Serialize;
 
 use crate::{
     checker::Check,
     history::{History, OpKind, Outcome},
     schedule::{Fault, Planned},
+    topology::Topology,
 };
 
 /// A fault as it was applied.
@@ -21,6 +22,11 @@ pub struct Applied {
     pub late_ms: f64,
     /// When everything it broke served again (a restarted process answering, a cluster `ok`).
     pub healed_ms: f64,
+    /// A failover: when the monitor had promoted the standby.
+    pub promoted_ms: Option<f64>,
+    /// A failover: the longest stretch, between its start and its healing, in which no
+    /// `Reserve` was answered OK: how long the service was unavailable.
+    pub unavailable_ms: Option<f64>,
     /// `Reserve` answers to calls made while it lasted, by status code.
     pub reserve_codes: BTreeMap<String, u64>,
 }
@@ -73,6 +79,30 @@ pub fn reserve_codes(history: &History, from_ms: f64, to_ms: f64) -> BTreeMap<St
     codes
 }
 
+/// The longest stretch between `from_ms` and `to_ms` in which no `Reserve` was answered OK:
+/// from `from_ms` to the first answer, between answers, and from the last answer to the first
+/// one after `to_ms` (or to `to_ms`, when none came).
+pub fn longest_without_reserve(history: &History, from_ms: f64, to_ms: f64) -> f64 {
+    let mut answers: Vec<f64> = history
+        .ops
+        .iter()
+        .filter(|o| o.kind == OpKind::Reserve && o.outcome == Outcome::Ok)
+        .map(|o| o.completed_ms)
+        .filter(|&at| at >= from_ms)
+        .collect();
+    answers.sort_by(f64::total_cmp);
+    let after = answers.iter().position(|&at| at > to_ms);
+    let end = after.map_or(to_ms, |i| answers[i]);
+    let inside = &answers[..after.unwrap_or(answers.len())];
+    let mut longest = 0.0_f64;
+    let mut previous = from_ms;
+    for &at in inside.iter().chain([end].iter()) {
+        longest = longest.max(at - previous);
+        previous = at;
+    }
+    longest
+}
+
 fn codes_line(codes: &BTreeMap<String, u64>) -> String {
     if codes.is_empty() {
         return "no calls".into();
@@ -112,6 +142,14 @@ impl RunReport {
                 },
                 codes_line(&a.reserve_codes)
             );
+            if let (Some(promoted), Some(unavailable)) = (a.promoted_ms, a.unavailable_ms) {
+                let _ = writeln!(
+                    out,
+                    "            standby promoted after {:.1} s; no Reserve answered OK for {:.1} s",
+                    (promoted - a.started_ms) / 1000.0,
+                    unavailable / 1000.0
+                );
+            }
         }
         let _ = writeln!(out, "calls:");
         for (kind, codes) in &self.counts {

@@ -10,10 +10,11 @@ use std::{
 use anyhow::{Context as _, bail};
 use inventory_testkit::{
     audit,
-    postgres::{Postgres, TemplateDatabases, connect},
+    postgres::{PgConfig, Postgres, TemplateDatabases, connect},
+    postgres_ha::Formation,
     process::{eventually, eventually_ok},
     proxy::Proxy,
-    redis::{Redis, Topology},
+    redis::{self, Redis},
     server::{self, ServerProcess},
 };
 
@@ -22,6 +23,7 @@ use crate::{
     history::{History, Op, OpKind, Outcome, Phase, Recorder},
     report::{self, Applied, RunReport},
     schedule::{self, Fault},
+    topology::Topology,
     workload::{self, Caller, Endpoints, WorkloadConfig},
 };
 
@@ -65,28 +67,101 @@ impl RunConfig {
     }
 }
 
+/// The PostgreSQL of a run: the suite's one instance behind a fault proxy, or a formation of
+/// the run's own that fails over.
+enum Database<'p> {
+    Single {
+        postgres: &'p Postgres,
+        proxy: Proxy,
+    },
+    Formation(Box<Formation>),
+}
+
+impl Database<'_> {
+    /// Settings of the `postgres` database, for `TemplateDatabases`.
+    fn admin_config(&self) -> anyhow::Result<PgConfig> {
+        match self {
+            Database::Single { postgres, .. } => postgres.admin_config(),
+            Database::Formation(formation) => formation.admin_config(),
+        }
+    }
+
+    /// The `DATABASE_URL` of the replicas: through the fault proxies.
+    fn service_url(&self, database: &str) -> String {
+        match self {
+            Database::Single { postgres, proxy } => postgres.url_via(proxy.addr(), database),
+            Database::Formation(formation) => formation.url(database),
+        }
+    }
+
+    /// A URL of `database` for the harness's own tools.
+    fn url(&self, database: &str) -> String {
+        match self {
+            Database::Single { postgres, .. } => postgres.url(database),
+            Database::Formation(formation) => formation.url(database),
+        }
+    }
+
+    fn single(&self) -> anyhow::Result<(&Postgres, &Proxy)> {
+        match self {
+            Database::Single { postgres, proxy } => Ok((postgres, proxy)),
+            Database::Formation(_) => bail!("a fault for one PostgreSQL instance, on a formation"),
+        }
+    }
+
+    fn formation(&mut self) -> anyhow::Result<&mut Formation> {
+        match self {
+            Database::Formation(formation) => Ok(formation),
+            Database::Single { .. } => bail!("a failover fault, on one PostgreSQL instance"),
+        }
+    }
+}
+
 /// What the faults act on.
-struct Targets<'a> {
-    postgres: &'a Postgres,
-    pg_proxy: &'a Proxy,
+struct Targets<'a, 'p> {
+    database: &'a mut Database<'p>,
     redis: &'a mut Redis,
     replicas: &'a mut [ServerProcess],
     skus: &'a [String],
     key_prefix: &'a str,
 }
 
-pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunReport> {
+/// One run. `postgres` is the suite's PostgreSQL instance; a topology that fails over starts a
+/// formation of its own in the run's folder instead, and stops it at the end.
+pub async fn run(config: &RunConfig, postgres: Option<&Postgres>) -> anyhow::Result<RunReport> {
     std::fs::create_dir_all(&config.out)?;
+    let mut database = if config.topology.fails_over() {
+        Database::Formation(Box::new(
+            Formation::start(&config.out.join("postgres")).await?,
+        ))
+    } else {
+        let postgres = postgres.context("no PostgreSQL instance for the run")?;
+        Database::Single {
+            postgres,
+            proxy: Proxy::start(postgres.addr()).await?,
+        }
+    };
+    let report = run_on(config, &mut database).await;
+    if let Database::Formation(formation) = &mut database {
+        formation.stop().await;
+    }
+    report
+}
+
+async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<RunReport> {
     let run_id = format!("{}{}", &config.topology.name()[..2], config.seed);
-    let database = format!("chaos_{}_{}", config.topology.name(), config.seed);
-    let databases = TemplateDatabases::new(postgres.admin_config()?);
+    let database = format!(
+        "chaos_{}_{}",
+        config.topology.name().replace('-', "_"),
+        config.seed
+    );
+    let databases = TemplateDatabases::new(db.admin_config()?);
     let database_config = databases.create(&database).await?;
 
-    let pg_proxy = Proxy::start(postgres.addr()).await?;
-    let mut redis = Redis::start(config.topology, &config.out.join("redis")).await?;
+    let mut redis = Redis::start(config.topology.redis(), &config.out.join("redis")).await?;
     let key_prefix = format!("chaos:{run_id}");
     let env: Vec<(String, String)> = [
-        ("DATABASE_URL", postgres.url_via(pg_proxy.addr(), &database)),
+        ("DATABASE_URL", db.service_url(&database)),
         ("DATABASE_POOL_SIZE", "8".into()),
         ("DATABASE_TIMEOUT", "1s".into()),
         ("DATABASE_STATEMENT_TIMEOUT", "2s".into()),
@@ -165,8 +240,7 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
     );
     let planned = schedule::plan(config.seed, config.topology, config.duration, LEASE_TTL);
     let mut targets = Targets {
-        postgres,
-        pg_proxy: &pg_proxy,
+        database: db,
         redis: &mut redis,
         replicas: &mut replicas,
         skus: &skus,
@@ -187,7 +261,7 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
             break;
         }
         match apply(&p.fault, &mut targets, &recorder).await {
-            Ok(down) => {
+            Ok(Effect { down, promoted_ms }) => {
                 let healed_ms = recorder.now_ms();
                 if let Some(down) = down {
                     outages.push(Outage {
@@ -202,6 +276,8 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
                     started_ms,
                     late_ms: started_ms - p.at_ms as f64,
                     healed_ms,
+                    promoted_ms,
+                    unavailable_ms: None,
                     reserve_codes: Default::default(),
                 });
             }
@@ -240,8 +316,27 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
                 .and_then(|o| o.skus.clone()),
         })
         .collect();
-    let mut checks = checker::check(&history, &stream, &facts, &outages, &heals, load_end_ms);
-    let (verified, report) = server::verify(&config.server, &postgres.url(&database)).await?;
+    let failovers: Vec<Outage> = applied
+        .iter()
+        .filter(|a| a.fault.fails_over())
+        .map(|a| Outage {
+            fault: a.fault.name().to_owned(),
+            start_ms: a.started_ms,
+            end_ms: a.healed_ms,
+            skus: None,
+        })
+        .collect();
+    let mut checks = checker::check(
+        &history,
+        &stream,
+        &facts,
+        &outages,
+        &heals,
+        &failovers,
+        load_end_ms,
+    );
+    let (verified, report) =
+        server::verify(&config.server, &targets.database.url(&database)).await?;
     checks.push(checker::Check {
         name: "ledger_verified",
         passed: verified,
@@ -253,6 +348,13 @@ pub async fn run(config: &RunConfig, postgres: &Postgres) -> anyhow::Result<RunR
     }
     for a in &mut applied {
         a.reserve_codes = report::reserve_codes(&history, a.started_ms, a.healed_ms);
+        if a.fault.fails_over() {
+            a.unavailable_ms = Some(report::longest_without_reserve(
+                &history,
+                a.started_ms,
+                a.healed_ms,
+            ));
+        }
     }
     let passed = checks.iter().all(|c| c.passed);
     let report = RunReport {
@@ -288,15 +390,27 @@ struct Down {
     until_ms: f64,
 }
 
-/// Applies one fault and heals it; says when Redis could grant no lease meanwhile.
+/// What a fault did, beyond what it was asked to.
+#[derive(Default)]
+struct Effect {
+    /// Redis could grant no lease meanwhile.
+    down: Option<Down>,
+    /// When the monitor had promoted the standby (a failover), from the start of the load.
+    promoted_ms: Option<f64>,
+}
+
+/// Applies one fault and heals it.
 async fn apply(
     fault: &Fault,
-    t: &mut Targets<'_>,
+    t: &mut Targets<'_, '_>,
     recorder: &Recorder,
-) -> anyhow::Result<Option<Down>> {
+) -> anyhow::Result<Effect> {
     let ms = Duration::from_millis;
     announce(recorder, fault);
-    Ok(match *fault {
+    if fault.fails_over() {
+        return fail_over(fault, t.database.formation()?, recorder).await;
+    }
+    let down = match *fault {
         Fault::PauseReplica { replica, for_ms } => {
             t.replicas[replica].pause().await?;
             tokio::time::sleep(ms(for_ms)).await;
@@ -311,9 +425,9 @@ async fn apply(
         }
         Fault::RedisPause { node, for_ms } => {
             let node = match t.redis.topology {
-                Topology::Single => 0,
-                Topology::Sentinel => t.redis.sentinel_primary().await?,
-                Topology::Cluster => node,
+                redis::Topology::Single => 0,
+                redis::Topology::Sentinel => t.redis.sentinel_primary().await?,
+                redis::Topology::Cluster => node,
             };
             t.redis.nodes[node].pause().await?;
             tokio::time::sleep(ms(for_ms)).await;
@@ -389,22 +503,98 @@ async fn apply(
             })
         }
         Fault::PostgresRestart => {
-            t.postgres.restart_fast().await?;
+            t.database.single()?.0.restart_fast().await?;
             None
         }
         Fault::PostgresCut { for_ms } => {
-            t.pg_proxy.set_cut(true);
+            let proxy = t.database.single()?.1;
+            proxy.set_cut(true);
             tokio::time::sleep(ms(for_ms)).await;
-            t.pg_proxy.set_cut(false);
+            proxy.set_cut(false);
             None
         }
         Fault::PostgresSlow { latency_ms, for_ms } => {
-            t.pg_proxy.set_latency(ms(latency_ms));
+            let proxy = t.database.single()?.1;
+            proxy.set_latency(ms(latency_ms));
             tokio::time::sleep(ms(for_ms)).await;
-            t.pg_proxy.set_latency(Duration::ZERO);
+            proxy.set_latency(Duration::ZERO);
             None
         }
+        Fault::PgPrimaryKill { .. }
+        | Fault::PgPrimaryPause { .. }
+        | Fault::PgPrimaryCut { .. }
+        | Fault::PgSwitchover => unreachable!("failovers are applied above"),
+    };
+    Ok(Effect {
+        down,
+        promoted_ms: None,
     })
+}
+
+/// Moves the PostgreSQL primary to the standby (killed, frozen, cut off or switched over),
+/// then waits until the old primary has rejoined as the new one's synchronous standby.
+async fn fail_over(
+    fault: &Fault,
+    f: &mut Formation,
+    recorder: &Recorder,
+) -> anyhow::Result<Effect> {
+    let ms = Duration::from_millis;
+    let old = f.wait_stable().await?;
+    match *fault {
+        Fault::PgPrimaryKill { down_ms } => {
+            f.kill(old).await?;
+            f.wait_promoted(old).await?;
+            let promoted_ms = recorder.now_ms();
+            tokio::time::sleep(ms(down_ms)).await;
+            f.restart(old).await?;
+            f.wait_stable().await?;
+            Ok(Effect {
+                down: None,
+                promoted_ms: Some(promoted_ms),
+            })
+        }
+        Fault::PgPrimaryPause { after_ms } => {
+            f.pause(old).await?;
+            let promoted = f.wait_promoted(old).await;
+            let promoted_ms = recorder.now_ms();
+            if promoted.is_ok() {
+                tokio::time::sleep(ms(after_ms)).await;
+            }
+            f.resume(old).await?;
+            promoted?;
+            f.wait_stable().await?;
+            Ok(Effect {
+                down: None,
+                promoted_ms: Some(promoted_ms),
+            })
+        }
+        Fault::PgPrimaryCut { after_ms } => {
+            f.set_cut(old, true);
+            let promoted = f.wait_promoted(old).await;
+            let promoted_ms = recorder.now_ms();
+            if promoted.is_ok() {
+                tokio::time::sleep(ms(after_ms)).await;
+            }
+            f.set_cut(old, false);
+            promoted?;
+            f.wait_stable().await?;
+            Ok(Effect {
+                down: None,
+                promoted_ms: Some(promoted_ms),
+            })
+        }
+        Fault::PgSwitchover => {
+            f.switchover().await?;
+            let promoted_ms = recorder.now_ms();
+            let new = f.wait_stable().await?;
+            anyhow::ensure!(new != old, "the switchover left the primary where it was");
+            Ok(Effect {
+                down: None,
+                promoted_ms: Some(promoted_ms),
+            })
+        }
+        _ => bail!("{fault:?} is not a failover"),
+    }
 }
 
 fn announce(recorder: &Recorder, fault: &Fault) {
@@ -553,6 +743,22 @@ async fn read_rows(client: &tokio_postgres::Client) -> anyhow::Result<Facts> {
         .await?
         .get(0);
     facts.cancel_violations = cancel_violations(client).await?;
+    for row in client
+        .query(
+            "SELECT DISTINCT idempotency_key FROM stock_movements
+             WHERE kind = 'ADJUSTED' AND idempotency_key IS NOT NULL",
+            &[],
+        )
+        .await?
+    {
+        facts.adjust_keys.push(row.get(0));
+    }
+    for row in client
+        .query("SELECT DISTINCT order_id FROM cancelled_orders", &[])
+        .await?
+    {
+        facts.cancelled_orders.push(row.get(0));
+    }
     Ok(facts)
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng, seq::SliceRandom as _};
 use serde::{Deserialize, Serialize};
 
-use inventory_testkit::redis::Topology;
+use crate::topology::Topology;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -38,6 +38,18 @@ pub enum Fault {
     PostgresCut { for_ms: u64 },
     /// Delay every packet to and from PostgreSQL.
     PostgresSlow { latency_ms: u64, for_ms: u64 },
+    /// SIGKILL the PostgreSQL primary's whole node (keeper, server, backends): the standby is
+    /// promoted. The old primary starts again after `down_ms` and rejoins as the standby.
+    PgPrimaryKill { down_ms: u64 },
+    /// SIGSTOP the PostgreSQL primary's whole node until the standby has been promoted, and
+    /// `after_ms` more; then SIGCONT: the old primary must not take a write the service acts
+    /// on (it finds itself demoted and rejoins as the standby).
+    PgPrimaryPause { after_ms: u64 },
+    /// Cut the PostgreSQL primary off from everyone (clients, standby, monitor) until the
+    /// standby has been promoted, and `after_ms` more; then join it again.
+    PgPrimaryCut { after_ms: u64 },
+    /// A planned switchover: the standby becomes the primary, the primary its standby.
+    PgSwitchover,
 }
 
 impl Fault {
@@ -54,7 +66,22 @@ impl Fault {
             Fault::PostgresRestart => "postgres_restart",
             Fault::PostgresCut { .. } => "postgres_cut",
             Fault::PostgresSlow { .. } => "postgres_slow",
+            Fault::PgPrimaryKill { .. } => "pg_primary_kill",
+            Fault::PgPrimaryPause { .. } => "pg_primary_pause",
+            Fault::PgPrimaryCut { .. } => "pg_primary_cut",
+            Fault::PgSwitchover => "pg_switchover",
         }
+    }
+
+    /// Whether it moves the PostgreSQL primary to another node.
+    pub fn fails_over(&self) -> bool {
+        matches!(
+            self,
+            Fault::PgPrimaryKill { .. }
+                | Fault::PgPrimaryPause { .. }
+                | Fault::PgPrimaryCut { .. }
+                | Fault::PgSwitchover
+        )
     }
 }
 
@@ -78,25 +105,60 @@ enum Kind {
     PgRestart,
     PgCut,
     PgSlow,
+    PgKill,
+    PgPause,
+    PgPartition,
+    PgSwitchover,
+}
+
+impl Kind {
+    fn fails_over(self) -> bool {
+        matches!(
+            self,
+            Kind::PgKill | Kind::PgPause | Kind::PgPartition | Kind::PgSwitchover
+        )
+    }
 }
 
 fn kinds(topology: Topology) -> Vec<Kind> {
-    let mut kinds = vec![
-        Kind::Pause,
-        Kind::Kill,
-        Kind::RedisPause,
-        Kind::PgRestart,
-        Kind::PgCut,
-        Kind::PgSlow,
-    ];
+    let mut kinds = vec![Kind::Pause, Kind::Kill, Kind::RedisPause];
+    if topology.fails_over() {
+        kinds.extend([
+            Kind::PgKill,
+            Kind::PgPause,
+            Kind::PgPartition,
+            Kind::PgSwitchover,
+        ]);
+    } else {
+        kinds.extend([Kind::PgRestart, Kind::PgCut, Kind::PgSlow]);
+    }
     match topology {
         // Only a single instance sits behind the proxy: Sentinel and Cluster hand out the
         // nodes' own addresses.
-        Topology::Single => kinds.extend([Kind::RedisRestart, Kind::RedisCut, Kind::RedisSlow]),
+        Topology::Single | Topology::PgFailover => {
+            kinds.extend([Kind::RedisRestart, Kind::RedisCut, Kind::RedisSlow])
+        }
         Topology::Sentinel => kinds.push(Kind::Failover),
         Topology::Cluster => kinds.push(Kind::NodeKill),
     }
     kinds
+}
+
+/// One round of `kinds` in the seed's order. Where PostgreSQL fails over, failovers and the
+/// other faults take turns, a failover first: even a short run has one.
+fn shuffled_round(topology: Topology, rng: &mut StdRng) -> Vec<Kind> {
+    let (mut failovers, mut others): (Vec<Kind>, Vec<Kind>) =
+        kinds(topology).into_iter().partition(|k| k.fails_over());
+    failovers.shuffle(rng);
+    others.shuffle(rng);
+    let mut round = Vec::new();
+    while !failovers.is_empty() || !others.is_empty() {
+        round.extend(failovers.pop());
+        round.extend(others.pop());
+    }
+    // Taken from the back.
+    round.reverse();
+    round
 }
 
 /// The schedule for a run of `duration`: faults start after a short warm-up and stop early
@@ -115,8 +177,7 @@ pub fn plan(
     let mut planned = Vec::new();
     loop {
         if round.is_empty() {
-            round = kinds(topology);
-            round.shuffle(&mut rng);
+            round = shuffled_round(topology, &mut rng);
         }
         let kind = round.pop().expect("a round is never empty");
         let fault = match kind {
@@ -151,12 +212,22 @@ pub fn plan(
                 down_ms: rng.random_range(500..=2_000),
             },
             Kind::PgRestart => Fault::PostgresRestart,
-            Kind::PgCut => Fault::PostgresCut {
-                for_ms: rng.random_range(500..=2_000),
-            },
             Kind::PgSlow => Fault::PostgresSlow {
                 latency_ms: rng.random_range(20..=200),
                 for_ms: rng.random_range(1_000..=2_500),
+            },
+            Kind::PgKill => Fault::PgPrimaryKill {
+                down_ms: rng.random_range(500..=3_000),
+            },
+            Kind::PgPause => Fault::PgPrimaryPause {
+                after_ms: rng.random_range(0..=2_000),
+            },
+            Kind::PgPartition => Fault::PgPrimaryCut {
+                after_ms: rng.random_range(0..=2_000),
+            },
+            Kind::PgSwitchover => Fault::PgSwitchover,
+            Kind::PgCut => Fault::PostgresCut {
+                for_ms: rng.random_range(500..=2_000),
             },
         };
         let length = nominal_length(&fault);
@@ -168,6 +239,9 @@ pub fn plan(
     }
     planned
 }
+
+/// How long a PostgreSQL failover takes, from the fault to a formation with its standby back.
+const FAILOVER_MS: u64 = 10_000;
 
 /// How long a fault lasts by its own parameters, before recovery time.
 fn nominal_length(fault: &Fault) -> u64 {
@@ -184,6 +258,12 @@ fn nominal_length(fault: &Fault) -> u64 {
         // Promotion takes about a second after down-after-milliseconds (1 s).
         Fault::SentinelFailover { down_ms } => down_ms + 3_000,
         Fault::PostgresRestart => 1_000,
+        // Detection and promotion take about 8 s, the old primary rejoining about 2 s more.
+        Fault::PgPrimaryKill { down_ms } => down_ms + FAILOVER_MS,
+        Fault::PgPrimaryPause { after_ms } | Fault::PgPrimaryCut { after_ms } => {
+            after_ms + FAILOVER_MS
+        }
+        Fault::PgSwitchover => 4_000,
     }
 }
 

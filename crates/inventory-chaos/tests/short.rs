@@ -1,14 +1,19 @@
 //! The short profile of the fault suite, part of `make test`: each Redis topology for 30 s of
-//! load under a seeded fault schedule, then the checker. `make chaos` runs the long profile.
+//! load under a seeded fault schedule, then the checker, and PostgreSQL failing over for 35 s
+//! (a failover comes first). `make chaos` runs the long profile.
 //!
-//! Each run starts its own PostgreSQL, Redis processes and three `inventory-server` replicas
+//! Each run starts its own PostgreSQL (one instance, or a formation with a monitor and a
+//! standby), Redis processes and three `inventory-server` replicas
 //! (the binary built next to this test), so nothing is shared with other tests. Set
 //! `CHAOS_SEED` to run another schedule; a failure prints the command that replays it.
 
 use std::{path::PathBuf, time::Duration};
 
-use inventory_chaos::run::{self, RunConfig};
-use inventory_testkit::{postgres::Postgres, redis::Topology};
+use inventory_chaos::{
+    run::{self, RunConfig},
+    topology::Topology,
+};
+use inventory_testkit::postgres::Postgres;
 
 /// Fixed, so `make test` runs the same schedules everywhere.
 const SEED: u64 = 20_261_202;
@@ -39,19 +44,25 @@ async fn short_run(topology: Topology) {
         .unwrap_or(SEED);
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{}", topology.name()));
     std::fs::create_dir_all(&out).unwrap();
-    let postgres = Postgres::start(&out.join("postgres")).await.unwrap();
+    // A formation is the run's own; one instance is this test's.
+    let postgres = match topology.fails_over() {
+        true => None,
+        false => Some(Postgres::start(&out.join("postgres")).await.unwrap()),
+    };
     let config = RunConfig {
         topology,
         seed,
-        duration: Duration::from_secs(30),
+        duration: Duration::from_secs(if topology.fails_over() { 35 } else { 30 }),
         server,
         out: out.clone(),
         clients: 8,
         skus: 4,
         stock: 30,
     };
-    let report = run::run(&config, &postgres).await;
-    postgres.stop().await;
+    let report = run::run(&config, postgres.as_ref()).await;
+    if let Some(postgres) = postgres {
+        postgres.stop().await;
+    }
     let report = report.unwrap_or_else(|e| {
         panic!(
             "the run did not complete: {e:#}\nreplay: {}",
@@ -66,7 +77,17 @@ async fn short_run(topology: Topology) {
         report.summary()
     );
     // The schedule really injected faults, and the load really ran through them.
-    assert!(report.applied.len() >= 4, "{} faults", report.applied.len());
+    let failovers = report
+        .applied
+        .iter()
+        .filter(|a| a.fault.fails_over())
+        .count();
+    if topology.fails_over() {
+        assert!(failovers >= 1, "{:?}", report.applied);
+        assert!(report.applied.len() >= 2, "{} faults", report.applied.len());
+    } else {
+        assert!(report.applied.len() >= 4, "{} faults", report.applied.len());
+    }
     assert!(report.counts["reserve"]["Ok"] > 100, "{:?}", report.counts);
 }
 
@@ -83,4 +104,9 @@ async fn sentinel_failover_under_faults() {
 #[tokio::test]
 async fn redis_cluster_under_faults() {
     short_run(Topology::Cluster).await;
+}
+
+#[tokio::test]
+async fn postgres_failover_under_faults() {
+    short_run(Topology::PgFailover).await;
 }

@@ -516,15 +516,68 @@ impl Service {
         Ok(())
     }
 
+    /// Signals the whole node: its process group (the keeper and the postmaster) and every
+    /// process under it. PostgreSQL's backends, walsenders and workers each run in a session
+    /// of their own, out of the group's reach: a freeze that missed them would leave them
+    /// committing.
     async fn signal(&self, name: &str) -> anyhow::Result<()> {
         let pid = self
             .child
             .as_ref()
             .and_then(Child::id)
             .context("not running")?;
+        // Listed first: once the postmaster is gone, its children are no longer below it. Once
+        // it is stopped, it starts no new ones.
+        let below = descendants(pid);
         output("kill", &[&format!("-{name}"), "--", &format!("-{pid}")]).await?;
+        let below = if name == "STOP" {
+            descendants(pid)
+        } else {
+            below
+        };
+        if !below.is_empty() {
+            let mut args = vec![format!("-{name}"), "--".into()];
+            args.extend(below.iter().map(u32::to_string));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            // One may have exited meanwhile: that is no failure.
+            let _ = output("kill", &args).await;
+        }
         Ok(())
     }
+}
+
+/// Every process below `root`, from /proc.
+fn descendants(root: u32) -> Vec<u32> {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|ppid| ppid.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut found = Vec::new();
+    let mut next = vec![root];
+    while let Some(pid) = next.pop() {
+        for &child in children.get(&pid).into_iter().flatten() {
+            found.push(child);
+            next.push(child);
+        }
+    }
+    found
 }
 
 /// Kills the process groups a harness that died left running in `dir`.

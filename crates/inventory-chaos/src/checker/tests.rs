@@ -14,6 +14,7 @@ struct World {
     facts: Facts,
     outages: Vec<Outage>,
     heals: Vec<Heal>,
+    failovers: Vec<Outage>,
 }
 
 fn line(quantity: i64) -> Vec<Line> {
@@ -258,6 +259,8 @@ fn world() -> World {
         head: 11,
         level_mismatches: Vec::new(),
         cancel_violations: Vec::new(),
+        adjust_keys: Vec::new(),
+        cancelled_orders: vec!["order-k6".into()],
     };
     World {
         history: History {
@@ -284,12 +287,25 @@ fn world() -> World {
             skus: None,
         }],
         heals: vec![heal(50.0, None)],
+        // PostgreSQL failed over at the same time: k4 was answered UNAVAILABLE.
+        failovers: vec![Outage {
+            fault: "pg_primary_kill".into(),
+            start_ms: 150.0,
+            end_ms: 400.0,
+            skus: None,
+        }],
     }
 }
 
 fn run(w: &World) -> Vec<Check> {
     check(
-        &w.history, &w.stream, &w.facts, &w.outages, &w.heals, 20_000.0,
+        &w.history,
+        &w.stream,
+        &w.facts,
+        &w.outages,
+        &w.heals,
+        &w.failovers,
+        20_000.0,
     )
 }
 
@@ -731,4 +747,42 @@ fn a_row_the_tombstone_should_have_stopped_fails() {
         .cancel_violations
         .push("R7 of cancelled order order-k6: created after the cancel (HELD)".into());
     fails_with(&w, "units_settled_once", "R7 of cancelled order order-k6");
+}
+
+#[test]
+fn an_acknowledged_adjust_or_cancel_that_is_not_stored_fails() {
+    let mut w = world();
+    w.history
+        .ops
+        .push(op(OpKind::Adjust, "", None, 1_500.0, Outcome::Ok, "Ok"));
+    w.history.ops.last_mut().unwrap().key = Some("a1".into());
+    fails_with(&w, "adjusts_and_cancels_kept", "adjust a1");
+    w.facts.adjust_keys.push("a1".into());
+    assert!(verdict(&w, "adjusts_and_cancels_kept").passed);
+
+    w.facts.cancelled_orders.clear();
+    fails_with(&w, "adjusts_and_cancels_kept", "cancel of order-k6");
+}
+
+#[test]
+fn an_error_that_hides_the_outcome_during_a_failover_fails() {
+    let mut w = world();
+    let mut hidden = op(
+        OpKind::Confirm,
+        "",
+        Some("R1"),
+        300.0,
+        Outcome::Fail,
+        "Internal",
+    );
+    hidden.message = "connection closed".into();
+    w.history.ops.push(hidden);
+    fails_with(
+        &w,
+        "retryable_during_failover",
+        "Internal (connection closed)",
+    );
+    // The same answer outside the failover is another check's business.
+    w.failovers[0].end_ms = 250.0;
+    assert!(verdict(&w, "retryable_during_failover").passed);
 }

@@ -34,9 +34,21 @@ fn a_round_covers_every_kind_the_topology_has() {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), round, "{topology:?}: {names:?}");
-        assert!(planned.iter().all(
-            |p| !matches!(p.fault, Fault::RedisCut { .. }) || topology == Topology::Single
-        ));
+        assert!(
+            planned
+                .iter()
+                .all(|p| !matches!(p.fault, Fault::RedisCut { .. })
+                    || topology.redis() == inventory_testkit::redis::Topology::Single)
+        );
+        // Failovers only where PostgreSQL can fail over; one-instance faults only where not.
+        for p in &planned {
+            let one_instance = matches!(
+                p.fault,
+                Fault::PostgresRestart | Fault::PostgresCut { .. } | Fault::PostgresSlow { .. }
+            );
+            assert!(!p.fault.fails_over() || topology.fails_over(), "{p:?}");
+            assert!(!one_instance || !topology.fails_over(), "{p:?}");
+        }
     }
 }
 
@@ -52,4 +64,18 @@ fn a_pause_outlasts_the_lease() {
         .collect();
     assert!(!pauses.is_empty());
     assert!(pauses.iter().all(|&ms| ms > 1_000));
+}
+
+#[test]
+fn where_postgres_fails_over_a_failover_comes_first_and_every_other() {
+    for seed in 0..20 {
+        let planned = plan(seed, Topology::PgFailover, Duration::from_secs(600), TTL);
+        let kinds = kinds(Topology::PgFailover).len();
+        assert!(planned[0].fault.fails_over(), "{:?}", planned[0]);
+        // Within a round (4 failovers, 6 others), the two take turns while both last.
+        for pair in planned[..8].windows(2) {
+            assert_ne!(pair[0].fault.fails_over(), pair[1].fault.fails_over());
+        }
+        assert_eq!(kinds, 10);
+    }
 }

@@ -73,6 +73,12 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
 
+    /// PostgreSQL URL of the one `LISTEN` connection (event wake-ups), when DATABASE_URL goes
+    /// through a pooler in transaction mode, which cannot keep a `LISTEN`: a direct URL to the
+    /// same database. Unset: DATABASE_URL.
+    #[arg(long, env = "DATABASE_LISTEN_URL", hide_env_values = true)]
+    pub database_listen_url: Option<String>,
+
     /// Most PostgreSQL connections this replica opens.
     #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 16,
           value_parser = clap::value_parser!(u16).range(1..=1000))]
@@ -280,6 +286,8 @@ pub struct ServerSettings {
 #[derive(Debug)]
 pub struct DatabaseSettings {
     pub config: PgConfig,
+    /// The `LISTEN` connection's, when not `config`.
+    pub listen: Option<PgConfig>,
     pub pool: PoolSettings,
 }
 
@@ -398,6 +406,13 @@ impl Settings {
         let database = parse_database_url(&args.database.database_url)
             .map_err(|problem| problems.push(problem))
             .ok();
+        let listen = match &args.database_listen_url {
+            None => Some(None),
+            Some(url) => inventory_postgres::parse_url(url)
+                .map(Some)
+                .map_err(|error| problems.push(format!("DATABASE_LISTEN_URL: {error}")))
+                .ok(),
+        };
         let redis_tls = RedisTlsFiles {
             ca: args.redis_tls_ca_file.clone(),
             cert: args.redis_tls_cert_file.clone(),
@@ -483,70 +498,74 @@ impl Settings {
         if args.event_retention.is_zero() {
             problems.push("EVENT_RETENTION must be greater than zero".into());
         }
-        match (database, redis, key_prefix, default_ttl, auth) {
-            (Some(database), Some(redis), Some(key_prefix), Some(default_ttl), Some(auth))
-                if problems.is_empty() =>
-            {
-                Ok(Self {
-                    server: ServerSettings {
-                        listen_addr: args.listen_addr,
-                        health_listen_addr: args.health_listen_addr,
-                        admin_listen_addr: args.admin_listen_addr,
-                        tls,
-                        tls_files,
-                        max_in_flight: args.max_in_flight as usize,
-                        max_watchers: args.max_watchers as usize,
-                        max_message_bytes: args.max_message_bytes as usize,
-                        max_connection_age: args.max_connection_age,
-                        shutdown_grace: args.shutdown_grace,
+        match (database, listen, redis, key_prefix, default_ttl, auth) {
+            (
+                Some(database),
+                Some(listen),
+                Some(redis),
+                Some(key_prefix),
+                Some(default_ttl),
+                Some(auth),
+            ) if problems.is_empty() => Ok(Self {
+                server: ServerSettings {
+                    listen_addr: args.listen_addr,
+                    health_listen_addr: args.health_listen_addr,
+                    admin_listen_addr: args.admin_listen_addr,
+                    tls,
+                    tls_files,
+                    max_in_flight: args.max_in_flight as usize,
+                    max_watchers: args.max_watchers as usize,
+                    max_message_bytes: args.max_message_bytes as usize,
+                    max_connection_age: args.max_connection_age,
+                    shutdown_grace: args.shutdown_grace,
+                },
+                database: DatabaseSettings {
+                    config: database,
+                    listen,
+                    pool: PoolSettings {
+                        max_size: usize::from(args.database_pool_size),
+                        acquire_timeout: args.database_timeout,
+                        statement_timeout: args.database_statement_timeout,
                     },
-                    database: DatabaseSettings {
-                        config: database,
-                        pool: PoolSettings {
-                            max_size: usize::from(args.database_pool_size),
-                            acquire_timeout: args.database_timeout,
-                            statement_timeout: args.database_statement_timeout,
-                        },
+                },
+                redis: RedisConnection {
+                    config: redis,
+                    client: RedisSettings {
+                        key_prefix,
+                        command_timeout: args.redis_command_timeout,
+                        connect_timeout: args.redis_connect_timeout,
                     },
-                    redis: RedisConnection {
-                        config: redis,
-                        client: RedisSettings {
-                            key_prefix,
-                            command_timeout: args.redis_command_timeout,
-                            connect_timeout: args.redis_connect_timeout,
-                        },
-                        leases: LeaseSettings {
-                            ttl: args.lease_ttl,
-                            max_waiters: args.lease_max_waiters as usize,
-                            ..LeaseSettings::default()
-                        },
+                    leases: LeaseSettings {
+                        ttl: args.lease_ttl,
+                        max_waiters: args.lease_max_waiters as usize,
+                        ..LeaseSettings::default()
                     },
-                    inventory: InventoryConfig {
-                        default_ttl,
-                        coalesce: CoalesceConfig {
-                            max_batch: args.coalesce_max_batch as usize,
-                            linger: args.coalesce_linger,
-                            max_queued: args.lease_max_waiters as usize,
-                        },
-                        lease_wait: args.lease_wait,
-                        max_hold: args.max_hold,
+                },
+                inventory: InventoryConfig {
+                    default_ttl,
+                    coalesce: CoalesceConfig {
+                        max_batch: args.coalesce_max_batch as usize,
+                        linger: args.coalesce_linger,
+                        max_queued: args.lease_max_waiters as usize,
                     },
-                    upkeep: Upkeep {
-                        interval: args.sweep_interval,
-                        batch: args.sweep_batch as usize,
-                        retention: Retention {
-                            events: args.event_retention,
-                            idempotency_keys: args.idempotency_retention,
-                            reservations: args.reservation_retention,
-                            ledger: args.ledger_retention,
-                        },
+                    lease_wait: args.lease_wait,
+                    max_hold: args.max_hold,
+                },
+                upkeep: Upkeep {
+                    interval: args.sweep_interval,
+                    batch: args.sweep_batch as usize,
+                    retention: Retention {
+                        events: args.event_retention,
+                        idempotency_keys: args.idempotency_retention,
+                        reservations: args.reservation_retention,
+                        ledger: args.ledger_retention,
                     },
-                    auth: AuthSettings {
-                        authenticator: auth,
-                        tokens_file: args.auth_tokens_file.clone(),
-                    },
-                })
-            }
+                },
+                auth: AuthSettings {
+                    authenticator: auth,
+                    tokens_file: args.auth_tokens_file.clone(),
+                },
+            }),
             _ => Err(ConfigError(problems)),
         }
     }

@@ -80,19 +80,30 @@ impl Application {
             auth,
         } = settings;
         // The LISTEN connection gets the pool's socket protections too.
-        let listen_config = database.config.hardened(&database.pool);
+        let listen_config = database
+            .listen
+            .as_ref()
+            .unwrap_or(&database.config)
+            .hardened(&database.pool);
         // A configuration the database will never accept (TLS, pg_hba.conf, password) ends
         // start-up here with the reason; a database that is merely down does not.
-        match inventory_postgres::probe(&listen_config, database.pool.acquire_timeout).await {
-            Ok(()) => {}
-            Err(inventory_postgres::ProbeError::Refused(reason)) => anyhow::bail!(
-                "PostgreSQL refused the connection: {reason} (check DATABASE_URL's sslmode, \
-                 sslrootcert and credentials, and the server's pg_hba.conf)"
-            ),
-            Err(inventory_postgres::ProbeError::Unreachable(reason)) => tracing::warn!(
-                %reason,
-                "PostgreSQL is not reachable yet; calls answer UNAVAILABLE until it is"
-            ),
+        let mut probes = vec![("DATABASE_URL", database.config.hardened(&database.pool))];
+        if database.listen.is_some() {
+            probes.push(("DATABASE_LISTEN_URL", listen_config.clone()));
+        }
+        for (name, config) in probes {
+            match inventory_postgres::probe(&config, database.pool.acquire_timeout).await {
+                Ok(()) => {}
+                Err(inventory_postgres::ProbeError::Refused(reason)) => anyhow::bail!(
+                    "PostgreSQL refused the connection: {reason} (check {name}'s sslmode, \
+                     sslrootcert and credentials, and the server's pg_hba.conf)"
+                ),
+                Err(inventory_postgres::ProbeError::Unreachable(reason)) => tracing::warn!(
+                    %reason,
+                    url = name,
+                    "PostgreSQL is not reachable yet; calls answer UNAVAILABLE until it is"
+                ),
+            }
         }
         let pool = inventory_postgres::connect(database.config, &database.pool)
             .context("cannot build the PostgreSQL pool")?;

@@ -88,6 +88,8 @@ ensure_packages() {
   # The fault suite's pg-failover topology: pg_auto_failover's keeper and its extension for
   # the installed PostgreSQL (or for the one being installed: Debian's default).
   command -v pg_autoctl >/dev/null || need+=(pg-auto-failover-cli)
+  # The tests through a connection pooler.
+  command -v pgbouncer >/dev/null || need+=(pgbouncer)
   pg_major=$(basename "$(dirname "$(pg_bin 2>/dev/null || echo /usr/lib/postgresql/15/bin)")")
   [ -f "/usr/share/postgresql/$pg_major/extension/pgautofailover.control" ] ||
     need+=("postgresql-$pg_major-auto-failover")

@@ -158,6 +158,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
             shutdown_grace: Duration::from_secs(5),
         },
         database: DatabaseSettings {
+            listen: None,
             config: database,
             pool: PoolSettings {
                 max_size: 8,

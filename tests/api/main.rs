@@ -25,6 +25,7 @@ mod list;
 mod locations;
 mod migrations;
 mod partial;
+mod pooler;
 mod race;
 mod reservations;
 mod resilience;

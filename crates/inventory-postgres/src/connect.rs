@@ -6,7 +6,7 @@ use std::{
     time::Duration,
 };
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 use crate::tls::{PgTls, split_ssl_params};
 
@@ -232,17 +232,15 @@ pub fn connect(
         config.application_name("inventory-server");
     }
     // A session left idle inside a transaction would also hold back the event stream, which
-    // positions events only behind the oldest open transaction.
+    // positions events only behind the oldest open transaction. Sent as statements on each new
+    // connection, not as the startup packet's `options`: PgBouncer refuses a client that sends
+    // `options` ("unsupported startup parameter").
     let ms = settings.statement_timeout.as_millis().max(1);
-    let ours = format!(
-        "-c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout={}",
+    let session = format!(
+        "SET statement_timeout = {ms}; SET lock_timeout = {ms}; \
+         SET idle_in_transaction_session_timeout = {}",
         ms * 4
     );
-    let options = match config.get_options() {
-        Some(theirs) => format!("{theirs} {ours}"),
-        None => ours,
-    };
-    config.options(&options);
     harden(&mut config, settings);
     let manager = Manager::from_config(
         config,
@@ -254,6 +252,15 @@ pub fn connect(
         },
     );
     Pool::builder(manager)
+        .post_create(Hook::async_fn(move |client, _| {
+            let session = session.clone();
+            Box::pin(async move {
+                client
+                    .batch_execute(&session)
+                    .await
+                    .map_err(HookError::Backend)
+            })
+        }))
         .max_size(settings.max_size)
         .wait_timeout(Some(settings.acquire_timeout))
         .create_timeout(Some(settings.acquire_timeout))

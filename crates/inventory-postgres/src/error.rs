@@ -19,6 +19,8 @@ pub(crate) fn from_pool(error: PoolError) -> Error {
         PoolError::Timeout(_) | PoolError::Closed => {
             Error::unavailable(Dependency::Postgres, error)
         }
+        // The session settings sent on a new connection: its failure is the connection's.
+        PoolError::PostCreateHook(deadpool_postgres::HookError::Backend(error)) => from_db(error),
         PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => Error::internal(error),
     }
 }

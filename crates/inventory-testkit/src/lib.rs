@@ -7,6 +7,7 @@
 //! - [`scratch`]: a scratch folder removed on drop.
 //! - [`postgres`]: a throwaway PostgreSQL cluster, and fresh databases cloned from a migrated
 //!   template.
+//! - [`pgbouncer`]: PgBouncer in session mode in front of a PostgreSQL.
 //! - [`postgres_ha`]: PostgreSQL with automatic failover (pg_auto_failover), every node behind
 //!   fault proxies.
 //! - [`redis`]: `redis-server` nodes and the three topologies (single, Sentinel, Cluster).
@@ -18,6 +19,7 @@
 
 pub mod audit;
 pub mod outcome;
+pub mod pgbouncer;
 pub mod ports;
 pub mod postgres;
 pub mod postgres_ha;

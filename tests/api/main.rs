@@ -16,6 +16,7 @@ mod datastore_tls;
 mod deploy;
 mod events;
 mod extend;
+mod failover;
 mod faults;
 mod helpers;
 mod hostile;

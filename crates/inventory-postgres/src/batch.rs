@@ -32,7 +32,7 @@ use inventory_core::{
 };
 
 use crate::{
-    PgStore,
+    PgStore, durable,
     error::{from_db, from_pool},
     idempotency::{self, Key, Stored},
     ledger::{self, Cause, NewMovement},
@@ -201,10 +201,19 @@ impl PgStore {
         }
 
         // Step 3: write. Step 4: commit.
+        let wrote = !(holds.is_empty() && records.is_empty() && unclaim.is_empty());
         write_decisions(&tx, &holds, &records, &unclaim).await?;
         let committing = std::time::Instant::now();
         tx.commit().await.map_err(from_db)?;
         crate::metrics::reserve_committed(true, started, committing);
+        // Only replays, decided by reads: confirmed before they are answered. A commit that
+        // wrote was acknowledged with everything read before it.
+        let answered = outcomes
+            .iter()
+            .any(|o| matches!(o, WriteOutcome::Answered(answers) if !answers.is_empty()));
+        if !wrote && answered {
+            durable::answer(&client, Ok(())).await?;
+        }
 
         metrics.batch_size.record(requests as u64, &[]);
         if !holds.is_empty() {

@@ -10,7 +10,7 @@ use inventory_core::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    PgStore,
+    PgStore, durable,
     error::{from_db, from_pool},
     expiry::end_holds,
     idempotency,
@@ -44,7 +44,9 @@ impl PgStore {
             .await?
             .stored::<CancelOutcome>()?
             {
-                return self.order_now(&tx, command, &outcome.callers).await;
+                let answer = self.order_now(&tx, command, &outcome.callers).await;
+                drop(tx);
+                return durable::answer(&client, answer).await;
             }
             // Whose order: the caller's own; for the admin, every caller's, read once the
             // order's lock is held (a Reserve in flight has committed by then, or will read

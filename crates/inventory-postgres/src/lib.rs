@@ -30,6 +30,7 @@
 mod batch;
 mod cancel;
 pub mod connect;
+mod durable;
 mod error;
 pub mod events;
 mod expiry;

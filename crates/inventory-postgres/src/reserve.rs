@@ -20,7 +20,7 @@ use inventory_core::{
 };
 
 use crate::{
-    PgStore,
+    PgStore, durable,
     error::{from_db, from_pool},
     idempotency,
     ledger::{self, Cause, NewMovement},
@@ -64,7 +64,9 @@ impl ReservationStore for PgStore {
             .await?
             .stored::<ReserveOutcome>()?
             {
-                return Ok(WriteOutcome::Answered(outcome.into_result()?));
+                drop(tx);
+                let answer = durable::answer(&client, Ok(outcome.into_result()?)).await?;
+                return Ok(WriteOutcome::Answered(answer));
             }
 
             // The order's lock (shared) before any stock row: a cancel of this order either
@@ -254,23 +256,32 @@ impl ReservationStore for PgStore {
             let target = &command.target;
             let mut client = self.pool().get().await.map_err(from_pool)?;
             let tx = client.transaction().await.map_err(from_db)?;
-            let header = reservations::header(&tx, target, true)
-                .await?
-                .ok_or(Error::UnknownReservation(target.id))?;
+            let Some(header) = reservations::header(&tx, target, true).await? else {
+                drop(tx);
+                return durable::answer(&client, Err(Error::UnknownReservation(target.id))).await;
+            };
             let lines = reservations::lines(&tx, target.id).await?;
             let now = header.read_at;
             let mut reservation = header.with_lines(lines);
-            let expires_at = rules::extend(&reservation, now, command.ttl, max_hold)?;
+            let expires_at = match rules::extend(&reservation, now, command.ttl, max_hold) {
+                Ok(expires_at) => expires_at,
+                Err(refusal) => {
+                    drop(tx);
+                    return durable::answer(&client, Err(refusal)).await;
+                }
+            };
             // Judged again by the statement: the hold may have run out since it was read.
             if !reservations::extend_hold(&tx, target.id, expires_at)
                 .await
                 .map_err(from_db)?
             {
-                return Err(Error::WrongState {
+                drop(tx);
+                let expired = Error::WrongState {
                     id: target.id,
                     state: ReservationState::Expired,
                     action: "extend",
-                });
+                };
+                return durable::answer(&client, Err(expired)).await;
             }
             reservation.expires_at = expires_at;
             outbox::append_extended_event(&tx, &reservation)
@@ -318,20 +329,31 @@ impl PgStore {
             )
             .await?
         {
-            let header = reservations::header(&tx, target, false)
-                .await?
-                .ok_or(Error::UnknownReservation(target.id))?;
-            let lines = reservations::lines(&tx, target.id).await?;
-            return Ok(header.with_lines(lines));
+            // A repeat answers the reservation as it now is.
+            let answer = match reservations::header(&tx, target, false).await? {
+                Some(header) => Ok(header.with_lines(reservations::lines(&tx, target.id).await?)),
+                None => Err(Error::UnknownReservation(target.id)),
+            };
+            drop(tx);
+            return durable::answer(&client, answer).await;
         }
-        let header = reservations::header(&tx, target, true)
-            .await?
-            .ok_or(Error::UnknownReservation(target.id))?;
+        let Some(header) = reservations::header(&tx, target, true).await? else {
+            drop(tx);
+            return durable::answer(&client, Err(Error::UnknownReservation(target.id))).await;
+        };
         let stored_lines = reservations::lines(&tx, target.id).await?;
         let reservation = header.with_lines(stored_lines);
-        let change = match command.settle.step(&reservation, &command.lines)? {
-            SettleStep::Repeat => return Ok(reservation),
-            SettleStep::Apply(change) => change,
+        let change = match command.settle.step(&reservation, &command.lines) {
+            Ok(SettleStep::Apply(change)) => change,
+            // Decided by what was read: a repeat, or a refusal.
+            Ok(SettleStep::Repeat) => {
+                drop(tx);
+                return durable::answer(&client, Ok(reservation)).await;
+            }
+            Err(refusal) => {
+                drop(tx);
+                return durable::answer(&client, Err(refusal)).await;
+            }
         };
         // Judged again now that the row is ours: the lock may have been waited for past the
         // hold's expiry, and a hold that expired is the sweeper's, not ours.
@@ -340,9 +362,10 @@ impl PgStore {
             .map_err(from_db)?
         {
             drop(tx);
-            return command
+            let answer = command
                 .settle
                 .expired_meanwhile(reservation, &command.lines);
+            return durable::answer(&client, answer).await;
         }
         let moves: Vec<StockMove<'_>> = change
             .moves

@@ -19,6 +19,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 
 use crate::{
+    durable,
     error::{from_db, from_pool},
     idempotency,
     ledger::{self, Cause, NewMovement},
@@ -106,7 +107,8 @@ impl StockStore for PgStore {
             .await?
             .stored::<AdjustOutcome>()?
             {
-                return outcome.into_result(command);
+                drop(tx);
+                return durable::answer(&client, outcome.into_result(command)).await;
             }
             known_locations(&tx, [&command.location]).await?;
             let result = apply_adjustment(&tx, command).await?;
@@ -155,7 +157,8 @@ impl StockStore for PgStore {
             .await?
             .stored::<SetOutcome>()?
             {
-                return outcome.into_result(command);
+                drop(tx);
+                return durable::answer(&client, outcome.into_result(command)).await;
             }
             known_locations(&tx, [&command.location]).await?;
             let result = apply_count(&tx, command).await?;
@@ -212,7 +215,8 @@ impl StockStore for PgStore {
             .await?
             .stored::<BatchSetOutcome>()?
             {
-                return outcome.into_result(command);
+                drop(tx);
+                return durable::answer(&client, outcome.into_result(command)).await;
             }
             known_locations(&tx, command.counts.iter().map(|c| &c.location)).await?;
             // Under a savepoint: a refusal undoes every row the batch wrote (SKUs it created
@@ -315,7 +319,8 @@ impl StockStore for PgStore {
             .await?
             .stored::<TransferOutcome>()?
             {
-                return outcome.into_result();
+                drop(tx);
+                return durable::answer(&client, outcome.into_result()).await;
             }
             known_locations(&tx, [&command.from, &command.to]).await?;
             let result = apply_transfer(&tx, command).await?;

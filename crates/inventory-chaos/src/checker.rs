@@ -56,6 +56,8 @@ pub struct Heal {
     pub fault: String,
     pub healed_ms: f64,
     pub skus: Option<Vec<String>>,
+    /// When the next fault began, if one did.
+    pub next_start_ms: Option<f64>,
 }
 
 /// A span during which Redis could not grant a lease for these SKUs (all, when `None`).
@@ -960,8 +962,14 @@ fn resumed_after_faults(history: &History, heals: &[Heal], load_end_ms: f64) -> 
     for heal in heals {
         let (fault, healed) = (&heal.fault, heal.healed_ms);
         // Late in the run, the resolve phase judges instead: it must answer every key.
-        // A Cluster node that served none of the run's SKUs has nothing to resume.
-        if healed + RESUME_WITHIN_MS > load_end_ms || heal.skus.as_ref().is_some_and(Vec::is_empty)
+        // A Cluster node that served none of the run's SKUs has nothing to resume. A fault
+        // that began within the window (a failover lasts most of it) is judged with the next
+        // one: the last heal of such a chain must be followed by a success.
+        if healed + RESUME_WITHIN_MS > load_end_ms
+            || heal.skus.as_ref().is_some_and(Vec::is_empty)
+            || heal
+                .next_start_ms
+                .is_some_and(|next| next < healed + RESUME_WITHIN_MS)
         {
             continue;
         }
@@ -1023,7 +1031,8 @@ fn adjusts_and_cancels_kept(history: &History, facts: &Facts) -> Check {
 
 /// While PostgreSQL fails over, a call is answered OK or with a status that says "try again"
 /// (or that the request cannot be met, as at any time): never an error that hides what
-/// happened (`INTERNAL`, `UNKNOWN`), nor `NOT_FOUND` for what an earlier answer created.
+/// happened (`INTERNAL`, `UNKNOWN` from the server), nor `NOT_FOUND` for what an earlier
+/// answer created. A transport error (the replica called was killed) is no answer.
 fn retryable_during_failover(history: &History, failovers: &[Outage]) -> Check {
     const EXPECTED: [&str; 7] = [
         "Ok",
@@ -1044,7 +1053,10 @@ fn retryable_during_failover(history: &History, failovers: &[Outage]) -> Check {
         {
             v.examined += 1;
             unavailable += usize::from(op.code == "Unavailable");
-            if !EXPECTED.contains(&op.code.as_str()) {
+            // The client's own report that the replica it called went away (a replica fault
+            // beside the failover), not an answer.
+            let transport = op.code == "Unknown" && op.message.starts_with("transport error");
+            if !EXPECTED.contains(&op.code.as_str()) && !transport {
                 v.fail(format!(
                     "{:?} {} answered {} ({}) at {:.0} ms during {}",
                     op.kind,

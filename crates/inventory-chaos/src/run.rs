@@ -306,7 +306,9 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
     let history = recorder.take();
     let heals: Vec<Heal> = applied
         .iter()
-        .map(|a| Heal {
+        .enumerate()
+        .map(|(i, a)| Heal {
+            next_start_ms: applied.get(i + 1).map(|next| next.started_ms),
             fault: a.fault.name().to_owned(),
             healed_ms: a.healed_ms,
             // After a Cluster node comes back, it is its own SKUs that must sell again.

@@ -119,6 +119,7 @@ fn heal(healed_ms: f64, skus: Option<Vec<String>>) -> Heal {
         fault: "redis_cut".into(),
         healed_ms,
         skus,
+        next_start_ms: None,
     }
 }
 
@@ -499,6 +500,12 @@ fn no_success_after_a_fault_healed_fails() {
     let mut w = world();
     w.heals = vec![heal(2_000.0, None)];
     fails(&w, "resumed_after_faults");
+    // With another fault right after it, the later heal is the one judged.
+    w.heals[0].next_start_ms = Some(3_000.0);
+    w.heals.push(heal(4_000.0, None));
+    fails(&w, "resumed_after_faults");
+    w.heals.pop();
+    assert!(verdict(&w, "resumed_after_faults").passed);
 }
 
 #[test]
@@ -767,6 +774,19 @@ fn an_acknowledged_adjust_or_cancel_that_is_not_stored_fails() {
 #[test]
 fn an_error_that_hides_the_outcome_during_a_failover_fails() {
     let mut w = world();
+    // A replica killed beside the failover: the client's transport error is no answer.
+    let mut gone = op(
+        OpKind::Release,
+        "",
+        Some("R1"),
+        300.0,
+        Outcome::Unknown,
+        "Unknown",
+    );
+    gone.message = "transport error".into();
+    w.history.ops.push(gone);
+    assert!(verdict(&w, "retryable_during_failover").passed);
+
     let mut hidden = op(
         OpKind::Confirm,
         "",

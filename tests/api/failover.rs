@@ -3,14 +3,15 @@
 //! before its keeper demotes it. Writes wait for an acknowledgement that never comes, and so
 //! do answers decided by reads alone (a replayed outcome, an unknown reservation, a repeated
 //! confirm): the caller gets `UNAVAILABLE` and retries, never an answer from rows a failover
-//! loses. Once the standby is back, everything answers as before.
+//! loses. Plain reads are answered meanwhile, on fresh connections. Once the standby is back,
+//! everything answers as before.
 //!
 //! The test's own PostgreSQL with `synchronous_commit = on`; "the standby is gone" is
 //! `synchronous_standby_names` naming a standby that never connects.
 
 use std::time::Duration;
 
-use inventory_server::proto::ConfirmReservationRequest;
+use inventory_server::proto::{ConfirmReservationRequest, GetReservationRequest};
 use inventory_testkit::postgres::{Postgres, PostgresOptions, TemplateDatabases};
 use tonic::Code;
 
@@ -84,6 +85,16 @@ async fn without_its_synchronous_standby_a_primary_answers_nothing_a_failover_co
         .confirm_reservation(confirm(&confirmed.reservation_id))
         .await;
     assert_eq!(repeat.unwrap_err().code(), Code::Unavailable);
+    // A plain read is answered (it may lag, and nothing is decided by it), on a connection
+    // of its own: the ones whose requests never got an answer were dropped from the pool.
+    let read = client
+        .get_reservation(GetReservationRequest {
+            reservation_id: held.reservation_id.clone(),
+        })
+        .await
+        .expect("a read on a fresh connection")
+        .into_inner();
+    assert_eq!(read.reservation_id, held.reservation_id);
 
     standby_required(&postgres, false).await;
     let replay = client

@@ -73,19 +73,40 @@ impl PgStore {
 
     /// Bounds a use case on the client side. PostgreSQL's own `statement_timeout` cannot help
     /// when the answer never arrives (a hung server, a half-open connection, a network that
-    /// stopped forwarding): this does. The abandoned transaction is rolled back by the server
-    /// once the session resumes or dies; its outcome is unknown to the caller, who retries
-    /// with the same idempotency key.
+    /// stopped forwarding, a commit waiting for a standby that is gone): this does. The
+    /// abandoned transaction is rolled back by the server once the session resumes or dies;
+    /// its outcome is unknown to the caller, who retries with the same idempotency key.
+    ///
+    /// The abandoned use case hands its connection back to the pool with its request still
+    /// on it, and every later request on that connection would queue behind the answer that
+    /// never comes: so the connections taken since it began are dropped from the pool
+    /// (healthy ones among them are simply opened again). A frozen old primary would
+    /// otherwise keep the service unavailable after its standby took over.
     pub(crate) async fn bounded<T>(
         &self,
         work: impl Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        match tokio::time::timeout(self.bound, work).await {
+        let started = std::time::Instant::now();
+        // The future, and the connection it holds, is dropped when `timeout` returns.
+        let outcome = tokio::time::timeout(self.bound, work).await;
+        match outcome {
             Ok(result) => result,
-            Err(_) => Err(Error::unavailable(
-                Dependency::Postgres,
-                format!("no answer from PostgreSQL within {:?}", self.bound),
-            )),
+            Err(_) => {
+                // Kept: the connections last taken before this use case began.
+                let dropped = self
+                    .pool
+                    .retain(|_, used| used.recycled.unwrap_or(used.created) < started)
+                    .removed
+                    .len();
+                tracing::warn!(
+                    dropped,
+                    "no answer from PostgreSQL in time; recently used connections dropped"
+                );
+                Err(Error::unavailable(
+                    Dependency::Postgres,
+                    format!("no answer from PostgreSQL within {:?}", self.bound),
+                ))
+            }
         }
     }
 }

@@ -219,8 +219,10 @@ pub fn plan(
             Kind::PgKill => Fault::PgPrimaryKill {
                 down_ms: rng.random_range(500..=3_000),
             },
+            // Long enough past the promotion that the service must not wait for the old
+            // primary to come back.
             Kind::PgPause => Fault::PgPrimaryPause {
-                after_ms: rng.random_range(0..=2_000),
+                after_ms: rng.random_range(1_000..=6_000),
             },
             Kind::PgPartition => Fault::PgPrimaryCut {
                 after_ms: rng.random_range(0..=2_000),
@@ -241,7 +243,7 @@ pub fn plan(
 }
 
 /// How long a PostgreSQL failover takes, from the fault to a formation with its standby back.
-const FAILOVER_MS: u64 = 10_000;
+const FAILOVER_MS: u64 = 15_000;
 
 /// How long a fault lasts by its own parameters, before recovery time.
 fn nominal_length(fault: &Fault) -> u64 {
@@ -258,7 +260,8 @@ fn nominal_length(fault: &Fault) -> u64 {
         // Promotion takes about a second after down-after-milliseconds (1 s).
         Fault::SentinelFailover { down_ms } => down_ms + 3_000,
         Fault::PostgresRestart => 1_000,
-        // Detection and promotion take about 8 s, the old primary rejoining about 2 s more.
+        // Detection and promotion take about 8 s, the old primary rejoining and the formation
+        // settling 5-10 s more under load.
         Fault::PgPrimaryKill { down_ms } => down_ms + FAILOVER_MS,
         Fault::PgPrimaryPause { after_ms } | Fault::PgPrimaryCut { after_ms } => {
             after_ms + FAILOVER_MS

@@ -56,8 +56,8 @@ pub struct Heal {
     pub fault: String,
     pub healed_ms: f64,
     pub skus: Option<Vec<String>>,
-    /// When the next fault began, if one did.
-    pub next_start_ms: Option<f64>,
+    /// When the next PostgreSQL failover after it began, if one did.
+    pub next_failover_ms: Option<f64>,
 }
 
 /// A span during which Redis could not grant a lease for these SKUs (all, when `None`).
@@ -962,13 +962,13 @@ fn resumed_after_faults(history: &History, heals: &[Heal], load_end_ms: f64) -> 
     for heal in heals {
         let (fault, healed) = (&heal.fault, heal.healed_ms);
         // Late in the run, the resolve phase judges instead: it must answer every key.
-        // A Cluster node that served none of the run's SKUs has nothing to resume. A fault
-        // that began within the window (a failover lasts most of it) is judged with the next
-        // one: the last heal of such a chain must be followed by a success.
+        // A Cluster node that served none of the run's SKUs has nothing to resume. A failover
+        // that began within the window (it takes most of it) leaves the judging to its own
+        // heal.
         if healed + RESUME_WITHIN_MS > load_end_ms
             || heal.skus.as_ref().is_some_and(Vec::is_empty)
             || heal
-                .next_start_ms
+                .next_failover_ms
                 .is_some_and(|next| next < healed + RESUME_WITHIN_MS)
         {
             continue;

@@ -308,7 +308,10 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
         .iter()
         .enumerate()
         .map(|(i, a)| Heal {
-            next_start_ms: applied.get(i + 1).map(|next| next.started_ms),
+            next_failover_ms: applied[i + 1..]
+                .iter()
+                .find(|next| next.fault.fails_over())
+                .map(|next| next.started_ms),
             fault: a.fault.name().to_owned(),
             healed_ms: a.healed_ms,
             // After a Cluster node comes back, it is its own SKUs that must sell again.

@@ -119,7 +119,7 @@ fn heal(healed_ms: f64, skus: Option<Vec<String>>) -> Heal {
         fault: "redis_cut".into(),
         healed_ms,
         skus,
-        next_start_ms: None,
+        next_failover_ms: None,
     }
 }
 
@@ -500,8 +500,8 @@ fn no_success_after_a_fault_healed_fails() {
     let mut w = world();
     w.heals = vec![heal(2_000.0, None)];
     fails(&w, "resumed_after_faults");
-    // With another fault right after it, the later heal is the one judged.
-    w.heals[0].next_start_ms = Some(3_000.0);
+    // With a failover right after it, the failover's heal is the one judged.
+    w.heals[0].next_failover_ms = Some(3_000.0);
     w.heals.push(heal(4_000.0, None));
     fails(&w, "resumed_after_faults");
     w.heals.pop();

@@ -80,23 +80,20 @@ pub fn reserve_codes(history: &History, from_ms: f64, to_ms: f64) -> BTreeMap<St
 }
 
 /// The longest stretch between `from_ms` and `to_ms` in which no `Reserve` was answered OK:
-/// from `from_ms` to the first answer, between answers, and from the last answer to the first
-/// one after `to_ms` (or to `to_ms`, when none came).
+/// from `from_ms` to the first answer, between answers, and from the last answer to `to_ms`.
 pub fn longest_without_reserve(history: &History, from_ms: f64, to_ms: f64) -> f64 {
     let mut answers: Vec<f64> = history
         .ops
         .iter()
         .filter(|o| o.kind == OpKind::Reserve && o.outcome == Outcome::Ok)
         .map(|o| o.completed_ms)
-        .filter(|&at| at >= from_ms)
+        .filter(|&at| at >= from_ms && at <= to_ms)
         .collect();
     answers.sort_by(f64::total_cmp);
-    let after = answers.iter().position(|&at| at > to_ms);
-    let end = after.map_or(to_ms, |i| answers[i]);
-    let inside = &answers[..after.unwrap_or(answers.len())];
-    let mut longest = 0.0_f64;
+    answers.push(to_ms);
     let mut previous = from_ms;
-    for &at in inside.iter().chain([end].iter()) {
+    let mut longest = 0.0_f64;
+    for at in answers {
         longest = longest.max(at - previous);
         previous = at;
     }

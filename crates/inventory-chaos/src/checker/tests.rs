@@ -771,31 +771,32 @@ fn an_acknowledged_adjust_or_cancel_that_is_not_stored_fails() {
     fails_with(&w, "adjusts_and_cancels_kept", "cancel of order-k6");
 }
 
+/// A call on R1 at 300 ms, answered `code` with `message`.
+fn answered(kind: OpKind, outcome: Outcome, code: &str, message: &str) -> Op {
+    let mut op = op(kind, "", Some("R1"), 300.0, outcome, code);
+    op.message = message.into();
+    op
+}
+
 #[test]
 fn an_error_that_hides_the_outcome_during_a_failover_fails() {
     let mut w = world();
     // A replica killed beside the failover: the client's transport error is no answer.
-    let mut gone = op(
+    let gone = answered(
         OpKind::Release,
-        "",
-        Some("R1"),
-        300.0,
         Outcome::Unknown,
         "Unknown",
+        "transport error",
     );
-    gone.message = "transport error".into();
     w.history.ops.push(gone);
     assert!(verdict(&w, "retryable_during_failover").passed);
 
-    let mut hidden = op(
+    let hidden = answered(
         OpKind::Confirm,
-        "",
-        Some("R1"),
-        300.0,
         Outcome::Fail,
         "Internal",
+        "connection closed",
     );
-    hidden.message = "connection closed".into();
     w.history.ops.push(hidden);
     fails_with(
         &w,
@@ -805,4 +806,26 @@ fn an_error_that_hides_the_outcome_during_a_failover_fails() {
     // The same answer outside the failover is another check's business.
     w.failovers[0].end_ms = 250.0;
     assert!(verdict(&w, "retryable_during_failover").passed);
+}
+
+#[test]
+fn a_failovers_outage_is_the_longest_stretch_without_a_reserve_inside_it() {
+    use crate::report::longest_without_reserve;
+    let reserve = |at: f64, outcome| op(OpKind::Reserve, "k", None, at, outcome, "Ok");
+    // Answered at 105, 905 (and a refusal at 505), 1,205 and 5,005: the last is past the heal.
+    let history = History {
+        ops: vec![
+            reserve(100.0, Outcome::Ok),
+            reserve(500.0, Outcome::Fail),
+            reserve(900.0, Outcome::Ok),
+            reserve(1_200.0, Outcome::Ok),
+            reserve(5_000.0, Outcome::Ok),
+        ],
+        snapshots: Vec::new(),
+        live_events: Vec::new(),
+    };
+    assert_eq!(longest_without_reserve(&history, 0.0, 2_000.0), 800.0);
+    // Nothing answered after 1,205 until the heal at 3,000; what follows the heal is not its.
+    assert_eq!(longest_without_reserve(&history, 0.0, 3_000.0), 1_795.0);
+    assert_eq!(longest_without_reserve(&history, 2_000.0, 3_000.0), 1_000.0);
 }

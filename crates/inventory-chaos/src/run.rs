@@ -413,7 +413,11 @@ async fn apply(
     let ms = Duration::from_millis;
     announce(recorder, fault);
     if fault.fails_over() {
-        return fail_over(fault, t.database.formation()?, recorder).await;
+        let promoted_ms = fail_over(fault, t.database.formation()?, recorder).await?;
+        return Ok(Effect {
+            down: None,
+            promoted_ms: Some(promoted_ms),
+        });
     }
     let down = match *fault {
         Fault::PauseReplica { replica, for_ms } => {
@@ -538,68 +542,47 @@ async fn apply(
 
 /// Moves the PostgreSQL primary to the standby (killed, frozen, cut off or switched over),
 /// then waits until the old primary has rejoined as the new one's synchronous standby.
-async fn fail_over(
-    fault: &Fault,
-    f: &mut Formation,
-    recorder: &Recorder,
-) -> anyhow::Result<Effect> {
+/// Returns when the monitor had promoted the standby.
+async fn fail_over(fault: &Fault, f: &mut Formation, recorder: &Recorder) -> anyhow::Result<f64> {
     let ms = Duration::from_millis;
     let old = f.wait_stable().await?;
-    match *fault {
+    let promoted_ms = match *fault {
         Fault::PgPrimaryKill { down_ms } => {
             f.kill(old).await?;
             f.wait_promoted(old).await?;
             let promoted_ms = recorder.now_ms();
             tokio::time::sleep(ms(down_ms)).await;
             f.restart(old).await?;
-            f.wait_stable().await?;
-            Ok(Effect {
-                down: None,
-                promoted_ms: Some(promoted_ms),
-            })
+            promoted_ms
         }
+        // Healed whether or not the promotion came, so a failed run leaves nothing frozen.
         Fault::PgPrimaryPause { after_ms } => {
             f.pause(old).await?;
-            let promoted = f.wait_promoted(old).await;
-            let promoted_ms = recorder.now_ms();
+            let promoted = f.wait_promoted(old).await.map(|_| recorder.now_ms());
             if promoted.is_ok() {
                 tokio::time::sleep(ms(after_ms)).await;
             }
             f.resume(old).await?;
-            promoted?;
-            f.wait_stable().await?;
-            Ok(Effect {
-                down: None,
-                promoted_ms: Some(promoted_ms),
-            })
+            promoted?
         }
         Fault::PgPrimaryCut { after_ms } => {
             f.set_cut(old, true);
-            let promoted = f.wait_promoted(old).await;
-            let promoted_ms = recorder.now_ms();
+            let promoted = f.wait_promoted(old).await.map(|_| recorder.now_ms());
             if promoted.is_ok() {
                 tokio::time::sleep(ms(after_ms)).await;
             }
             f.set_cut(old, false);
-            promoted?;
-            f.wait_stable().await?;
-            Ok(Effect {
-                down: None,
-                promoted_ms: Some(promoted_ms),
-            })
+            promoted?
         }
         Fault::PgSwitchover => {
             f.switchover().await?;
-            let promoted_ms = recorder.now_ms();
-            let new = f.wait_stable().await?;
-            anyhow::ensure!(new != old, "the switchover left the primary where it was");
-            Ok(Effect {
-                down: None,
-                promoted_ms: Some(promoted_ms),
-            })
+            recorder.now_ms()
         }
         _ => bail!("{fault:?} is not a failover"),
-    }
+    };
+    let new = f.wait_stable().await?;
+    anyhow::ensure!(new != old, "the primary is where it was before {fault:?}");
+    Ok(promoted_ms)
 }
 
 fn announce(recorder: &Recorder, fault: &Fault) {

@@ -240,7 +240,7 @@ pub async fn run_tailer(hub: EventHub, database: PgConfig, mut stopping: watch::
     loop {
         if !listener.as_ref().is_some_and(PositionListener::is_alive) {
             let start = PositionListener::start(&database, Arc::clone(&wake));
-            match tokio::time::timeout(hub.store.bound(), start).await {
+            match tokio::time::timeout(database.open_bound(hub.store.bound()), start).await {
                 Ok(Ok(started)) => listener = Some(started),
                 Ok(Err(error)) => {
                     tracing::warn!(%error, "cannot listen for events; polling instead")

@@ -25,6 +25,7 @@ mod ledger;
 mod list;
 mod locations;
 mod migrations;
+mod multihost;
 mod partial;
 mod pooler;
 mod race;

@@ -8,16 +8,21 @@ use std::{
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
-use crate::tls::{PgTls, split_ssl_params};
+use crate::{
+    hosts::{Attempts, HostOrder},
+    tls::{PgTls, split_ssl_params},
+};
 
 /// Where PostgreSQL is and how to reach it: the driver's settings and the TLS policy of
 /// `sslmode` / `sslrootcert` / `sslcert` / `sslkey`. Every connection this process opens (the
 /// pool, `LISTEN`, `migrate`) is made from it. It dereferences to the driver's `Config` for
-/// its setters; its `Debug` output hides the password.
+/// its setters; its `Debug` output hides the password. Its clones share which of several
+/// hosts answered last ([`PgConfig::open`]).
 #[derive(Clone, Debug)]
 pub struct PgConfig {
     driver: tokio_postgres::Config,
     tls: PgTls,
+    order: HostOrder,
 }
 
 impl PgConfig {
@@ -27,10 +32,63 @@ impl PgConfig {
 
     /// Opens one connection under this configuration's TLS policy; the caller drives the
     /// returned connection.
+    ///
+    /// With several hosts, each is tried alone, the host that answered last first, and each
+    /// but the last gets `connect_timeout` for the whole handshake (see [`crate::hosts`]): a
+    /// frozen primary that still accepts TCP connects is passed over for the next host.
     pub async fn open(
         &self,
     ) -> Result<(tokio_postgres::Client, Connection), tokio_postgres::Error> {
-        self.driver.connect(self.tls.connector()).await
+        let Some(Attempts { mut hosts, bound }) = Attempts::plan(&self.driver, &self.order) else {
+            return self.driver.connect(self.tls.connector()).await;
+        };
+        let (last, last_config) = hosts.pop().expect("a plan lists at least two hosts");
+        for (index, host) in hosts {
+            let attempt = host.connect(self.tls.connector());
+            let outcome = match bound {
+                Some(bound) => match tokio::time::timeout(bound, attempt).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => {
+                        tracing::warn!(
+                            host = index,
+                            ?bound,
+                            "PostgreSQL host did not complete the handshake in time; trying the next"
+                        );
+                        continue;
+                    }
+                },
+                None => attempt.await,
+            };
+            match outcome {
+                Ok(opened) => {
+                    Attempts::answered(&self.order, &self.driver, index);
+                    return Ok(opened);
+                }
+                Err(error) => {
+                    tracing::debug!(host = index, %error, "PostgreSQL host refused; trying the next");
+                }
+            }
+        }
+        let opened = last_config.connect(self.tls.connector()).await?;
+        Attempts::answered(&self.order, &self.driver, last);
+        Ok(opened)
+    }
+
+    /// How long [`PgConfig::open`] may take before it has tried every host: `floor`, or
+    /// `connect_timeout` for each host when that is longer. A caller that bounds `open` by
+    /// less would give up on a frozen first host before the next one is tried.
+    pub fn open_bound(&self, floor: Duration) -> Duration {
+        let per_host = self.driver.get_connect_timeout().copied().unwrap_or(floor);
+        floor.max(per_host * u32::try_from(self.host_count()).unwrap_or(u32::MAX))
+    }
+
+    /// How many hosts the connection string lists.
+    fn host_count(&self) -> usize {
+        self.driver
+            .get_hosts()
+            .len()
+            .max(self.driver.get_hostaddrs().len())
+            .max(1)
     }
 }
 
@@ -109,7 +167,11 @@ pub fn parse_url(url: &str) -> Result<PgConfig, UrlError> {
         rest.parse().map_err(|error| UrlError(format!("{error}")))?;
     let tls = PgTls::from_params(&params).map_err(UrlError)?;
     driver.ssl_mode(tls.mode().driver());
-    Ok(PgConfig { driver, tls })
+    Ok(PgConfig {
+        driver,
+        tls,
+        order: HostOrder::default(),
+    })
 }
 
 /// Why a first connection failed, sorted by what start-up should do about it.
@@ -125,9 +187,11 @@ pub enum ProbeError {
     Unreachable(String),
 }
 
-/// Opens and closes one connection, within `timeout`, to tell a configuration PostgreSQL will
-/// never accept from a database that is merely not up yet.
+/// Opens and closes one connection, within `timeout` (stretched to pass over every host of a
+/// multi-host configuration, [`PgConfig::open_bound`]), to tell a configuration PostgreSQL
+/// will never accept from a database that is merely not up yet.
 pub async fn probe(config: &PgConfig, timeout: Duration) -> Result<(), ProbeError> {
+    let timeout = config.open_bound(timeout);
     let attempt = tokio::time::timeout(timeout, config.open()).await;
     let error = match attempt {
         Err(_) => {
@@ -224,12 +288,9 @@ pub fn connect(
     config: PgConfig,
     settings: &PoolSettings,
 ) -> Result<Pool, deadpool_postgres::BuildError> {
-    let PgConfig {
-        driver: mut config,
-        tls,
-    } = config;
-    if config.get_application_name().is_none() {
-        config.application_name("inventory-server");
+    let mut config = config;
+    if config.driver.get_application_name().is_none() {
+        config.driver.application_name("inventory-server");
     }
     // A session left idle inside a transaction would also hold back the event stream, which
     // positions events only behind the oldest open transaction. Sent as statements on each new
@@ -241,10 +302,12 @@ pub fn connect(
          SET idle_in_transaction_session_timeout = {}",
         ms * 4
     );
-    harden(&mut config, settings);
-    let manager = Manager::from_config(
-        config,
-        tls.connector(),
+    harden(&mut config.driver, settings);
+    // Opening may pass over every host but the last after `connect_timeout` each.
+    let create_timeout = config.open_bound(settings.acquire_timeout);
+    let manager = Manager::from_connect(
+        config.driver.clone(),
+        Opener(config),
         ManagerConfig {
             // Checking each connection with a query on every checkout costs a round trip per
             // request; a broken connection is noticed by the query that uses it instead.
@@ -263,8 +326,51 @@ pub fn connect(
         }))
         .max_size(settings.max_size)
         .wait_timeout(Some(settings.acquire_timeout))
-        .create_timeout(Some(settings.acquire_timeout))
+        .create_timeout(Some(create_timeout))
         .recycle_timeout(Some(settings.acquire_timeout))
         .runtime(Runtime::Tokio1)
         .build()
+}
+
+/// The pool's way to open a connection: [`PgConfig::open`], so pooled connections pass over
+/// a frozen host like every other connection does.
+struct Opener(PgConfig);
+
+impl deadpool_postgres::Connect for Opener {
+    fn connect(
+        &self,
+        _: &tokio_postgres::Config,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+    > {
+        Box::pin(async move {
+            let (client, connection) = self.0.open().await?;
+            let driver = tokio::spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::warn!(%error, "PostgreSQL connection failed");
+                }
+            });
+            Ok((client, driver))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opening_is_bounded_long_enough_to_try_every_host() {
+        let floor = Duration::from_secs(2);
+        let one = parse_url("postgres://u@a/d?connect_timeout=5").unwrap();
+        assert_eq!(one.open_bound(floor), Duration::from_secs(5));
+        let three = parse_url("postgres://u@a,b,c/d?connect_timeout=3").unwrap();
+        assert_eq!(three.open_bound(floor), Duration::from_secs(9));
+        // No connect_timeout: each host gets the floor (what `harden` sets it to).
+        let two = parse_url("postgres://u@a,b/d").unwrap();
+        assert_eq!(two.open_bound(floor), Duration::from_secs(4));
+        let short = parse_url("postgres://u@a/d?connect_timeout=1").unwrap();
+        assert_eq!(short.open_bound(floor), floor);
+    }
 }

@@ -34,6 +34,7 @@ mod durable;
 mod error;
 pub mod events;
 mod expiry;
+mod hosts;
 pub use expiry::{HeldTotals, OVERDUE_GRACE};
 mod idempotency;
 mod ledger;

@@ -70,10 +70,6 @@ impl PgBouncer {
         })
     }
 
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     /// A URL of `database` through PgBouncer.
     pub fn url(&self, database: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)

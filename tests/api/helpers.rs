@@ -411,3 +411,11 @@ pub fn ledger_only_retention() -> Retention {
         ledger: Some(Duration::ZERO),
     }
 }
+
+/// An app whose background sweeper never runs during the test, for tests that sweep by hand
+/// and count what their sweep expired.
+pub async fn spawn_app_without_sweeper() -> TestApp {
+    let mut settings = test_settings(fresh_database().await);
+    settings.upkeep.interval = Duration::from_secs(3600);
+    spawn_app_with(settings).await
+}

@@ -18,8 +18,8 @@ use tonic_types::StatusExt as _;
 use crate::{
     events::{take, watch},
     helpers::{
-        TestApp, error_reason, fresh_database, spawn_app, spawn_app_with, test_settings,
-        violated_fields,
+        TestApp, error_reason, fresh_database, spawn_app, spawn_app_with,
+        spawn_app_without_sweeper, test_settings, violated_fields,
     },
 };
 
@@ -542,7 +542,8 @@ async fn an_inactive_location_keeps_its_stock_and_holds_but_is_never_allocated_f
 
 #[tokio::test]
 async fn partial_confirm_and_release_may_name_a_location() {
-    let app = spawn_app().await;
+    // Swept by hand below: a background sweep could expire the hold first.
+    let app = spawn_app_without_sweeper().await;
     three_locations(&app).await;
     stock_at(&app, "MUG", "east", 2).await;
     stock_at(&app, "MUG", "west", 5).await;

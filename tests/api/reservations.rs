@@ -12,7 +12,7 @@ use tonic::Code;
 use tonic_types::StatusExt as _;
 
 use crate::helpers::{
-    TestApp, error_reason, fresh_database, spawn_app, spawn_app_with, test_settings,
+    TestApp, error_reason, spawn_app, spawn_app_with, spawn_app_without_sweeper, test_settings,
     violated_fields,
 };
 
@@ -555,13 +555,6 @@ async fn backdate(app: &TestApp, reservation_id: &str) {
         )
         .await
         .unwrap();
-}
-
-/// An app whose background sweeper never runs during the test.
-async fn spawn_app_without_sweeper() -> TestApp {
-    let mut settings = test_settings(fresh_database().await);
-    settings.upkeep.interval = Duration::from_secs(3600);
-    spawn_app_with(settings).await
 }
 
 #[tokio::test]

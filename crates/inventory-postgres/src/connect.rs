@@ -9,7 +9,7 @@ use std::{
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 use crate::{
-    hosts::{Attempts, HostOrder},
+    hosts::{self, Attempts, HostOrder},
     tls::{PgTls, split_ssl_params},
 };
 
@@ -61,7 +61,8 @@ impl PgConfig {
             };
             match outcome {
                 Ok(opened) => {
-                    Attempts::answered(&self.order, &self.driver, index);
+                    self.order
+                        .answered(index, self.driver.get_load_balance_hosts());
                     return Ok(opened);
                 }
                 Err(error) => {
@@ -70,7 +71,8 @@ impl PgConfig {
             }
         }
         let opened = last_config.connect(self.tls.connector()).await?;
-        Attempts::answered(&self.order, &self.driver, last);
+        self.order
+            .answered(last, self.driver.get_load_balance_hosts());
         Ok(opened)
     }
 
@@ -79,16 +81,8 @@ impl PgConfig {
     /// less would give up on a frozen first host before the next one is tried.
     pub fn open_bound(&self, floor: Duration) -> Duration {
         let per_host = self.driver.get_connect_timeout().copied().unwrap_or(floor);
-        floor.max(per_host * u32::try_from(self.host_count()).unwrap_or(u32::MAX))
-    }
-
-    /// How many hosts the connection string lists.
-    fn host_count(&self) -> usize {
-        self.driver
-            .get_hosts()
-            .len()
-            .max(self.driver.get_hostaddrs().len())
-            .max(1)
+        let hosts = hosts::host_count(&self.driver).unwrap_or(1);
+        floor.max(per_host * u32::try_from(hosts).unwrap_or(u32::MAX))
     }
 }
 

@@ -38,7 +38,8 @@ impl HostOrder {
         }
     }
 
-    fn answered(&self, index: usize, balance: LoadBalanceHosts) {
+    /// `index` answered: it is tried first next time (unless connections rotate).
+    pub fn answered(&self, index: usize, balance: LoadBalanceHosts) {
         if !matches!(balance, LoadBalanceHosts::Random) {
             self.0.store(index, Ordering::Relaxed);
         }
@@ -70,14 +71,10 @@ impl Attempts {
             bound: config.get_connect_timeout().copied(),
         })
     }
-
-    pub fn answered(order: &HostOrder, config: &Config, index: usize) {
-        order.answered(index, config.get_load_balance_hosts());
-    }
 }
 
 /// How many hosts `config` lists, when more than one and consistently.
-fn host_count(config: &Config) -> Option<usize> {
+pub(crate) fn host_count(config: &Config) -> Option<usize> {
     let hosts = config.get_hosts().len();
     let addrs = config.get_hostaddrs().len();
     let count = cmp::max(hosts, addrs);
@@ -204,7 +201,7 @@ mod tests {
             attempts.hosts.into_iter().map(|(index, _)| index).collect()
         };
         assert_eq!(names(Attempts::plan(&config, &order).unwrap()), [0, 1, 2]);
-        Attempts::answered(&order, &config, 2);
+        order.answered(2, config.get_load_balance_hosts());
         assert_eq!(names(Attempts::plan(&config, &order).unwrap()), [2, 0, 1]);
         assert_eq!(
             Attempts::plan(&config, &order).unwrap().bound,
@@ -224,7 +221,7 @@ mod tests {
             .map(|_| Attempts::plan(&config, &order).unwrap().hosts[0].0)
             .collect();
         assert_eq!(first, [0, 1, 0, 1]);
-        Attempts::answered(&order, &config, 1);
+        order.answered(1, config.get_load_balance_hosts());
         assert_eq!(Attempts::plan(&config, &order).unwrap().hosts[0].0, 0);
     }
 }

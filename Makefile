@@ -12,10 +12,10 @@ run: ## Start PostgreSQL and Redis, migrate, seed demo SKUs and serve (Ctrl-C st
 test: ## Run the whole test suite against throwaway PostgreSQL and Redis
 	@$(SERVICES) test
 
-bench: ## Benchmark suite: pgbench's raw-SQL ceiling against the service, as ratios (~10 min)
+bench: ## Benchmark suite: pgbench's raw-SQL ceiling against the service, as ratios, medians of BENCH_ROUNDS=3 rounds (~30 min)
 	@$(SERVICES) bench
 
-bench-compare: ## The service now against git revision BASELINE, sides alternating, as ratios (BENCH_ROUNDS=4, BENCH_CLIENTS=)
+bench-compare: ## The service now against git revision BASELINE, sides alternating, as ratios (BENCH_ROUNDS=3, BENCH_CLIENTS=)
 	@$(SERVICES) bench-compare "$(BASELINE)"
 
 lab: ## The failure lab: the last unit sold twice the naive way, never by the service (timelines, target/lab/index.html)

@@ -5,7 +5,9 @@
 //! - [`audit`] — the oversell audit over what the service and PostgreSQL hold afterwards.
 //! - [`profile`] — CPU per process and the server's step timings, for where the time goes.
 //! - [`report`] — latency percentiles (HDR histogram), JSON results and an SVG chart.
-//! - [`suite`] — `make bench`: pgbench's raw-SQL ceiling against the service, as ratios.
+//! - [`suite`] — `make bench`: pgbench's raw-SQL ceiling against the service, as ratios
+//!   (medians of rounds).
+//! - [`stats`] — medians and ranges over rounds.
 //! - [`compare`] — `make bench-compare`: the service against an earlier build of it, rounds
 //!   alternating, as ratios with their spread.
 
@@ -14,4 +16,5 @@ pub mod compare;
 pub mod load;
 pub mod profile;
 pub mod report;
+pub mod stats;
 pub mod suite;

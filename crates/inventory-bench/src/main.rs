@@ -40,9 +40,6 @@ struct CompareArgs {
     /// The inventory-server binary of the earlier revision.
     #[arg(long, env = "BENCH_BASELINE")]
     baseline: PathBuf,
-    /// Runs of each side per cell.
-    #[arg(long, env = "BENCH_ROUNDS", default_value_t = 4)]
-    rounds: usize,
     #[arg(long, value_enum, value_delimiter = ',', default_value = "coalesced")]
     variants: Vec<Variant>,
     #[arg(long, value_enum, value_delimiter = ',', default_value = "uniform,hot")]
@@ -128,6 +125,10 @@ struct SuiteArgs {
     /// SKUs of the uniform scenario.
     #[arg(long, default_value_t = 10_000)]
     skus: usize,
+    /// Times every point is measured (`compare`: runs of each side per cell); the tables
+    /// give medians.
+    #[arg(long, env = "BENCH_ROUNDS", default_value_t = 3)]
+    rounds: usize,
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
 }
@@ -146,9 +147,9 @@ async fn main() -> ExitCode {
         Command::Suite(args) => exit(suite::run(args.config()).await),
         Command::Compare(args) => exit(
             compare::run(CompareConfig {
+                rounds: args.suite.rounds.max(1),
                 suite: args.suite.config(),
                 baseline: args.baseline,
-                rounds: args.rounds.max(1),
                 variants: args.variants,
                 scenarios: args.scenarios,
             })
@@ -167,6 +168,7 @@ impl SuiteArgs {
             duration: self.duration,
             clients: self.clients,
             skus: self.skus,
+            rounds: self.rounds.max(1),
             out: self.out.join(timestamp()),
         }
     }

@@ -2,7 +2,8 @@
 //! transaction), the service without coalescing (a lease and a transaction per request) and
 //! the service as shipped, at the same concurrency, in one run; for a hot SKU also the
 //! batched-SQL ceiling (pgbench running the coalesced transaction with the batch size the
-//! service reached); then a table of ratios.
+//! service reached); then a table of ratios. Every point is measured in several rounds, the
+//! variants' order rotating, and the table gives each figure's median and range.
 
 use std::{
     path::{Path, PathBuf},
@@ -24,6 +25,7 @@ use crate::{
     load::{self, LoadConfig, Scenario},
     profile::{self, CpuSnapshot, Profile},
     report::{RunResult, Storage, svg, us},
+    stats::{median, range},
 };
 
 /// The service's one-request Reserve transaction, statement for statement.
@@ -41,13 +43,22 @@ pub struct SuiteConfig {
     pub duration: Duration,
     pub clients: Vec<usize>,
     pub skus: usize,
+    /// Times every point is measured; the table gives the medians.
+    pub rounds: usize,
     pub out: PathBuf,
 }
 
+/// One point of the table (a scenario at a concurrency), measured once per round.
 #[derive(Debug, Serialize)]
 struct Row {
     scenario: Scenario,
     clients: usize,
+    rounds: Vec<Round>,
+}
+
+/// Every variant of one point, measured in one round.
+#[derive(Debug, Serialize)]
+struct Round {
     raw_tps: f64,
     raw_latency_ms: f64,
     lease_only: Measured,
@@ -56,10 +67,10 @@ struct Row {
     batched: Option<Batched>,
 }
 
-/// The batched-SQL ceiling of a hot-SKU row.
+/// The batched-SQL ceiling of a hot-SKU round.
 #[derive(Debug, Serialize)]
 struct Batched {
-    /// Requests per transaction: the mean batch the service reached in the same row.
+    /// Requests per transaction: the mean batch the service reached in the same round.
     batch: usize,
     reservations_per_s: f64,
     /// The service (coalesced) over this ceiling: the number to push toward 1.0.
@@ -95,84 +106,104 @@ impl Measured {
     }
 }
 
+/// What a round measures at one point. The order rotates from round to round, so no variant
+/// always runs first (on a cold cache) or last (after the others warmed the machine); the
+/// batched-SQL ceiling always follows the coalesced run whose batch size it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    Raw,
+    LeaseOnly,
+    Coalesced,
+}
+
+impl Variant {
+    fn order(round: usize) -> [Self; 3] {
+        let mut order = [Self::Raw, Self::LeaseOnly, Self::Coalesced];
+        let count = order.len();
+        order.rotate_left(round % count);
+        order
+    }
+}
+
+/// The scripts pgbench runs, written into the run's folder.
+struct Scripts {
+    one: PathBuf,
+    batch: PathBuf,
+}
+
 pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
     std::fs::create_dir_all(&config.out)?;
-    let script = config.out.join("reserve_one.sql");
-    std::fs::write(&script, RESERVE_SQL)?;
-    let batch_script = config.out.join("reserve_batch.sql");
-    std::fs::write(&batch_script, RESERVE_BATCH_SQL)?;
+    let scripts = Scripts {
+        one: config.out.join("reserve_one.sql"),
+        batch: config.out.join("reserve_batch.sql"),
+    };
+    std::fs::write(&scripts.one, RESERVE_SQL)?;
+    std::fs::write(&scripts.batch, RESERVE_BATCH_SQL)?;
     let databases = TemplateDatabases::new(config.database_url.parse()?);
-    let mut rows = Vec::new();
+    let points: Vec<(Scenario, usize)> = [Scenario::Uniform, Scenario::Hot]
+        .into_iter()
+        .flat_map(|scenario| config.clients.iter().map(move |&c| (scenario, c)))
+        .collect();
+    let mut rows: Vec<Row> = points
+        .iter()
+        .map(|&(scenario, clients)| Row {
+            scenario,
+            clients,
+            rounds: Vec::new(),
+        })
+        .collect();
+    let mut located = Vec::new();
     let mut all_audits_passed = true;
     let mut serial = 0;
-    for scenario in [Scenario::Uniform, Scenario::Hot] {
-        for &clients in &config.clients {
+    // Every point once per round, rather than each point's rounds back to back: a slow spell
+    // of the machine then falls on several points once, not on one point every time.
+    for round in 0..config.rounds {
+        println!("== round {} of {}", round + 1, config.rounds);
+        for row in &mut rows {
+            let measured = point(
+                &config,
+                &databases,
+                &scripts,
+                &mut serial,
+                row.scenario,
+                row.clients,
+                round,
+            )
+            .await?;
+            all_audits_passed &=
+                measured.lease_only.audit_passed && measured.coalesced.audit_passed;
+            row.rounds.push(measured);
+        }
+        // The hot SKU with its stock spread over three locations, every Reserve allowed to
+        // split, at the most clients: against the raw one-request transaction and the
+        // one-location service of the same round.
+        if let Some(hot) = rows
+            .iter()
+            .filter(|r| r.scenario == Scenario::Hot)
+            .max_by_key(|r| r.clients)
+        {
+            let same_round = hot.rounds.last().expect("measured in this round");
             serial += 1;
-            let skus = if scenario == Scenario::Hot {
-                1
-            } else {
-                config.skus
+            let run = ServiceRun {
+                server: &config.server,
+                verify: true,
+                label: format!("coalesced-hot-{}-3-locations-r{round}", hot.clients),
+                serial,
+                scenario: Scenario::Hot,
+                clients: hot.clients,
+                max_batch: 64,
+                locations: LOCATIONS,
             };
-            let (raw_tps, raw_latency_ms) =
-                raw(&config, &databases, &script, serial, skus, clients, None)
-                    .await
-                    .with_context(|| format!("pgbench {scenario:?} {clients}"))?;
-            println!(
-                "raw SQL  {scenario:?} {clients:>2} clients: {raw_tps:.0} tx/s, mean {raw_latency_ms:.2} ms"
-            );
-            let mut measured = Vec::new();
-            for (variant, max_batch) in [("lease-only", 1), ("coalesced", 64)] {
-                let run = ServiceRun {
-                    server: &config.server,
-                    verify: true,
-                    label: format!("{variant}-{scenario:?}-{clients}").to_lowercase(),
-                    serial,
-                    scenario,
-                    clients,
-                    max_batch,
-                    locations: 1,
-                };
-                let result = service(&config, &databases, run).await?;
-                result.print();
-                all_audits_passed &= result.audit.as_ref().is_some_and(|a| a.passed);
-                measured.push(Measured::of(&result, raw_tps));
-            }
-            let coalesced = measured.pop().expect("two variants");
-            let lease_only = measured.pop().expect("two variants");
-            let batched = match (scenario, coalesced.batch) {
-                (Scenario::Hot, Some(batch)) => {
-                    let (tps, _) = raw(
-                        &config,
-                        &databases,
-                        &batch_script,
-                        serial,
-                        skus,
-                        clients,
-                        Some(batch),
-                    )
-                    .await
-                    .with_context(|| format!("pgbench batched {clients}"))?;
-                    let reservations_per_s = tps * batch as f64;
-                    println!(
-                        "batched SQL  Hot {clients:>2} clients, {batch} per transaction: {reservations_per_s:.0} reservations/s"
-                    );
-                    Some(Batched {
-                        batch,
-                        reservations_per_s,
-                        coalesced_ratio: coalesced.reservations_per_s
-                            / reservations_per_s.max(1e-9),
-                    })
-                }
-                _ => None,
-            };
-            rows.push(Row {
-                scenario,
-                clients,
-                raw_tps,
-                raw_latency_ms,
-                lease_only,
-                coalesced,
-                batched,
+            let result = service(&config, &databases, run).await?;
+            result.print();
+            let measured = Measured::of(&result, same_round.raw_tps);
+            all_audits_passed &= measured.audit_passed;
+            located.push(Located {
+                clients: hot.clients,
+                locations: LOCATIONS,
+                vs_one_location: measured.reservations_per_s
+                    / same_round.coalesced.reservations_per_s.max(1e-9),
+                measured,
             });
         }
     }
@@ -192,45 +223,13 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
     all_audits_passed &= race.audit.as_ref().is_some_and(|a| a.passed);
     all_audits_passed &= verify_speed(&config, &databases).await?;
 
-    // The hot SKU with its stock spread over three locations, every Reserve allowed to split,
-    // at the most clients: against the raw one-request transaction and the one-location
-    // service of the same row.
-    let located = match rows
-        .iter()
-        .filter(|r| r.scenario == Scenario::Hot)
-        .max_by_key(|r| r.clients)
-    {
-        Some(hot) => {
-            serial += 1;
-            let run = ServiceRun {
-                server: &config.server,
-                verify: true,
-                label: format!("coalesced-hot-{}-3-locations", hot.clients),
-                serial,
-                scenario: Scenario::Hot,
-                clients: hot.clients,
-                max_batch: 64,
-                locations: LOCATIONS,
-            };
-            let result = service(&config, &databases, run).await?;
-            result.print();
-            all_audits_passed &= result.audit.as_ref().is_some_and(|a| a.passed);
-            let measured = Measured::of(&result, hot.raw_tps);
-            Some(Located {
-                clients: hot.clients,
-                locations: LOCATIONS,
-                vs_one_location: measured.reservations_per_s
-                    / hot.coalesced.reservations_per_s.max(1e-9),
-                measured,
-            })
-        }
-        None => None,
-    };
-
-    let mut table = table(&rows);
-    if let Some(located) = &located {
-        table.push_str(&located_table(located));
-    }
+    let mut table = format!(
+        "{} rounds per point, variants rotating; median (min–max) of each round's figure, \
+         ratios within the same round\n\n{}",
+        config.rounds,
+        table(&rows)
+    );
+    table.push_str(&located_table(&located));
     println!("\n{table}");
     std::fs::write(config.out.join("summary.md"), &table)?;
     std::fs::write(
@@ -244,34 +243,177 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
     Ok(all_audits_passed)
 }
 
+/// One round of one point: pgbench's one-request transaction, the lease-only and the
+/// coalesced service, in this round's order, and for a hot SKU the batched-SQL ceiling.
+async fn point(
+    config: &SuiteConfig,
+    databases: &TemplateDatabases,
+    scripts: &Scripts,
+    serial: &mut usize,
+    scenario: Scenario,
+    clients: usize,
+    round: usize,
+) -> anyhow::Result<Round> {
+    let skus = if scenario == Scenario::Hot {
+        1
+    } else {
+        config.skus
+    };
+    let mut raw_run = None;
+    let mut results = Vec::new();
+    let mut batched_run = None;
+    for variant in Variant::order(round) {
+        *serial += 1;
+        if variant == Variant::Raw {
+            let (tps, latency) = raw(
+                config,
+                databases,
+                &scripts.one,
+                *serial,
+                skus,
+                clients,
+                None,
+            )
+            .await
+            .with_context(|| format!("pgbench {scenario:?} {clients}"))?;
+            println!(
+                "raw SQL  {scenario:?} {clients:>2} clients: {tps:.0} tx/s, mean {latency:.2} ms"
+            );
+            raw_run = Some((tps, latency));
+            continue;
+        }
+        let (name, max_batch) = match variant {
+            Variant::LeaseOnly => ("lease-only", 1),
+            _ => ("coalesced", 64),
+        };
+        let run = ServiceRun {
+            server: &config.server,
+            verify: true,
+            label: format!("{name}-{scenario:?}-{clients}-r{round}").to_lowercase(),
+            serial: *serial,
+            scenario,
+            clients,
+            max_batch,
+            locations: 1,
+        };
+        let result = service(config, databases, run).await?;
+        result.print();
+        if variant == Variant::Coalesced
+            && scenario == Scenario::Hot
+            && let Some(batch) = Measured::of(&result, 1.0).batch
+        {
+            *serial += 1;
+            let (tps, _) = raw(
+                config,
+                databases,
+                &scripts.batch,
+                *serial,
+                skus,
+                clients,
+                Some(batch),
+            )
+            .await
+            .with_context(|| format!("pgbench batched {clients}"))?;
+            let reservations_per_s = tps * batch as f64;
+            println!(
+                "batched SQL  Hot {clients:>2} clients, {batch} per transaction: {reservations_per_s:.0} reservations/s"
+            );
+            batched_run = Some((batch, reservations_per_s));
+        }
+        results.push((variant, result));
+    }
+    let (raw_tps, raw_latency_ms) = raw_run.expect("every round runs pgbench");
+    let of = |wanted: Variant| {
+        let (_, result) = results
+            .iter()
+            .find(|(variant, _)| *variant == wanted)
+            .expect("every round runs both services");
+        Measured::of(result, raw_tps)
+    };
+    let coalesced = of(Variant::Coalesced);
+    let batched = batched_run.map(|(batch, reservations_per_s)| Batched {
+        batch,
+        reservations_per_s,
+        coalesced_ratio: coalesced.reservations_per_s / reservations_per_s.max(1e-9),
+    });
+    Ok(Round {
+        raw_tps,
+        raw_latency_ms,
+        lease_only: of(Variant::LeaseOnly),
+        coalesced,
+        batched,
+    })
+}
+
 /// Locations of the located hot row.
 const LOCATIONS: usize = 3;
 
-/// The hot SKU at several locations, split allowed.
+/// The hot SKU at several locations, split allowed: one round.
 #[derive(Debug, Serialize)]
 struct Located {
     clients: usize,
     locations: usize,
-    /// `ratio_to_raw` is against the raw one-request transaction of the hot row.
+    /// `ratio_to_raw` is against the raw one-request transaction of the hot row's round.
     measured: Measured,
-    /// Over the one-location coalesced service of the same row.
+    /// Over the one-location coalesced service of the same round.
     vs_one_location: f64,
 }
 
-fn located_table(located: &Located) -> String {
-    let m = &located.measured;
+/// `median (min–max)` of `values`, each printed by `show`.
+fn spread(values: &[f64], show: impl Fn(f64) -> String) -> String {
+    if values.is_empty() {
+        return "—".to_owned();
+    }
+    let (min, max) = range(values);
+    if values.len() == 1 {
+        return show(median(values));
+    }
+    format!("{} ({}–{})", show(median(values)), show(min), show(max))
+}
+
+fn rate(value: f64) -> String {
+    format!("{value:.0}")
+}
+
+fn ratio(value: f64) -> String {
+    format!("{value:.2}x")
+}
+
+/// The median p99 of `measured`.
+fn p99<'a>(measured: impl Iterator<Item = &'a Measured>) -> String {
+    let values: Vec<f64> = measured.map(|m| m.p99_us as f64).collect();
+    us(median(&values) as u64)
+}
+
+fn located_table(rounds: &[Located]) -> String {
+    let Some(first) = rounds.first() else {
+        return String::new();
+    };
+    let of = |f: fn(&Located) -> f64| rounds.iter().map(f).collect::<Vec<_>>();
+    let batches: Vec<f64> = rounds
+        .iter()
+        .filter_map(|l| l.measured.batch.map(|b| b as f64))
+        .collect();
     format!(
         "\n| hot SKU at {} locations, split | clients | coalesced r/s | ratio to raw SQL | p99 | \
-         batch | vs one location | audit |\n|---|---:|---:|---:|---:|---:|---:|---|\n\
-         | Hot | {} | {:.0} | **{:.2}x** | {} | {} | {:.2}x | {} |\n",
-        located.locations,
-        located.clients,
-        m.reservations_per_s,
-        m.ratio_to_raw,
-        us(m.p99_us),
-        m.batch.map_or_else(|| "—".to_owned(), |b| b.to_string()),
-        located.vs_one_location,
-        if m.audit_passed { "passed" } else { "FAILED" },
+         batch | vs one location | audits |\n|---|---:|---:|---:|---:|---:|---:|---|\n\
+         | Hot | {} | {} | **{}** | {} | {} | {} | {} |\n",
+        first.locations,
+        first.clients,
+        spread(&of(|l| l.measured.reservations_per_s), rate),
+        spread(&of(|l| l.measured.ratio_to_raw), ratio),
+        p99(rounds.iter().map(|l| &l.measured)),
+        if batches.is_empty() {
+            "—".to_owned()
+        } else {
+            rate(median(&batches))
+        },
+        spread(&of(|l| l.vs_one_location), ratio),
+        if rounds.iter().all(|l| l.measured.audit_passed) {
+            "passed"
+        } else {
+            "FAILED"
+        },
     )
 }
 
@@ -281,29 +423,42 @@ fn table(rows: &[Row]) -> String {
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for row in rows {
+        let of = |f: fn(&Round) -> f64| row.rounds.iter().map(f).collect::<Vec<_>>();
+        let batched: Vec<&Batched> = row
+            .rounds
+            .iter()
+            .filter_map(|r| r.batched.as_ref())
+            .collect();
+        let batched_rate = if batched.is_empty() {
+            "—".to_owned()
+        } else {
+            let batches: Vec<f64> = batched.iter().map(|b| b.batch as f64).collect();
+            let rates: Vec<f64> = batched.iter().map(|b| b.reservations_per_s).collect();
+            format!("{} ({})", rate(median(&rates)), rate(median(&batches)))
+        };
+        let ceiling: Vec<f64> = batched.iter().map(|b| b.coalesced_ratio).collect();
+        let audits = row
+            .rounds
+            .iter()
+            .all(|r| r.lease_only.audit_passed && r.coalesced.audit_passed);
         out.push_str(&format!(
-            "| {:?} | {} | {:.0} | {:.0} | {:.2}x | {} | {:.0} | **{:.2}x** | {} | {} | {} | {} |\n",
+            "| {:?} | {} | {} | {} | {} | {} | {} | **{}** | {} | {} | {} | {} |\n",
             row.scenario,
             row.clients,
-            row.raw_tps,
-            row.lease_only.reservations_per_s,
-            row.lease_only.ratio_to_raw,
-            us(row.lease_only.p99_us),
-            row.coalesced.reservations_per_s,
-            row.coalesced.ratio_to_raw,
-            us(row.coalesced.p99_us),
-            row.batched.as_ref().map_or_else(
-                || "—".to_owned(),
-                |b| format!("{:.0} ({})", b.reservations_per_s, b.batch)
-            ),
-            row.batched
-                .as_ref()
-                .map_or_else(|| "—".to_owned(), |b| format!("**{:.2}x**", b.coalesced_ratio)),
-            if row.lease_only.audit_passed && row.coalesced.audit_passed {
-                "passed"
+            spread(&of(|r| r.raw_tps), rate),
+            spread(&of(|r| r.lease_only.reservations_per_s), rate),
+            spread(&of(|r| r.lease_only.ratio_to_raw), ratio),
+            p99(row.rounds.iter().map(|r| &r.lease_only)),
+            spread(&of(|r| r.coalesced.reservations_per_s), rate),
+            spread(&of(|r| r.coalesced.ratio_to_raw), ratio),
+            p99(row.rounds.iter().map(|r| &r.coalesced)),
+            batched_rate,
+            if ceiling.is_empty() {
+                "—".to_owned()
             } else {
-                "FAILED"
-            }
+                format!("**{}**", spread(&ceiling, ratio))
+            },
+            if audits { "passed" } else { "FAILED" }
         ));
     }
     out

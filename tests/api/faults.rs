@@ -93,9 +93,8 @@ async fn a_holder_paused_past_its_lease_is_fenced_off_even_with_stock_to_spare()
     assert_eq!(app.level("SKU-1").await, (1_000, 12));
 }
 
-#[tokio::test]
-async fn a_stale_release_does_not_delete_the_next_holders_lease() {
-    let app = spawn_app().await;
+/// Leases on `app`'s Redis keys, as the service takes them.
+async fn leases_of(app: &TestApp) -> RedisLeases {
     let leases = RedisLeases::new(
         inventory_redis::Redis::connect(
             inventory_redis::parse_url(&crate::helpers::redis_url()).unwrap(),
@@ -109,6 +108,39 @@ async fn a_stale_release_does_not_delete_the_next_holders_lease() {
         LeaseSettings::default(),
     );
     assert!(leases.redis().wait_connected(Duration::from_secs(5)).await);
+    leases
+}
+
+#[tokio::test]
+async fn a_renewal_keeps_the_holder_with_a_newer_token_and_fails_once_the_lease_passed_on() {
+    let app = spawn_app().await;
+    let leases = leases_of(&app).await;
+    let sku = Sku::parse("SKU-1").unwrap();
+    let deadline = || Instant::now() + Duration::from_secs(5);
+
+    let a = leases.acquire(&sku, deadline()).await.unwrap();
+    let renewed = leases
+        .renew(&a)
+        .await
+        .unwrap()
+        .expect("A still holds the lease");
+    assert_eq!(renewed.holder, a.holder);
+    assert_eq!(renewed.fence.get(), a.fence.get() + 1);
+    assert!(leases.is_held(&renewed).await.unwrap());
+
+    // The lease runs out and B takes it: A's renewal is refused and takes no token.
+    expire_now(&app, &app.lease_key("SKU-1")).await;
+    let b = leases.acquire(&sku, deadline()).await.unwrap();
+    assert!(b.fence > renewed.fence);
+    assert_eq!(leases.renew(&renewed).await.unwrap(), None);
+    assert_eq!(app.redis_fence("SKU-1").await, b.fence.get());
+    assert!(leases.is_held(&b).await.unwrap(), "B still holds the lease");
+}
+
+#[tokio::test]
+async fn a_stale_release_does_not_delete_the_next_holders_lease() {
+    let app = spawn_app().await;
+    let leases = leases_of(&app).await;
     let sku = Sku::parse("SKU-1").unwrap();
     let deadline = || Instant::now() + Duration::from_secs(5);
 

@@ -206,6 +206,11 @@ pub trait LeaseService: Send + Sync + 'static {
     /// Deletes the lease only if `lease` still holds it; `false` if it had expired or passed on.
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<bool, Error>> + Send;
 
+    /// If `lease` still holds the SKU's lease: extends it by the lease TTL and takes the next
+    /// fencing token, atomically, so its holder can write another batch without giving the
+    /// lease up. `None` when the lease expired or passed on.
+    fn renew(&self, lease: &Lease) -> impl Future<Output = Result<Option<Lease>, Error>> + Send;
+
     /// Whether `lease` still holds the SKU's lease.
     fn is_held(&self, lease: &Lease) -> impl Future<Output = Result<bool, Error>> + Send;
 

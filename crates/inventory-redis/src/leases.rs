@@ -45,6 +45,19 @@ end
 return 0
 "#;
 
+/// KEYS: lease, fence. ARGV: holder, lease ttl in ms, fence ttl in ms. If this holder still
+/// has the lease: extends it and returns the next fencing token (one round trip where a
+/// release and a new grant take two); otherwise 0.
+const RENEW: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  return token
+end
+return 0
+"#;
+
 /// KEYS: lease. ARGV: holder. Deletes the lease only if this holder still has it.
 const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -107,6 +120,7 @@ pub struct RedisLeases {
     waiters: Arc<Mutex<HashMap<Sku, usize>>>,
     acquire: Script,
     release: Script,
+    renew: Script,
     raise_fence: Script,
     forget_fence: Script,
 }
@@ -119,6 +133,7 @@ impl RedisLeases {
             waiters: Arc::default(),
             acquire: Script::from_lua(ACQUIRE),
             release: Script::from_lua(RELEASE),
+            renew: Script::from_lua(RENEW),
             raise_fence: Script::from_lua(RAISE_FENCE),
             forget_fence: Script::from_lua(FORGET_FENCE),
         }
@@ -284,6 +299,30 @@ impl LeaseService for RedisLeases {
             )
             .await?;
         Ok(deleted == 1)
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Option<Lease>, Error> {
+        let prefix = self.redis.prefix();
+        let ttl_ms = self.settings.ttl.as_millis().max(1) as i64;
+        let token: i64 = self
+            .bounded(
+                "renew",
+                self.renew.evalsha_with_reload(
+                    self.redis.client(),
+                    vec![prefix.lease(&lease.sku), prefix.fence(&lease.sku)],
+                    vec![
+                        lease.holder.clone(),
+                        ttl_ms.to_string(),
+                        self.fence_ttl_ms().to_string(),
+                    ],
+                ),
+            )
+            .await?;
+        Ok((token > 0).then(|| Lease {
+            sku: lease.sku.clone(),
+            holder: lease.holder.clone(),
+            fence: FenceToken::new(token),
+        }))
     }
 
     async fn is_held(&self, lease: &Lease) -> Result<bool, Error> {

@@ -136,6 +136,31 @@ async fn a_queued_batch_is_decided_in_arrival_order_in_one_transaction() {
 }
 
 #[tokio::test]
+async fn a_leader_with_a_queue_hands_its_renewed_lease_to_the_next_leader() {
+    let app = spawn_app().await;
+    stock(&app, "HOT", 10).await;
+    let (held, leader) = hold_leader(&app, "HOT").await;
+    let a = queue(&app, "HOT", reserve("a", &[("HOT", 2)])).await;
+    held.resume();
+    let leader = leader.await.unwrap().unwrap().into_inner();
+    let a = a.await.unwrap().unwrap().into_inner();
+
+    // One acquire for two batches: the second was written under the lease the first kept,
+    // with the next token.
+    assert_eq!(app.inventory.handed_batches(), 1);
+    assert_eq!(
+        fence_of(&app, &a.reservation_id).await,
+        fence_of(&app, &leader.reservation_id).await + 1
+    );
+    // With nobody queued after it, the last leader released the lease.
+    let exists: i64 = fred::prelude::KeysInterface::exists(&app.redis, app.lease_key("HOT"))
+        .await
+        .unwrap();
+    assert_eq!(exists, 0);
+    assert_eq!(app.level("HOT").await, (10, 3));
+}
+
+#[tokio::test]
 async fn one_key_twice_in_a_queue_reserves_once() {
     let app = spawn_app().await;
     stock(&app, "HOT", 10).await;

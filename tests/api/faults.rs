@@ -93,6 +93,60 @@ async fn a_holder_paused_past_its_lease_is_fenced_off_even_with_stock_to_spare()
     assert_eq!(app.level("SKU-1").await, (1_000, 12));
 }
 
+#[tokio::test]
+async fn a_next_leader_paused_on_a_handed_lease_is_fenced_off_and_writes_nothing() {
+    // The renewed-lease path: a coalescing leader with requests queued behind it keeps its
+    // lease (renewed, with the next token) and hands it to the next leader instead of
+    // releasing it. That next leader stalls past the lease; another replica takes the SKU.
+    let first = test_settings(fresh_database().await);
+    let mut second = test_settings(first.database.config.clone());
+    second.redis.client.key_prefix = first.redis.client.key_prefix.clone();
+    let app = spawn_app_with(first).await;
+    let replica = spawn_app_with(second).await;
+    stock(&app, "SKU-1", 1_000).await;
+
+    let (held, leader) = crate::coalescing::hold_leader(&app, "SKU-1").await;
+    let a2 = crate::coalescing::queue(&app, "SKU-1", reserve("a2", &[("SKU-1", 2)])).await;
+    let a3 = crate::coalescing::queue(&app, "SKU-1", reserve("a3", &[("SKU-1", 3)])).await;
+    let mut handed = app.pauses.arm(PausePoint::LeaseHanded);
+    held.resume();
+    leader.await.unwrap().unwrap();
+    let token_leader = app.stored_fence("SKU-1").await;
+    tokio::time::timeout(Duration::from_secs(10), handed.reached())
+        .await
+        .expect("the next leader writes under the lease the leader kept");
+    assert_eq!(app.inventory.handed_batches(), 1);
+    // The renewal took the next token for the same holder: the lease is still taken.
+    let token_handed = app.redis_fence("SKU-1").await;
+    assert_eq!(token_handed, token_leader + 1);
+    let exists: i64 = app.redis.exists(app.lease_key("SKU-1")).await.unwrap();
+    assert_eq!(exists, 1, "the kept lease was not released");
+
+    expire_now(&app, &app.lease_key("SKU-1")).await;
+    replica
+        .client
+        .clone()
+        .reserve(reserve("b", &[("SKU-1", 5)]))
+        .await
+        .unwrap();
+    let token_b = app.stored_fence("SKU-1").await;
+    assert!(token_b > token_handed);
+
+    handed.resume();
+    for call in [a2, a3] {
+        let status = call.await.unwrap().unwrap_err();
+        assert_eq!(status.code(), Code::Aborted, "{status:?}");
+        assert_eq!(error_reason(&status), "LEASE_LOST");
+    }
+    // Only the leader's unit and B's are held; the stale batch left no trace.
+    assert_eq!(app.level("SKU-1").await, (1_000, 6));
+    assert_eq!(app.stored_fence("SKU-1").await, token_b);
+    let rows: i64 = app
+        .count("SELECT count(*) FROM reservations WHERE idempotency_key IN ('a2', 'a3')")
+        .await;
+    assert_eq!(rows, 0);
+}
+
 /// Leases on `app`'s Redis keys, as the service takes them.
 async fn leases_of(app: &TestApp) -> RedisLeases {
     let leases = RedisLeases::new(

@@ -68,6 +68,10 @@ async fn race(max_batch: usize) {
             .any(|c| c.name.starts_with("every success stored")),
         "the row-level audit ran"
     );
+    if max_batch > 1 {
+        // The audited race went through the renewed-lease path, not only fresh leases.
+        assert!(app.inventory.handed_batches() > 0);
+    }
 }
 
 #[tokio::test]

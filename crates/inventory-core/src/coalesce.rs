@@ -17,6 +17,14 @@
 //! which decides each request on its own, in order. One commit then serves many SKUs, which
 //! is what a spread-out load needs: its SKUs are rarely contended, but every commit costs.
 //!
+//! While requests keep queuing, a leader does not give its lease back: it renews it (the same
+//! holder, the next fencing token, one Redis round trip) while its batch commits, and hands it
+//! to the next leader with the lead ([`Kept`]), so neither a release nor an acquire stands
+//! between two batches of a hot SKU. A hold writes at most [`MAX_HELD_BATCHES`] batches, then
+//! the lease is released so other replicas get their turn. The fencing rules do not change:
+//! every batch carries a token above the one it follows, and a leader that stalls past the
+//! lease is fenced off like any other holder.
+//!
 //! A queued request gives up at its own deadline, and is then removed from the queue under
 //! the same lock the leader takes batches with: a request is either answered by its batch or
 //! left the queue untouched, never both.
@@ -33,11 +41,24 @@ use crate::{
     command::Reserve,
     domain::{Reservation, Sku, Ttl},
     error::Error,
-    ports::{Answers, ReserveGroup, WriteOutcome},
+    ports::{Answers, Lease, ReserveGroup, WriteOutcome},
 };
 
 /// Most SKU batches one transaction of the committer writes.
 pub const MAX_GROUPS: usize = 64;
+
+/// Most batches one hold of a SKU's lease writes before it is released, so a replica with a
+/// steady queue does not keep a hot SKU from the others.
+pub const MAX_HELD_BATCHES: u32 = 8;
+
+/// A lease a leader kept for the SKU's next batch: renewed, so still held, with a fencing
+/// token newer than the batch it wrote.
+#[derive(Debug)]
+pub(crate) struct Kept {
+    pub lease: Lease,
+    /// Batches this hold has written so far.
+    pub batches: u32,
+}
 
 /// How coalescing behaves.
 #[derive(Clone, Debug)]
@@ -99,8 +120,9 @@ impl Reply {
 /// What a queued request is told.
 #[derive(Debug)]
 pub(crate) enum Turn {
-    /// Lead the next batch: the request was taken off the queue and is first in it.
-    Lead,
+    /// Lead the next batch: the request was taken off the queue and is first in it. With the
+    /// lease the last leader kept, if it kept it.
+    Lead(Option<Kept>),
     /// The request was written; this is its answer.
     Done(Result<Reservation, Error>),
 }
@@ -228,37 +250,78 @@ impl Queues {
         batch
     }
 
-    /// The leader is done: the oldest queued request leads next, or the SKU has no leader.
-    pub fn hand_off(&self, sku: &Sku) {
-        let mut state = self.state.lock().expect("queues lock");
-        let Some(queue) = state.queues.get_mut(sku) else {
-            return;
-        };
-        while let Some(next) = queue.pop_front() {
-            if next.reply.send(Turn::Lead).is_ok() {
-                return;
+    /// The leader is done: the oldest queued request leads next (with `kept`), or the SKU has
+    /// no leader. A kept lease nobody takes is left to expire (its holder is gone).
+    pub fn hand_off(&self, sku: &Sku, kept: Option<Kept>) {
+        if let Err(kept) = self.pass(sku, kept) {
+            self.state.lock().expect("queues lock").queues.remove(sku);
+            if kept.is_some() {
+                tracing::debug!(%sku, "kept lease not handed on; it will expire");
             }
         }
-        state.queues.remove(sku);
+    }
+
+    /// Hands the lead (with `kept`) to the oldest queued request still waiting; gives `kept`
+    /// back when there is none, and the caller still leads.
+    fn pass(&self, sku: &Sku, mut kept: Option<Kept>) -> Result<(), Option<Kept>> {
+        let mut state = self.state.lock().expect("queues lock");
+        let Some(queue) = state.queues.get_mut(sku) else {
+            return Ok(());
+        };
+        while let Some(next) = queue.pop_front() {
+            match next.reply.send(Turn::Lead(kept)) {
+                Ok(()) => return Ok(()),
+                Err(Turn::Lead(back)) => kept = back,
+                Err(Turn::Done(_)) => unreachable!("a lead was sent"),
+            }
+        }
+        Err(kept)
     }
 }
 
-/// Leadership of one SKU's queue; dropping it (however the leader ends) passes it on.
+/// Leadership of one SKU's queue, with the lease the last leader kept, if any; dropping it
+/// (however the leader ends) passes both on.
 #[derive(Debug)]
 pub(crate) struct Leadership<'a> {
     queues: &'a Queues,
     sku: &'a Sku,
+    kept: Option<Kept>,
+    passed: bool,
 }
 
 impl<'a> Leadership<'a> {
-    pub fn new(queues: &'a Queues, sku: &'a Sku) -> Self {
-        Self { queues, sku }
+    pub fn new(queues: &'a Queues, sku: &'a Sku, kept: Option<Kept>) -> Self {
+        Self {
+            queues,
+            sku,
+            kept,
+            passed: false,
+        }
+    }
+
+    /// The lease handed to this leader, to write with.
+    pub fn take_kept(&mut self) -> Option<Kept> {
+        self.kept.take()
+    }
+
+    /// Hands the lead and `kept` to the next queued request; gives `kept` back (to release)
+    /// when nobody waits, and this leader still leads until dropped.
+    pub fn pass(&mut self, kept: Kept) -> Result<(), Kept> {
+        match self.queues.pass(self.sku, Some(kept)) {
+            Ok(()) => {
+                self.passed = true;
+                Ok(())
+            }
+            Err(kept) => Err(kept.expect("the kept lease comes back")),
+        }
     }
 }
 
 impl Drop for Leadership<'_> {
     fn drop(&mut self) {
-        self.queues.hand_off(self.sku);
+        if !self.passed {
+            self.queues.hand_off(self.sku, self.kept.take());
+        }
     }
 }
 
@@ -391,8 +454,8 @@ impl Drop for TurnWait<'_> {
         // one sent before is read here and passed on. Reading first would lose a lead sent
         // between the read and the drop of the receiver.
         self.turn.close();
-        if let Ok(Turn::Lead) = self.turn.try_recv() {
-            self.queues.hand_off(self.sku);
+        if let Ok(Turn::Lead(kept)) = self.turn.try_recv() {
+            self.queues.hand_off(self.sku, kept);
         }
     }
 }

@@ -14,6 +14,9 @@ use std::{
 pub enum PausePoint {
     /// Every lease and fencing token of a `Reserve` is granted; the SQL write is next.
     LeaseGranted,
+    /// A coalescing leader was handed the lease the last leader kept (renewed, with a newer
+    /// fencing token); its batch's write is next.
+    LeaseHanded,
     /// The `Reserve` transaction committed; the response is next.
     Committed,
     /// A coalesced batch has the replica's group-commit turn; the batches of other SKUs queued

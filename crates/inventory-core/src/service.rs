@@ -4,13 +4,16 @@
 //! then one fenced SQL transaction that alone decides. Confirm, release and reads need no
 //! lease, since none of them can oversell, and so keep working while Redis is down.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
 
 use crate::{
     budget::Budget,
     coalesce::{
-        CoalesceConfig, CommitTurn, CommitWait, Committer, GroupOutcome, Joined, Leadership,
-        MAX_GROUPS, Queued, Queues, Submitted, Turn, TurnWait, Writing,
+        CoalesceConfig, CommitTurn, CommitWait, Committer, GroupOutcome, Joined, Kept, Leadership,
+        MAX_GROUPS, MAX_HELD_BATCHES, Queued, Queues, Submitted, Turn, TurnWait, Writing,
     },
     command::{
         AdjustStock, BatchSetStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
@@ -21,7 +24,8 @@ use crate::{
     error::Error,
     pause::{PausePoint, PausePoints},
     ports::{
-        Lease, LeaseService, ReservationStore, ReserveGroup, StockStore, UnknownSkus, WriteOutcome,
+        Answers, Lease, LeaseService, ReservationStore, ReserveGroup, StockStore, UnknownSkus,
+        WriteOutcome,
     },
     rules,
 };
@@ -50,6 +54,8 @@ pub struct Inventory<S, L> {
     pauses: PausePoints,
     queues: Queues,
     committer: Committer,
+    /// Batches written under a lease the last leader kept.
+    handed_batches: AtomicU64,
 }
 
 impl<S, L> Inventory<S, L>
@@ -65,6 +71,7 @@ where
             pauses: PausePoints::default(),
             queues: Queues::default(),
             committer: Committer::default(),
+            handed_batches: AtomicU64::new(0),
         }
     }
 
@@ -82,6 +89,12 @@ where
     /// How many SKU batches of this replica wait for the group commit in progress.
     pub fn groups_waiting(&self) -> usize {
         self.committer.waiting()
+    }
+
+    /// How many batches of this replica were written under a lease the last leader kept
+    /// (renewed) instead of one taken from Redis.
+    pub fn handed_batches(&self) -> u64 {
+        self.handed_batches.load(Ordering::Relaxed)
     }
 
     /// The pause points of this instance, for tests to arm.
@@ -187,39 +200,17 @@ where
         deadline: Instant,
     ) -> Result<Reservation, Error> {
         let config = &self.config.coalesce;
-        if let Joined::Wait { id, turn } =
-            self.queues
-                .join(sku, command, ttl, deadline, config.max_queued)?
+        let kept = match self
+            .queues
+            .join(sku, command, ttl, deadline, config.max_queued)?
         {
-            let enqueued = Instant::now();
-            let mut waiting = TurnWait::new(turn, &self.queues, sku);
-            let turn = match tokio::time::timeout_at(deadline.into(), &mut waiting.turn).await {
-                Ok(turn) => turn,
-                // Gave up in the queue, where nothing was written yet. Unless a leader took
-                // the request first: then its answer is on the way and is the truth.
-                Err(_) if self.queues.leave(sku, id) => {
-                    return Err(Error::LeaseBusy {
-                        sku: sku.clone(),
-                        waited: enqueued.elapsed(),
-                    });
-                }
-                Err(_) => (&mut waiting.turn).await,
-            };
-            match turn {
-                Ok(Turn::Done(answer)) => return answer,
-                // Handed the lead just as its own budget ran out: pass it on, write nothing.
-                Ok(Turn::Lead) if Instant::now() >= deadline => {
-                    drop(Leadership::new(&self.queues, sku));
-                    return Err(Error::LeaseBusy {
-                        sku: sku.clone(),
-                        waited: enqueued.elapsed(),
-                    });
-                }
-                Ok(Turn::Lead) => {}
-                Err(_) => return Err(Error::internal("batch leader ended without answering")),
-            }
-        }
-        let _leadership = Leadership::new(&self.queues, sku);
+            Joined::Lead => None,
+            Joined::Wait { id, turn } => match self.wait_turn(sku, id, turn, deadline).await {
+                Turn::Done(answer) => return answer,
+                Turn::Lead(kept) => kept,
+            },
+        };
+        let mut leadership = Leadership::new(&self.queues, sku, kept);
         if !config.linger.is_zero() && self.queues.queued(sku) > 0 {
             // Others are already waiting, so more are likely: give them a moment to join.
             let until = (Instant::now() + config.linger).min(deadline);
@@ -236,21 +227,8 @@ where
         let batch: Vec<(Reserve, Ttl)> = std::iter::once((command.clone(), ttl))
             .chain(others)
             .collect();
-        let batch_ref = &batch;
         let written = self
-            .fenced_write(
-                std::slice::from_ref(sku),
-                batch_deadline,
-                |fences| async move {
-                    let (_, fence) = fences[0];
-                    self.commit(ReserveGroup {
-                        sku: sku.clone(),
-                        fence,
-                        batch: batch_ref.clone(),
-                    })
-                    .await
-                },
-            )
+            .write_batch(&mut leadership, sku, &batch, batch_deadline)
             .await
             .and_then(|answers| {
                 if answers.len() == batch.len() {
@@ -275,6 +253,117 @@ where
                     reply.answer(Err(error.clone()));
                 }
                 Err(error)
+            }
+        }
+    }
+
+    /// Waits in the SKU's queue until the request is answered or leads (with the lease the
+    /// last leader kept, if any).
+    async fn wait_turn(
+        &self,
+        sku: &Sku,
+        id: u64,
+        turn: tokio::sync::oneshot::Receiver<Turn>,
+        deadline: Instant,
+    ) -> Turn {
+        let enqueued = Instant::now();
+        let busy = || {
+            Turn::Done(Err(Error::LeaseBusy {
+                sku: sku.clone(),
+                waited: enqueued.elapsed(),
+            }))
+        };
+        let mut waiting = TurnWait::new(turn, &self.queues, sku);
+        let turn = match tokio::time::timeout_at(deadline.into(), &mut waiting.turn).await {
+            Ok(turn) => turn,
+            // Gave up in the queue, where nothing was written yet. Unless a leader took the
+            // request first: then its answer is on the way and is the truth.
+            Err(_) if self.queues.leave(sku, id) => return busy(),
+            Err(_) => (&mut waiting.turn).await,
+        };
+        match turn {
+            // Handed the lead just as its own budget ran out: pass it on, write nothing.
+            Ok(Turn::Lead(kept)) if Instant::now() >= deadline => {
+                drop(Leadership::new(&self.queues, sku, kept));
+                busy()
+            }
+            Ok(turn) => turn,
+            Err(_) => Turn::Done(Err(Error::internal("batch leader ended without answering"))),
+        }
+    }
+
+    /// Writes one SKU's batch through the group commit, under the lease the last leader kept
+    /// or a new one. While others queue, the lease is renewed beside the commit and handed on
+    /// with the lead (see [`crate::coalesce`]); otherwise it is released.
+    async fn write_batch(
+        &self,
+        leadership: &mut Leadership<'_>,
+        sku: &Sku,
+        batch: &[(Reserve, Ttl)],
+        deadline: Instant,
+    ) -> Result<Answers, Error> {
+        let mut recoveries = 0;
+        loop {
+            let (lease, batches) = match leadership.take_kept() {
+                Some(kept) => {
+                    self.handed_batches.fetch_add(1, Ordering::Relaxed);
+                    self.pauses.reach(PausePoint::LeaseHanded).await;
+                    (kept.lease, kept.batches)
+                }
+                None => {
+                    let lease = self.leases.acquire(sku, deadline).await?;
+                    self.pauses.reach(PausePoint::LeaseGranted).await;
+                    (lease, 0)
+                }
+            };
+            crate::metrics::count_batch(batches > 0);
+            let keep = batches + 1 < MAX_HELD_BATCHES && self.queues.queued(sku) > 0;
+            let group = ReserveGroup {
+                sku: sku.clone(),
+                fence: lease.fence,
+                batch: batch.to_vec(),
+            };
+            let renewal = async {
+                if !keep {
+                    return None;
+                }
+                self.leases.renew(&lease).await.unwrap_or_else(|error| {
+                    tracing::debug!(%sku, %error, "lease not renewed; it is released instead");
+                    None
+                })
+            };
+            let (written, renewed) = tokio::join!(self.commit(group), renewal);
+            match written {
+                Ok(WriteOutcome::Answered(answers)) => {
+                    self.pauses.reach(PausePoint::Committed).await;
+                    match renewed {
+                        Some(renewed) if answers.unknown_skus().is_empty() => {
+                            let kept = Kept {
+                                lease: renewed,
+                                batches: batches + 1,
+                            };
+                            if let Err(kept) = leadership.pass(kept) {
+                                // Nobody queued any more: give it back.
+                                self.release_all(&[kept.lease]).await;
+                            }
+                        }
+                        renewed => {
+                            let leases = [renewed.unwrap_or(lease)];
+                            self.forget_unknown(&leases, &answers).await;
+                            self.release_all(&leases).await;
+                        }
+                    }
+                    return Ok(answers);
+                }
+                Ok(WriteOutcome::Fenced(fenced)) => {
+                    // A renewal has the same holder: releasing either lease releases it.
+                    self.recover_fenced(&[lease], fenced, &mut recoveries)
+                        .await?;
+                }
+                Err(error) => {
+                    self.release_all(&[lease]).await;
+                    return Err(error);
+                }
             }
         }
     }
@@ -372,20 +461,8 @@ where
                     return Ok(answer);
                 }
                 Ok(WriteOutcome::Fenced(fenced)) => {
-                    let lost = self.first_lost(&leases, &fenced).await;
-                    self.release_all(&leases).await;
-                    if let Some(sku) = lost? {
-                        return Err(Error::LeaseLost { sku });
-                    }
-                    if recoveries == MAX_FENCE_RECOVERIES {
-                        let (sku, _) = fenced.into_iter().next().expect("at least one line");
-                        return Err(Error::LeaseLost { sku });
-                    }
-                    recoveries += 1;
-                    for (sku, stored) in &fenced {
-                        tracing::warn!(%sku, %stored, "fence counter behind PostgreSQL; raising it");
-                        self.leases.raise_fence(sku, *stored).await?;
-                    }
+                    self.recover_fenced(&leases, fenced, &mut recoveries)
+                        .await?;
                 }
                 Err(error) => {
                     self.release_all(&leases).await;
@@ -393,6 +470,32 @@ where
                 }
             }
         }
+    }
+
+    /// After a write refused by a fence: releases `leases`, then either reports the lease
+    /// lost (we are the stale writer) or raises the lagging fence counters so the caller can
+    /// try again (see [`Self::reserve`]).
+    async fn recover_fenced(
+        &self,
+        leases: &[Lease],
+        fenced: Vec<(Sku, FenceToken)>,
+        recoveries: &mut usize,
+    ) -> Result<(), Error> {
+        let lost = self.first_lost(leases, &fenced).await;
+        self.release_all(leases).await;
+        if let Some(sku) = lost? {
+            return Err(Error::LeaseLost { sku });
+        }
+        if *recoveries == MAX_FENCE_RECOVERIES {
+            let (sku, _) = fenced.into_iter().next().expect("at least one line");
+            return Err(Error::LeaseLost { sku });
+        }
+        *recoveries += 1;
+        for (sku, stored) in &fenced {
+            tracing::warn!(%sku, %stored, "fence counter behind PostgreSQL; raising it");
+            self.leases.raise_fence(sku, *stored).await?;
+        }
+        Ok(())
     }
 
     /// Confirms or releases held units (see [`ReservationStore::settle`]). Needs no lease:

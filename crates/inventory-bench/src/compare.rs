@@ -138,6 +138,7 @@ pub async fn run(config: CompareConfig) -> anyhow::Result<bool> {
                             serial,
                             scenario,
                             clients,
+                            replicas: 1,
                             max_batch: variant.max_batch(),
                             locations: 1,
                         };

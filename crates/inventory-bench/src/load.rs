@@ -38,7 +38,8 @@ pub enum Scenario {
 
 #[derive(Clone, Debug)]
 pub struct LoadConfig {
-    /// `http://host:port` of the service.
+    /// `http://host:port` of the service; several, comma-separated, for replicas (the
+    /// connections go to each in turn).
     pub addr: String,
     pub scenario: Scenario,
     /// Calls in flight at once.
@@ -153,13 +154,15 @@ struct Shop {
 
 pub async fn connect(config: &LoadConfig) -> anyhow::Result<Vec<InventoryServiceClient<Channel>>> {
     let mut clients = Vec::new();
-    for _ in 0..config.connections.max(1) {
-        let channel = Channel::from_shared(config.addr.clone())
+    let addrs: Vec<&str> = config.addr.split(',').map(str::trim).collect();
+    for i in 0..config.connections.max(1) {
+        let addr = addrs[i % addrs.len()];
+        let channel = Channel::from_shared(addr.to_owned())
             .context("invalid address")?
             .connect_timeout(Duration::from_secs(5))
             .connect()
             .await
-            .with_context(|| format!("cannot connect to {}", config.addr))?;
+            .with_context(|| format!("cannot connect to {addr}"))?;
         clients.push(InventoryServiceClient::new(channel));
     }
     Ok(clients)

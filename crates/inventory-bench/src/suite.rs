@@ -153,6 +153,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
         })
         .collect();
     let mut located = Vec::new();
+    let mut replicated: Vec<Replicated> = Vec::new();
     let mut all_audits_passed = true;
     let mut serial = 0;
     // Every point once per round, rather than each point's rounds back to back: a slow spell
@@ -191,6 +192,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
                 serial,
                 scenario: Scenario::Hot,
                 clients: hot.clients,
+                replicas: 1,
                 max_batch: 64,
                 locations: LOCATIONS,
             };
@@ -206,6 +208,40 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
                 measured,
             });
         }
+        // Replicas sharing the database and the leases (a hot SKU's replicas compete for its
+        // lease), at the most clients: against the one-replica service of the same round.
+        let most = config.clients.iter().copied().max().unwrap_or(0);
+        for row in rows.iter().filter(|r| r.clients == most) {
+            let same_round = row.rounds.last().expect("measured in this round");
+            serial += 1;
+            let run = ServiceRun {
+                server: &config.server,
+                verify: true,
+                label: format!(
+                    "coalesced-{:?}-{}-{REPLICAS}-replicas-r{round}",
+                    row.scenario, row.clients
+                )
+                .to_lowercase(),
+                serial,
+                scenario: row.scenario,
+                clients: row.clients,
+                replicas: REPLICAS,
+                max_batch: 64,
+                locations: 1,
+            };
+            let result = service(&config, &databases, run).await?;
+            result.print();
+            let measured = Measured::of(&result, same_round.raw_tps);
+            all_audits_passed &= measured.audit_passed;
+            replicated.push(Replicated {
+                scenario: row.scenario,
+                clients: row.clients,
+                replicas: REPLICAS,
+                vs_one_replica: measured.reservations_per_s
+                    / same_round.coalesced.reservations_per_s.max(1e-9),
+                measured,
+            });
+        }
     }
     serial += 1;
     let run = ServiceRun {
@@ -215,6 +251,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
         serial,
         scenario: Scenario::Race,
         clients: 64,
+        replicas: 1,
         max_batch: 64,
         locations: 1,
     };
@@ -230,11 +267,14 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
         table(&rows)
     );
     table.push_str(&located_table(&located));
+    table.push_str(&replicated_table(&replicated));
     println!("\n{table}");
     std::fs::write(config.out.join("summary.md"), &table)?;
     std::fs::write(
         config.out.join("summary.json"),
-        serde_json::to_vec_pretty(&serde_json::json!({ "rows": rows, "located": located }))?,
+        serde_json::to_vec_pretty(
+            &serde_json::json!({ "rows": rows, "located": located, "replicated": replicated }),
+        )?,
     )?;
     println!(
         "results: {} (one JSON and one SVG per run, summary.md, summary.json)",
@@ -293,6 +333,7 @@ async fn point(
             serial: *serial,
             scenario,
             clients,
+            replicas: 1,
             max_batch,
             locations: 1,
         };
@@ -359,6 +400,21 @@ struct Located {
     vs_one_location: f64,
 }
 
+/// Server replicas of the replicated rows.
+const REPLICAS: usize = 3;
+
+/// Several replicas on one scenario: one round.
+#[derive(Debug, Serialize)]
+struct Replicated {
+    scenario: Scenario,
+    clients: usize,
+    replicas: usize,
+    /// `ratio_to_raw` is against the raw one-request transaction of the same row's round.
+    measured: Measured,
+    /// Over the one-replica coalesced service of the same round.
+    vs_one_replica: f64,
+}
+
 /// `median (min–max)` of `values`, each printed by `show`.
 fn spread(values: &[f64], show: impl Fn(f64) -> String) -> String {
     if values.is_empty() {
@@ -389,27 +445,63 @@ fn located_table(rounds: &[Located]) -> String {
     let Some(first) = rounds.first() else {
         return String::new();
     };
-    let of = |f: fn(&Located) -> f64| rounds.iter().map(f).collect::<Vec<_>>();
-    let batches: Vec<f64> = rounds
+    let header = format!(
+        "| hot SKU at {} locations, split | clients | coalesced r/s | ratio to raw SQL | p99 | \
+         batch | vs one location | audits |",
+        first.locations
+    );
+    let rounds: Vec<_> = rounds
         .iter()
-        .filter_map(|l| l.measured.batch.map(|b| b as f64))
+        .map(|l| (&l.measured, l.vs_one_location))
         .collect();
     format!(
-        "\n| hot SKU at {} locations, split | clients | coalesced r/s | ratio to raw SQL | p99 | \
-         batch | vs one location | audits |\n|---|---:|---:|---:|---:|---:|---:|---|\n\
-         | Hot | {} | {} | **{}** | {} | {} | {} | {} |\n",
-        first.locations,
-        first.clients,
-        spread(&of(|l| l.measured.reservations_per_s), rate),
-        spread(&of(|l| l.measured.ratio_to_raw), ratio),
-        p99(rounds.iter().map(|l| &l.measured)),
+        "\n{header}\n|---|---:|---:|---:|---:|---:|---:|---|\n{}",
+        extra_line("Hot", first.clients, &rounds)
+    )
+}
+
+fn replicated_table(rounds: &[Replicated]) -> String {
+    let Some(first) = rounds.first() else {
+        return String::new();
+    };
+    let mut table = format!(
+        "\n| {} replicas, one database and Redis | clients | coalesced r/s | ratio to raw SQL | \
+         p99 | batch | vs one replica | audits |\n|---|---:|---:|---:|---:|---:|---:|---|\n",
+        first.replicas
+    );
+    for scenario in [Scenario::Uniform, Scenario::Hot] {
+        let of: Vec<_> = rounds
+            .iter()
+            .filter(|r| r.scenario == scenario)
+            .map(|r| (&r.measured, r.vs_one_replica))
+            .collect();
+        if !of.is_empty() {
+            table.push_str(&extra_line(&format!("{scenario:?}"), first.clients, &of));
+        }
+    }
+    table
+}
+
+/// One line of a table beside the main one: each round's measurement and its ratio to the
+/// main table's coalesced run of the same round.
+fn extra_line(name: &str, clients: usize, rounds: &[(&Measured, f64)]) -> String {
+    let of = |f: fn(&(&Measured, f64)) -> f64| rounds.iter().map(f).collect::<Vec<_>>();
+    let batches: Vec<f64> = rounds
+        .iter()
+        .filter_map(|(m, _)| m.batch.map(|b| b as f64))
+        .collect();
+    format!(
+        "| {name} | {clients} | {} | **{}** | {} | {} | {} | {} |\n",
+        spread(&of(|(m, _)| m.reservations_per_s), rate),
+        spread(&of(|(m, _)| m.ratio_to_raw), ratio),
+        p99(rounds.iter().map(|(m, _)| *m)),
         if batches.is_empty() {
             "—".to_owned()
         } else {
             rate(median(&batches))
         },
-        spread(&of(|l| l.vs_one_location), ratio),
-        if rounds.iter().all(|l| l.measured.audit_passed) {
+        spread(&of(|(_, vs)| *vs), ratio),
+        if rounds.iter().all(|(m, _)| m.audit_passed) {
             "passed"
         } else {
             "FAILED"
@@ -558,6 +650,9 @@ pub(crate) struct ServiceRun<'a> {
     pub serial: usize,
     pub scenario: Scenario,
     pub clients: usize,
+    /// Server processes sharing the database and the Redis keys; the load's connections go
+    /// to each in turn.
+    pub replicas: usize,
     /// `COALESCE_MAX_BATCH`: 1 is the lease-only service, 64 the service as shipped.
     pub max_batch: usize,
     /// Locations the stock is spread over; with more than one, every Reserve may split.
@@ -577,36 +672,58 @@ pub(crate) async fn service(
         serial,
         scenario,
         clients,
+        replicas,
         max_batch,
         locations,
     } = run;
     let label = label.as_str();
     let name = format!("bench_service_{serial}_{max_batch}");
     let db_config = databases.create(&name).await?;
-    let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-    let env = [
-        ("DATABASE_URL", url(&db_config)),
-        ("REDIS_URL", config.redis_url.clone()),
-        ("REDIS_KEY_PREFIX", format!("bench:{name}")),
-        ("ADMIN_LISTEN_ADDR", admin_addr.to_string()),
-        ("AUTH_DISABLED", "true".into()),
-        // As many connections as pgbench gets, so the comparison is like for like.
-        ("DATABASE_POOL_SIZE", clients.max(16).to_string()),
-        ("COALESCE_MAX_BATCH", max_batch.to_string()),
-        ("RUST_LOG", "warn".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
-    let log = config.out.join(format!("{label}.server.log"));
-    let mut server = ServerProcess::start(binary, env, log).await?;
-    let addr = server.addr();
+    let replicas = replicas.max(1);
+    let mut servers = Vec::with_capacity(replicas);
+    let mut admin_addrs = Vec::with_capacity(replicas);
+    for replica in 0..replicas {
+        let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let env = [
+            ("DATABASE_URL", url(&db_config)),
+            ("REDIS_URL", config.redis_url.clone()),
+            // One prefix for every replica: they share the leases, as in a deployment.
+            ("REDIS_KEY_PREFIX", format!("bench:{name}")),
+            ("ADMIN_LISTEN_ADDR", admin_addr.to_string()),
+            ("AUTH_DISABLED", "true".into()),
+            // As many connections as pgbench gets, so the comparison is like for like.
+            (
+                "DATABASE_POOL_SIZE",
+                clients.div_ceil(replicas).max(16).to_string(),
+            ),
+            ("COALESCE_MAX_BATCH", max_batch.to_string()),
+            ("RUST_LOG", "warn".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let log = if replicas == 1 {
+            config.out.join(format!("{label}.server.log"))
+        } else {
+            config.out.join(format!("{label}.server-{replica}.log"))
+        };
+        servers.push(ServerProcess::start(binary, env, log).await?);
+        admin_addrs.push(admin_addr);
+    }
+    let addr = servers
+        .iter()
+        .map(ServerProcess::addr)
+        .collect::<Vec<_>>()
+        .join(",");
+    // The step timings come from the first replica.
+    let admin_addr = admin_addrs[0];
     let outcome = async {
         let load = LoadConfig {
             addr: addr.clone(),
             scenario,
             clients,
-            connections: clients.clamp(1, 4),
+            // The same number of connections to every replica.
+            connections: clients.clamp(1, 4).div_ceil(replicas) * replicas,
             duration: config.duration,
             quantity: 1,
             ttl: Duration::from_secs(3600),
@@ -653,7 +770,9 @@ pub(crate) async fn service(
     }
     .await;
     // SIGTERM and wait, like an orchestrator would.
-    server.stop(Duration::from_secs(30)).await;
+    for server in &mut servers {
+        server.stop(Duration::from_secs(30)).await;
+    }
     databases.drop_database(&name).await?;
     outcome
 }

@@ -146,6 +146,12 @@ pub struct ServeArgs {
     #[arg(long, env = "COALESCE_LINGER", default_value = "0ms", value_parser = humantime::parse_duration)]
     pub coalesce_linger: Duration,
 
+    /// Most group-commit transactions (coalesced batches of several SKUs) this replica
+    /// writes at once; a batch that finds them all busy joins the next one to start.
+    #[arg(long, env = "COALESCE_MAX_COMMITS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub coalesce_max_commits: u32,
+
     /// Most unary calls in flight in this replica; more are shed with RESOURCE_EXHAUSTED.
     #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -547,6 +553,7 @@ impl Settings {
                         max_batch: args.coalesce_max_batch as usize,
                         linger: args.coalesce_linger,
                         max_queued: args.lease_max_waiters as usize,
+                        max_commits: args.coalesce_max_commits as usize,
                     },
                     lease_wait: args.lease_wait,
                     max_hold: args.max_hold,

@@ -287,9 +287,42 @@ async fn writing_transaction(app: &TestApp, key: &str) -> String {
         .get(0)
 }
 
+/// An app that writes one group commit at a time, so what arrives meanwhile waits for it.
+async fn spawn_app_one_commit() -> TestApp {
+    let mut settings = test_settings(fresh_database().await);
+    settings.inventory.coalesce.max_commits = 1;
+    spawn_app_with(settings).await
+}
+
+#[tokio::test]
+async fn a_second_group_commit_is_written_while_the_first_is_held() {
+    // Two transactions in flight by default: a batch of another SKU does not wait for a
+    // held one, and the third waits for one of them.
+    let app = spawn_app().await;
+    for sku in ["A", "B", "C"] {
+        stock(&app, sku, 10).await;
+    }
+    let mut held = app.pauses.arm(PausePoint::GroupCommit);
+    let mut client = app.client.clone();
+    let a = tokio::spawn(async move { client.reserve(reserve("a", &[("A", 1)])).await });
+    held.reached().await;
+    let b = tokio::time::timeout(
+        Duration::from_secs(5),
+        app.client.clone().reserve(reserve("b", &[("B", 1)])),
+    )
+    .await
+    .expect("B's batch did not wait for A's transaction");
+    assert!(b.is_ok(), "{b:?}");
+    assert_eq!(app.level("B").await, (10, 1));
+    assert!(!a.is_finished());
+    held.resume();
+    a.await.unwrap().unwrap();
+    assert_eq!(app.level("A").await, (10, 1));
+}
+
 #[tokio::test]
 async fn batches_of_several_skus_share_one_commit_and_a_fenced_one_writes_nothing() {
-    let app = spawn_app().await;
+    let app = spawn_app_one_commit().await;
     for sku in ["A", "B", "C"] {
         stock(&app, sku, 10).await;
     }
@@ -336,7 +369,7 @@ async fn batches_of_several_skus_share_one_commit_and_a_fenced_one_writes_nothin
 
 #[tokio::test]
 async fn one_key_in_two_skus_batches_is_not_executed_twice_in_one_commit() {
-    let app = spawn_app().await;
+    let app = spawn_app_one_commit().await;
     for sku in ["L", "A", "B"] {
         stock(&app, sku, 10).await;
     }

@@ -72,6 +72,10 @@ pub struct CoalesceConfig {
     /// Most requests of this replica queued for one SKU; more get
     /// [`Error::TooManyWaiters`].
     pub max_queued: usize,
+    /// Most group-commit transactions of this replica in flight at once. A batch that finds
+    /// them all busy joins the next one to start. One SKU is never in two at once (its
+    /// leader waits for its batch's outcome).
+    pub max_commits: usize,
 }
 
 impl Default for CoalesceConfig {
@@ -80,6 +84,7 @@ impl Default for CoalesceConfig {
             max_batch: 64,
             linger: Duration::ZERO,
             max_queued: 256,
+            max_commits: 2,
         }
     }
 }
@@ -352,22 +357,37 @@ pub(crate) struct PendingGroup {
 
 #[derive(Debug, Default)]
 struct CommitState {
-    writing: bool,
+    /// Transactions being written.
+    writing: usize,
     waiting: VecDeque<PendingGroup>,
 }
 
-/// The replica's group commit: one transaction in flight, the batches that arrive meanwhile
-/// go into the next.
-#[derive(Debug, Default)]
+/// The replica's group commit: up to `max_in_flight` transactions in flight, the batches that
+/// arrive while all are busy go into the next to start.
+#[derive(Debug)]
 pub(crate) struct Committer {
     state: Mutex<CommitState>,
+    max_in_flight: usize,
+}
+
+impl Default for Committer {
+    fn default() -> Self {
+        Self::new(1)
+    }
 }
 
 impl Committer {
+    pub fn new(max_in_flight: usize) -> Self {
+        Self {
+            state: Mutex::default(),
+            max_in_flight: max_in_flight.max(1),
+        }
+    }
+
     pub fn submit(&self, group: ReserveGroup) -> Submitted {
         let mut state = self.state.lock().expect("committer lock");
-        if !state.writing {
-            state.writing = true;
+        if state.writing < self.max_in_flight {
+            state.writing += 1;
             return Submitted::Lead(group);
         }
         let (reply, turn) = oneshot::channel();
@@ -408,7 +428,7 @@ impl Committer {
         taken
     }
 
-    /// The transaction is written: the oldest queued batch writes the next one.
+    /// A transaction is written: the oldest queued batch writes the next one.
     pub fn hand_off(&self) {
         let mut state = self.state.lock().expect("committer lock");
         while let Some(next) = state.waiting.pop_front() {
@@ -418,7 +438,7 @@ impl Committer {
                 Err(_) => continue,
             }
         }
-        state.writing = false;
+        state.writing -= 1;
     }
 }
 

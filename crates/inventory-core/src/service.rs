@@ -64,13 +64,14 @@ where
     L: LeaseService,
 {
     pub fn new(store: S, leases: L, config: InventoryConfig) -> Self {
+        let committer = Committer::new(config.coalesce.max_commits);
         Self {
             store,
             leases,
             config,
             pauses: PausePoints::default(),
             queues: Queues::default(),
-            committer: Committer::default(),
+            committer,
             handed_batches: AtomicU64::new(0),
         }
     }

@@ -91,3 +91,31 @@ fn a_lead_nobody_read_is_passed_on() {
     drop(CommitWait::new(first, &committer));
     assert!(matches!(second.try_recv(), Ok(CommitTurn::Lead(g)) if g.sku.as_str() == "C"));
 }
+
+#[test]
+fn up_to_max_in_flight_transactions_are_written_at_once_and_the_rest_wait() {
+    let committer = Committer::new(2);
+    assert!(matches!(
+        committer.submit(group("A", &["k1"])),
+        Submitted::Lead(_)
+    ));
+    assert!(matches!(
+        committer.submit(group("B", &["k2"])),
+        Submitted::Lead(_)
+    ));
+    let mut third = wait(committer.submit(group("C", &["k3"])));
+    assert!(third.try_recv().is_err(), "both transactions are busy");
+    // One ends: the waiting batch writes next; when that one and the other end, none is busy.
+    committer.hand_off();
+    assert!(matches!(third.try_recv(), Ok(CommitTurn::Lead(g)) if g.sku.as_str() == "C"));
+    committer.hand_off();
+    committer.hand_off();
+    assert!(matches!(
+        committer.submit(group("D", &["k4"])),
+        Submitted::Lead(_)
+    ));
+    assert!(matches!(
+        committer.submit(group("E", &["k5"])),
+        Submitted::Lead(_)
+    ));
+}

@@ -148,7 +148,7 @@ pub struct ServeArgs {
 
     /// Most group-commit transactions (coalesced batches of several SKUs) this replica
     /// writes at once; a batch that finds them all busy joins the next one to start.
-    #[arg(long, env = "COALESCE_MAX_COMMITS", default_value_t = 2,
+    #[arg(long, env = "COALESCE_MAX_COMMITS", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub coalesce_max_commits: u32,
 

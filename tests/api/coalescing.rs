@@ -287,18 +287,13 @@ async fn writing_transaction(app: &TestApp, key: &str) -> String {
         .get(0)
 }
 
-/// An app that writes one group commit at a time, so what arrives meanwhile waits for it.
-async fn spawn_app_one_commit() -> TestApp {
-    let mut settings = test_settings(fresh_database().await);
-    settings.inventory.coalesce.max_commits = 1;
-    spawn_app_with(settings).await
-}
-
 #[tokio::test]
 async fn a_second_group_commit_is_written_while_the_first_is_held() {
-    // Two transactions in flight by default: a batch of another SKU does not wait for a
-    // held one, and the third waits for one of them.
-    let app = spawn_app().await;
+    // With two transactions allowed in flight, a batch of another SKU does not wait for a
+    // held one.
+    let mut settings = test_settings(fresh_database().await);
+    settings.inventory.coalesce.max_commits = 2;
+    let app = spawn_app_with(settings).await;
     for sku in ["A", "B", "C"] {
         stock(&app, sku, 10).await;
     }
@@ -322,7 +317,7 @@ async fn a_second_group_commit_is_written_while_the_first_is_held() {
 
 #[tokio::test]
 async fn batches_of_several_skus_share_one_commit_and_a_fenced_one_writes_nothing() {
-    let app = spawn_app_one_commit().await;
+    let app = spawn_app().await;
     for sku in ["A", "B", "C"] {
         stock(&app, sku, 10).await;
     }
@@ -369,7 +364,7 @@ async fn batches_of_several_skus_share_one_commit_and_a_fenced_one_writes_nothin
 
 #[tokio::test]
 async fn one_key_in_two_skus_batches_is_not_executed_twice_in_one_commit() {
-    let app = spawn_app_one_commit().await;
+    let app = spawn_app().await;
     for sku in ["L", "A", "B"] {
         stock(&app, sku, 10).await;
     }

@@ -74,7 +74,8 @@ pub struct CoalesceConfig {
     pub max_queued: usize,
     /// Most group-commit transactions of this replica in flight at once. A batch that finds
     /// them all busy joins the next one to start. One SKU is never in two at once (its
-    /// leader waits for its batch's outcome).
+    /// leader waits for its batch's outcome). 1 by default: on a 2-core PostgreSQL, 2 gained
+    /// nothing at 8 uniform clients and lost throughput at 64 (smaller batches).
     pub max_commits: usize,
 }
 
@@ -84,7 +85,7 @@ impl Default for CoalesceConfig {
             max_batch: 64,
             linger: Duration::ZERO,
             max_queued: 256,
-            max_commits: 2,
+            max_commits: 1,
         }
     }
 }

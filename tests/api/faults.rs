@@ -33,15 +33,19 @@ async fn expire_now(app: &TestApp, key: &str) {
     panic!("{key} did not expire");
 }
 
+/// Two replicas of one deployment: the same database, the same Redis keys.
+pub(crate) async fn two_replicas() -> (TestApp, TestApp) {
+    let first = test_settings(fresh_database().await);
+    let mut second = test_settings(first.database.config.clone());
+    second.redis.client.key_prefix = first.redis.client.key_prefix.clone();
+    (spawn_app_with(first).await, spawn_app_with(second).await)
+}
+
 #[tokio::test]
 async fn a_holder_paused_past_its_lease_is_fenced_off_even_with_stock_to_spare() {
     // Two replicas of one deployment: same database, same Redis keys. (Within one replica the
     // second request would queue behind the stalled one instead of racing it.)
-    let first = test_settings(fresh_database().await);
-    let mut second = test_settings(first.database.config.clone());
-    second.redis.client.key_prefix = first.redis.client.key_prefix.clone();
-    let app = spawn_app_with(first).await;
-    let replica = spawn_app_with(second).await;
+    let (app, replica) = two_replicas().await;
     // Plenty of stock: only the fence can stop the stale write.
     stock(&app, "SKU-1", 1_000).await;
 
@@ -98,11 +102,7 @@ async fn a_next_leader_paused_on_a_handed_lease_is_fenced_off_and_writes_nothing
     // The renewed-lease path: a coalescing leader with requests queued behind it keeps its
     // lease (renewed, with the next token) and hands it to the next leader instead of
     // releasing it. That next leader stalls past the lease; another replica takes the SKU.
-    let first = test_settings(fresh_database().await);
-    let mut second = test_settings(first.database.config.clone());
-    second.redis.client.key_prefix = first.redis.client.key_prefix.clone();
-    let app = spawn_app_with(first).await;
-    let replica = spawn_app_with(second).await;
+    let (app, replica) = two_replicas().await;
     stock(&app, "SKU-1", 1_000).await;
 
     let (held, leader) = crate::coalescing::hold_leader(&app, "SKU-1").await;

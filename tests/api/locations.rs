@@ -17,10 +17,7 @@ use tonic_types::StatusExt as _;
 
 use crate::{
     events::{take, watch},
-    helpers::{
-        TestApp, error_reason, fresh_database, spawn_app, spawn_app_with,
-        spawn_app_without_sweeper, test_settings, violated_fields,
-    },
+    helpers::{TestApp, error_reason, spawn_app, spawn_app_without_sweeper, violated_fields},
 };
 
 async fn location(app: &TestApp, id: &str, priority: i32, active: bool) {
@@ -829,11 +826,7 @@ async fn racing_carts_never_oversell_any_location() {
 #[tokio::test]
 async fn a_holder_paused_past_its_lease_writes_nothing_at_any_location() {
     // Two replicas of one deployment, as in faults.rs: A stalls after its lease, B allocates.
-    let first = test_settings(fresh_database().await);
-    let mut second = test_settings(first.database.config.clone());
-    second.redis.client.key_prefix = first.redis.client.key_prefix.clone();
-    let app = spawn_app_with(first).await;
-    let replica = spawn_app_with(second).await;
+    let (app, replica) = crate::faults::two_replicas().await;
     location(&app, "east", 1, true).await;
     location(&app, "west", 2, true).await;
     // Stock to spare in both locations: only the fence can stop A.

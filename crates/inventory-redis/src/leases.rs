@@ -145,23 +145,36 @@ impl RedisLeases {
 
     /// One grant attempt: `Some(token)` if granted, `None` if busy.
     pub async fn try_acquire(&self, sku: &Sku, holder: &str) -> Result<Option<FenceToken>, Error> {
-        let prefix = self.redis.prefix();
-        let ttl_ms = self.settings.ttl.as_millis().max(1) as i64;
-        let token: i64 = self
-            .bounded(
-                "acquire",
-                self.acquire.evalsha_with_reload(
-                    self.redis.client(),
-                    vec![prefix.lease(sku), prefix.fence(sku)],
-                    vec![
-                        holder.to_owned(),
-                        ttl_ms.to_string(),
-                        self.fence_ttl_ms().to_string(),
-                    ],
-                ),
-            )
+        let token = self
+            .lease_script("acquire", &self.acquire, sku, holder)
             .await?;
         Ok((token > 0).then(|| FenceToken::new(token)))
+    }
+
+    /// Runs a script that takes the next fencing token for `holder` (grant or renew): KEYS
+    /// lease and fence, ARGV holder and the two TTLs. Returns the token, or 0 if refused.
+    async fn lease_script(
+        &self,
+        command: &'static str,
+        script: &Script,
+        sku: &Sku,
+        holder: &str,
+    ) -> Result<i64, Error> {
+        let prefix = self.redis.prefix();
+        let ttl_ms = self.settings.ttl.as_millis().max(1) as i64;
+        self.bounded(
+            command,
+            script.evalsha_with_reload(
+                self.redis.client(),
+                vec![prefix.lease(sku), prefix.fence(sku)],
+                vec![
+                    holder.to_owned(),
+                    ttl_ms.to_string(),
+                    self.fence_ttl_ms().to_string(),
+                ],
+            ),
+        )
+        .await
     }
 
     /// Best effort, off the caller's path: deletes the SKU's lease if `holder` has it.
@@ -302,21 +315,8 @@ impl LeaseService for RedisLeases {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Option<Lease>, Error> {
-        let prefix = self.redis.prefix();
-        let ttl_ms = self.settings.ttl.as_millis().max(1) as i64;
-        let token: i64 = self
-            .bounded(
-                "renew",
-                self.renew.evalsha_with_reload(
-                    self.redis.client(),
-                    vec![prefix.lease(&lease.sku), prefix.fence(&lease.sku)],
-                    vec![
-                        lease.holder.clone(),
-                        ttl_ms.to_string(),
-                        self.fence_ttl_ms().to_string(),
-                    ],
-                ),
-            )
+        let token = self
+            .lease_script("renew", &self.renew, &lease.sku, &lease.holder)
             .await?;
         Ok((token > 0).then(|| Lease {
             sku: lease.sku.clone(),

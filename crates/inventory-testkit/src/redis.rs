@@ -250,6 +250,9 @@ impl Redis {
 
     async fn start_cluster(&mut self, dir: &Path) -> anyhow::Result<()> {
         for i in 0..3 {
+            // The bus port is chosen too: by default it is the node's port + 10,000, which
+            // lands in the ephemeral range, where an outgoing connection may already hold it.
+            let bus_port = free_port()?.to_string();
             let args = [
                 "--cluster-enabled",
                 "yes",
@@ -257,6 +260,8 @@ impl Redis {
                 "nodes.conf",
                 "--cluster-node-timeout",
                 "2000",
+                "--cluster-port",
+                &bus_port,
             ]
             .map(String::from)
             .to_vec();

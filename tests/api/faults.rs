@@ -41,6 +41,23 @@ pub(crate) async fn two_replicas() -> (TestApp, TestApp) {
     (spawn_app_with(first).await, spawn_app_with(second).await)
 }
 
+/// The stalled holder's lease on `sku` runs out and B, on `replica`, reserves 5 units (key
+/// `b`) with a newer token: B's answer and the fence it stored.
+async fn take_over(
+    app: &TestApp,
+    replica: &TestApp,
+    sku: &str,
+) -> (tonic::Response<inventory_server::proto::Reservation>, i64) {
+    expire_now(app, &app.lease_key(sku)).await;
+    let b = replica
+        .client
+        .clone()
+        .reserve(reserve("b", &[(sku, 5)]))
+        .await
+        .unwrap();
+    (b, app.stored_fence(sku).await)
+}
+
 #[tokio::test]
 async fn a_holder_paused_past_its_lease_is_fenced_off_even_with_stock_to_spare() {
     // Two replicas of one deployment: same database, same Redis keys. (Within one replica the
@@ -57,14 +74,7 @@ async fn a_holder_paused_past_its_lease_is_fenced_off_even_with_stock_to_spare()
 
     // A stalls; its lease runs out; B, on the other replica, takes the SKU with a newer token
     // and commits.
-    expire_now(&app, &app.lease_key("SKU-1")).await;
-    let b = replica
-        .client
-        .clone()
-        .reserve(reserve("b", &[("SKU-1", 5)]))
-        .await
-        .unwrap();
-    let token_b = app.stored_fence("SKU-1").await;
+    let (b, token_b) = take_over(&app, &replica, "SKU-1").await;
     assert!(token_b > token_a);
 
     held.resume();
@@ -122,14 +132,7 @@ async fn a_next_leader_paused_on_a_handed_lease_is_fenced_off_and_writes_nothing
     let exists: i64 = app.redis.exists(app.lease_key("SKU-1")).await.unwrap();
     assert_eq!(exists, 1, "the kept lease was not released");
 
-    expire_now(&app, &app.lease_key("SKU-1")).await;
-    replica
-        .client
-        .clone()
-        .reserve(reserve("b", &[("SKU-1", 5)]))
-        .await
-        .unwrap();
-    let token_b = app.stored_fence("SKU-1").await;
+    let (_, token_b) = take_over(&app, &replica, "SKU-1").await;
     assert!(token_b > token_handed);
 
     handed.resume();

@@ -259,17 +259,13 @@ impl Queues {
     /// The leader is done: the oldest queued request leads next (with `kept`), or the SKU has
     /// no leader. A kept lease nobody takes is left to expire (its holder is gone).
     pub fn hand_off(&self, sku: &Sku, kept: Option<Kept>) {
-        if let Err(kept) = self.pass(sku, kept) {
-            self.state.lock().expect("queues lock").queues.remove(sku);
-            if kept.is_some() {
-                tracing::debug!(%sku, "kept lease not handed on; it will expire");
-            }
-        }
+        let _ = self.pass(sku, kept, true);
     }
 
-    /// Hands the lead (with `kept`) to the oldest queued request still waiting; gives `kept`
-    /// back when there is none, and the caller still leads.
-    fn pass(&self, sku: &Sku, mut kept: Option<Kept>) -> Result<(), Option<Kept>> {
+    /// Hands the lead (with `kept`) to the oldest queued request still waiting. When there is
+    /// none, gives `kept` back and either ends the SKU's leadership (`give_up`) or leaves the
+    /// caller leading; under the one lock, so no request can join in between and be lost.
+    fn pass(&self, sku: &Sku, mut kept: Option<Kept>, give_up: bool) -> Result<(), Option<Kept>> {
         let mut state = self.state.lock().expect("queues lock");
         let Some(queue) = state.queues.get_mut(sku) else {
             return Ok(());
@@ -279,6 +275,12 @@ impl Queues {
                 Ok(()) => return Ok(()),
                 Err(Turn::Lead(back)) => kept = back,
                 Err(Turn::Done(_)) => unreachable!("a lead was sent"),
+            }
+        }
+        if give_up {
+            state.queues.remove(sku);
+            if kept.is_some() {
+                tracing::debug!(%sku, "kept lease not handed on; it will expire");
             }
         }
         Err(kept)
@@ -313,7 +315,7 @@ impl<'a> Leadership<'a> {
     /// Hands the lead and `kept` to the next queued request; gives `kept` back (to release)
     /// when nobody waits, and this leader still leads until dropped.
     pub fn pass(&mut self, kept: Kept) -> Result<(), Kept> {
-        match self.queues.pass(self.sku, Some(kept)) {
+        match self.queues.pass(self.sku, Some(kept), false) {
             Ok(()) => {
                 self.passed = true;
                 Ok(())

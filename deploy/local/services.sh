@@ -153,13 +153,16 @@ start_postgres() {
     start >/dev/null || { tail -n 20 "$PGDATA_DIR/server.log" >&2; die "PostgreSQL did not start"; }
 }
 
+# Stops the instance in either data folder start_postgres may have chosen (the project's own
+# or the /var/tmp fallback), so a run whose folder choice changed midway still stops it.
 stop_postgres() {
-  local bin
+  local bin dir
   bin=$(pg_bin 2>/dev/null) || return 0
-  id postgres >/dev/null 2>&1 && resolve_pgdata
-  [ -f "$PGDATA_DIR/postmaster.pid" ] || return 0
-  log "stopping PostgreSQL on 127.0.0.1:$PG_PORT"
-  pg_as_owner "$bin/pg_ctl" -D "$PGDATA_DIR" -m fast -w stop >/dev/null 2>&1 || true
+  for dir in "$STATE/postgres" "$PGDATA_FALLBACK"; do
+    [ -f "$dir/postmaster.pid" ] || continue
+    log "stopping PostgreSQL on 127.0.0.1:$PG_PORT ($dir)"
+    pg_as_owner "$bin/pg_ctl" -D "$dir" -m fast -w stop >/dev/null 2>&1 || true
+  done
 }
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

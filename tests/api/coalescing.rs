@@ -316,6 +316,48 @@ async fn a_second_group_commit_is_written_while_the_first_is_held() {
 }
 
 #[tokio::test]
+async fn the_next_group_commit_runs_while_the_one_before_is_committing() {
+    // One transaction in flight (the default), but one that has sent its statements and only
+    // waits for its commit no longer holds the turn.
+    let app = spawn_app().await;
+    for sku in ["L", "A", "C"] {
+        stock(&app, sku, 10).await;
+    }
+    // While L holds the turn, A queues; they share the next transaction (two SKUs), which is
+    // then held at its commit.
+    let mut turn = app.pauses.arm(PausePoint::GroupCommit);
+    let mut client = app.client.clone();
+    let l = tokio::spawn(async move { client.reserve(reserve("l", &[("L", 1)])).await });
+    turn.reached().await;
+    let a = wait_for_commit(&app, reserve("a", &[("A", 2)])).await;
+    let mut committing = app.pauses.arm(PausePoint::Committing);
+    turn.resume();
+    committing.reached().await;
+
+    let c = tokio::time::timeout(
+        Duration::from_secs(5),
+        app.client.clone().reserve(reserve("c", &[("C", 4)])),
+    )
+    .await
+    .expect("C's batch waited for a transaction that was only committing");
+    assert!(c.is_ok(), "{c:?}");
+    assert_eq!(app.level("C").await, (10, 4));
+    // L and A are not committed yet: nothing of theirs is visible.
+    assert!(!l.is_finished() && !a.is_finished());
+    assert_eq!(app.level("L").await, (10, 0));
+    assert_eq!(app.level("A").await, (10, 0));
+    committing.resume();
+    l.await.unwrap().unwrap();
+    a.await.unwrap().unwrap();
+    assert_eq!(app.level("L").await, (10, 1));
+    assert_eq!(app.level("A").await, (10, 2));
+    assert_eq!(
+        writing_transaction(&app, "l").await,
+        writing_transaction(&app, "a").await
+    );
+}
+
+#[tokio::test]
 async fn batches_of_several_skus_share_one_commit_and_a_fenced_one_writes_nothing() {
     let app = spawn_app().await;
     for sku in ["A", "B", "C"] {

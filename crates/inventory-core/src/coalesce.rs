@@ -16,6 +16,9 @@
 //! [`ReservationStore::reserve_groups`](crate::ports::ReservationStore::reserve_groups),
 //! which decides each request on its own, in order. One commit then serves many SKUs, which
 //! is what a spread-out load needs: its SKUs are rarely contended, but every commit costs.
+//! The next transaction starts as soon as the one before has sent its `COMMIT`, so its
+//! statements run while the earlier commit is flushed to disk. A SKU is never in both: its
+//! leader waits for its batch's outcome, which comes after the flush.
 //!
 //! While requests keep queuing, a leader does not give its lease back: it renews it (the same
 //! holder, the next fencing token, one Redis round trip) while its batch commits, and hands it
@@ -31,7 +34,10 @@
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
-    sync::Mutex,
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -360,13 +366,14 @@ pub(crate) struct PendingGroup {
 
 #[derive(Debug, Default)]
 struct CommitState {
-    /// Transactions being written.
+    /// Transactions being written that have not reached their commit yet.
     writing: usize,
     waiting: VecDeque<PendingGroup>,
 }
 
-/// The replica's group commit: up to `max_in_flight` transactions in flight, the batches that
-/// arrive while all are busy go into the next to start.
+/// The replica's group commit: up to `max_in_flight` transactions being written, the batches
+/// that arrive while all are busy go into the next to start. A transaction whose commit is
+/// being flushed no longer counts: the next one runs its statements meanwhile.
 #[derive(Debug)]
 pub(crate) struct Committer {
     state: Mutex<CommitState>,
@@ -445,13 +452,34 @@ impl Committer {
     }
 }
 
-/// Writing the committer's transaction; dropping it passes the turn on.
+/// Writing the committer's transaction. The turn passes on once, at [`Self::committing`]
+/// (the transaction's writes are done and its commit is being flushed) or, if it never got
+/// there, when this is dropped.
 #[derive(Debug)]
-pub(crate) struct Writing<'a>(pub &'a Committer);
+pub(crate) struct Writing<'a> {
+    committer: &'a Committer,
+    handed: AtomicBool,
+}
+
+impl<'a> Writing<'a> {
+    pub fn new(committer: &'a Committer) -> Self {
+        Self {
+            committer,
+            handed: AtomicBool::new(false),
+        }
+    }
+
+    /// The transaction only waits for its commit now: the next one may start.
+    pub fn committing(&self) {
+        if !self.handed.swap(true, Ordering::AcqRel) {
+            self.committer.hand_off();
+        }
+    }
+}
 
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
-        self.0.hand_off();
+        self.committing();
     }
 }
 

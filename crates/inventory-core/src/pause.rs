@@ -22,6 +22,9 @@ pub enum PausePoint {
     /// A coalesced batch has the replica's group-commit turn; the batches of other SKUs queued
     /// by now join its transaction next.
     GroupCommit,
+    /// A group commit's statements are written and the replica's next group commit may start;
+    /// its `COMMIT` is next.
+    Committing,
     /// A claim found its idempotency key taken by a committed record; reading that record is
     /// next (retention may prune it in between).
     KeyTaken,

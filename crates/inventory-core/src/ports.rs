@@ -138,9 +138,14 @@ pub trait ReservationStore: Send + Sync + 'static {
     /// below its token is `Fenced` and writes nothing; the others still commit. One outcome
     /// per group, in order; answers in batch order. Groups have distinct SKUs, every command
     /// exactly one line of its group's SKU, and no two commands share a caller and key.
+    ///
+    /// `committing` is called once every write of the transaction is done and just before its
+    /// `COMMIT` is sent (not at all if it fails earlier): from then on the transaction only
+    /// waits for its commit record to be flushed, and the caller may start the next one.
     fn reserve_groups(
         &self,
         groups: &[ReserveGroup],
+        committing: &(dyn Fn() + Sync),
     ) -> impl Future<Output = Result<Vec<WriteOutcome<Answers>>, Error>> + Send;
 
     /// Confirms or releases held units in one transaction: all of them or the command's

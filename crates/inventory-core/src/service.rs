@@ -381,7 +381,7 @@ where
                 Err(_) => return Err(Error::internal("group commit ended without answering")),
             },
         };
-        let _writing = Writing(&self.committer);
+        let writing = Writing::new(&self.committer);
         self.pauses.reach(PausePoint::GroupCommit).await;
         let (others, replies): (Vec<_>, Vec<_>) = self
             .committer
@@ -403,7 +403,7 @@ where
         let groups: Vec<ReserveGroup> = std::iter::once(own).chain(others).collect();
         let outcomes = self
             .store
-            .reserve_groups(&groups)
+            .reserve_groups(&groups, &|| writing.committing())
             .await
             .and_then(|outcomes| {
                 if outcomes.len() == groups.len() {

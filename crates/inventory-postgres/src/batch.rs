@@ -16,7 +16,8 @@
 //!    write: one statement updating the SKU totals and then their location rows, each
 //!    guarded by its group's fence, the reservations, their lines, their outbox events and
 //!    every executed request's outcome;
-//! 4. `COMMIT`.
+//! 4. `COMMIT`, announced to the caller first: while it is flushed, the replica's next group
+//!    commit may already run its steps 1 to 3 (see `inventory_core::coalesce`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -90,6 +91,7 @@ impl PgStore {
     pub(crate) async fn write_groups(
         &self,
         groups: &[ReserveGroup],
+        committing: &(dyn Fn() + Sync),
     ) -> Result<Vec<WriteOutcome<Answers>>, Error> {
         let requests: usize = groups.iter().map(|g| g.batch.len()).sum();
         tracing::Span::current().record("batch", requests);
@@ -203,9 +205,11 @@ impl PgStore {
         // Step 3: write. Step 4: commit.
         let wrote = !(holds.is_empty() && records.is_empty() && unclaim.is_empty());
         write_decisions(&tx, &holds, &records, &unclaim).await?;
-        let committing = std::time::Instant::now();
+        committing();
+        self.pauses.reach(PausePoint::Committing).await;
+        let commit_started = std::time::Instant::now();
         tx.commit().await.map_err(from_db)?;
-        crate::metrics::reserve_committed(true, started, committing);
+        crate::metrics::reserve_committed(true, started, commit_started);
         // Only replays, decided by reads: confirmed before they are answered. A commit that
         // wrote was acknowledged with everything read before it.
         let answered = outcomes

@@ -211,8 +211,9 @@ impl ReservationStore for PgStore {
     async fn reserve_groups(
         &self,
         groups: &[ReserveGroup],
+        committing: &(dyn Fn() + Sync),
     ) -> Result<Vec<WriteOutcome<Answers>>, Error> {
-        self.bounded(async { self.write_groups(groups).await })
+        self.bounded(async { self.write_groups(groups, committing).await })
             .await
     }
 

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use inventory_core::{domain::Sku, pause::PausePoint};
+use inventory_core::{
+    domain::Sku,
+    pause::{Held, PausePoint},
+};
 use inventory_server::proto::{Reservation, ReservationState, ReserveRequest};
 use tokio::task::JoinHandle;
 use tonic::Code;
@@ -276,6 +279,16 @@ async fn wait_for_commit(app: &TestApp, request: ReserveRequest) -> Call {
     send_until_waiting(app, request, || app.inventory.groups_waiting()).await
 }
 
+/// Sends `request` and returns once its group commit is held at [`PausePoint::GroupCommit`],
+/// holding the replica's turn until the returned pause is resumed.
+async fn hold_turn(app: &TestApp, request: ReserveRequest) -> (Held, Call) {
+    let mut held = app.pauses.arm(PausePoint::GroupCommit);
+    let mut client = app.client.clone();
+    let call = tokio::spawn(async move { client.reserve(request).await });
+    held.reached().await;
+    (held, call)
+}
+
 async fn writing_transaction(app: &TestApp, key: &str) -> String {
     app.db
         .query_one(
@@ -297,10 +310,7 @@ async fn a_second_group_commit_is_written_while_the_first_is_held() {
     for sku in ["A", "B", "C"] {
         stock(&app, sku, 10).await;
     }
-    let mut held = app.pauses.arm(PausePoint::GroupCommit);
-    let mut client = app.client.clone();
-    let a = tokio::spawn(async move { client.reserve(reserve("a", &[("A", 1)])).await });
-    held.reached().await;
+    let (held, a) = hold_turn(&app, reserve("a", &[("A", 1)])).await;
     let b = tokio::time::timeout(
         Duration::from_secs(5),
         app.client.clone().reserve(reserve("b", &[("B", 1)])),
@@ -325,10 +335,7 @@ async fn the_next_group_commit_runs_while_the_one_before_is_committing() {
     }
     // While L holds the turn, A queues; they share the next transaction (two SKUs), which is
     // then held at its commit.
-    let mut turn = app.pauses.arm(PausePoint::GroupCommit);
-    let mut client = app.client.clone();
-    let l = tokio::spawn(async move { client.reserve(reserve("l", &[("L", 1)])).await });
-    turn.reached().await;
+    let (turn, l) = hold_turn(&app, reserve("l", &[("L", 1)])).await;
     let a = wait_for_commit(&app, reserve("a", &[("A", 2)])).await;
     let mut committing = app.pauses.arm(PausePoint::Committing);
     turn.resume();
@@ -369,10 +376,7 @@ async fn batches_of_several_skus_share_one_commit_and_a_fenced_one_writes_nothin
         .await
         .unwrap();
 
-    let mut held = app.pauses.arm(PausePoint::GroupCommit);
-    let mut client = app.client.clone();
-    let a = tokio::spawn(async move { client.reserve(reserve("a", &[("A", 2)])).await });
-    held.reached().await;
+    let (held, a) = hold_turn(&app, reserve("a", &[("A", 2)])).await;
     let b = wait_for_commit(&app, reserve("b", &[("B", 3)])).await;
     let c = wait_for_commit(&app, reserve("c", &[("C", 4)])).await;
     held.resume();
@@ -410,10 +414,7 @@ async fn one_key_in_two_skus_batches_is_not_executed_twice_in_one_commit() {
     for sku in ["L", "A", "B"] {
         stock(&app, sku, 10).await;
     }
-    let mut held = app.pauses.arm(PausePoint::GroupCommit);
-    let mut client = app.client.clone();
-    let leader = tokio::spawn(async move { client.reserve(reserve("l", &[("L", 1)])).await });
-    held.reached().await;
+    let (held, leader) = hold_turn(&app, reserve("l", &[("L", 1)])).await;
     // The same key for two different requests, on two SKUs: one executes, one conflicts.
     let first = wait_for_commit(&app, reserve("same", &[("A", 2)])).await;
     let second = wait_for_commit(&app, reserve("same", &[("B", 2)])).await;

@@ -152,6 +152,11 @@ async fn a_next_leader_paused_on_a_handed_lease_is_fenced_off_and_writes_nothing
 
 /// Leases on `app`'s Redis keys, as the service takes them.
 async fn leases_of(app: &TestApp) -> RedisLeases {
+    leases_with(app, LeaseSettings::default()).await
+}
+
+/// Leases on `app`'s Redis keys with `settings`: another replica's, when called again.
+async fn leases_with(app: &TestApp, settings: LeaseSettings) -> RedisLeases {
     let leases = RedisLeases::new(
         inventory_redis::Redis::connect(
             inventory_redis::parse_url(&crate::helpers::redis_url()).unwrap(),
@@ -162,10 +167,55 @@ async fn leases_of(app: &TestApp) -> RedisLeases {
             },
         )
         .unwrap(),
-        LeaseSettings::default(),
+        settings,
     );
     assert!(leases.redis().wait_connected(Duration::from_secs(5)).await);
     leases
+}
+
+#[tokio::test]
+async fn a_replica_waiting_for_a_lease_takes_it_when_another_releases_it_not_after_its_backoff() {
+    let app = spawn_app().await;
+    let sku = Sku::parse("SKU-1").unwrap();
+    let a = leases_of(&app).await;
+    // B's backoff step is an hour: only the release message can wake it in time.
+    let b = leases_with(
+        &app,
+        LeaseSettings {
+            min_backoff: Duration::from_secs(3_600),
+            max_backoff: Duration::from_secs(3_600),
+            ..LeaseSettings::default()
+        },
+    )
+    .await;
+    let deadline = || Instant::now() + Duration::from_secs(7_200);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !b.hears_releases() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("B never subscribed to lease releases");
+    let b = std::sync::Arc::new(b);
+
+    // A holds the lease, B is refused and sleeps its hour, A releases.
+    let a_lease = a.acquire(&sku, deadline()).await.unwrap();
+    let refused = b.refused_attempts();
+    let call = {
+        let (b, sku) = (b.clone(), sku.clone());
+        tokio::spawn(async move { b.acquire(&sku, deadline()).await })
+    };
+    while b.refused_attempts() == refused {
+        tokio::task::yield_now().await;
+    }
+    assert!(a.release(&a_lease).await.unwrap());
+    let b_lease = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("B slept out its backoff instead of hearing the release")
+        .unwrap()
+        .unwrap();
+    assert!(b_lease.fence > a_lease.fence);
+    assert!(b.is_held(&b_lease).await.unwrap());
 }
 
 #[tokio::test]

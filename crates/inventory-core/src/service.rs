@@ -98,6 +98,11 @@ where
         self.handed_batches.load(Ordering::Relaxed)
     }
 
+    /// The lease service this instance takes its leases from.
+    pub fn leases(&self) -> &L {
+        &self.leases
+    }
+
     /// The pause points of this instance, for tests to arm.
     pub fn pause_points(&self) -> &PausePoints {
         &self.pauses

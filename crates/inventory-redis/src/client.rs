@@ -30,6 +30,8 @@ pub struct RedisSettings {
 #[derive(Clone, Debug)]
 pub struct Redis {
     client: fred::clients::Client,
+    /// A second connection, in subscribe mode, for lease-release messages.
+    subscriber: fred::clients::SubscriberClient,
     prefix: KeyPrefix,
     command_timeout: Duration,
 }
@@ -225,7 +227,8 @@ impl Redis {
         // Keep reconnecting forever (max_attempts 0): giving up would leave the service
         // failing closed until a restart.
         config.fail_fast = true;
-        let client = fred::types::Builder::from_config(config)
+        let mut builder = fred::types::Builder::from_config(config);
+        builder
             .with_connection_config(|connection: &mut ConnectionConfig| {
                 connection.connection_timeout = settings.connect_timeout;
                 connection.internal_command_timeout = settings.connect_timeout;
@@ -247,12 +250,16 @@ impl Redis {
             .with_performance_config(|performance: &mut PerformanceConfig| {
                 performance.default_command_timeout = settings.command_timeout;
             })
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2))
-            .build()?;
-        // The handle ends only when the client quits; errors are reported through events.
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2));
+        let client = builder.build()?;
+        let subscriber = builder.build_subscriber_client()?;
+        // The handles end only when the clients quit; errors are reported through events.
         let _connection_task = client.connect();
+        let _subscriber_task = subscriber.connect();
+        let _resubscribe_task = subscriber.manage_subscriptions();
         Ok(Self {
             client,
+            subscriber,
             prefix: settings.key_prefix.clone(),
             command_timeout: settings.command_timeout,
         })
@@ -268,6 +275,10 @@ impl Redis {
 
     pub(crate) fn client(&self) -> &fred::clients::Client {
         &self.client
+    }
+
+    pub(crate) fn subscriber(&self) -> &fred::clients::SubscriberClient {
+        &self.subscriber
     }
 
     pub fn is_connected(&self) -> bool {
@@ -288,6 +299,7 @@ impl Redis {
 
     /// Closes the connection, sending `QUIT` if Redis is reachable.
     pub async fn quit(&self) {
+        let _ = self.subscriber.quit().await;
         let _ = self.client.quit().await;
     }
 }

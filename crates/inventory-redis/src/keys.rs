@@ -30,6 +30,11 @@ impl KeyPrefix {
         format!("{}:{{{}}}:lease", self.0, sku)
     }
 
+    /// The channel a release publishes the SKU on, so replicas waiting for it try again.
+    pub fn released_channel(&self) -> String {
+        format!("{}:lease-released", self.0)
+    }
+
     /// The fence counter of a SKU: the last fencing token handed out.
     pub fn fence(&self, sku: &Sku) -> String {
         format!("{}:{{{}}}:fence", self.0, sku)

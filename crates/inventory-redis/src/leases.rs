@@ -7,6 +7,13 @@
 //! Losing a counter is survivable by design (PostgreSQL keeps the highest accepted token and
 //! the core raises the counter past it), so the TTL trades a rare recovery for bounded memory.
 //!
+//! A release publishes the SKU on `<prefix>:lease-released`, and a replica waiting for that
+//! SKU's lease tries again at once instead of sleeping out its backoff: with several replicas
+//! sharing a hot SKU, the lease passes between them in a round trip, not in a backoff step.
+//! The message is a hint, never a condition: the backoff still runs (a lease that expires
+//! publishes nothing, and pub/sub drops messages while a subscriber reconnects), and a Redis
+//! user without the channel permission releases as before, unheard.
+//!
 //! Every call fails fast: a disconnected client answers at once, a slow Redis within the
 //! command timeout. fred ignores per-call options on the Lua path (fred #353), so the bound
 //! comes from the client's default command timeout, with an outer timeout as a backstop. A
@@ -16,13 +23,16 @@
 use std::{
     collections::HashMap,
     future::Future,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use fred::{
     error::{Error as RedisError, ErrorKind},
-    interfaces::KeysInterface,
+    interfaces::{EventInterface as _, KeysInterface, PubsubInterface as _},
     types::scripts::Script,
 };
 use inventory_core::{
@@ -31,6 +41,7 @@ use inventory_core::{
     ports::{Lease, LeaseService},
 };
 use opentelemetry::KeyValue;
+use tokio::sync::Notify;
 
 use crate::client::Redis;
 
@@ -58,10 +69,14 @@ end
 return 0
 "#;
 
-/// KEYS: lease. ARGV: holder. Deletes the lease only if this holder still has it.
+/// KEYS: lease. ARGV: holder, release channel, SKU. Deletes the lease only if this holder
+/// still has it, and then tells the replicas waiting for it. The message is best effort
+/// (`pcall`): a user not allowed on the channel still releases.
 const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  redis.pcall('PUBLISH', ARGV[2], ARGV[3])
+  return 1
 end
 return 0
 "#;
@@ -117,7 +132,11 @@ pub struct RedisLeases {
     redis: Redis,
     settings: LeaseSettings,
     /// Requests per SKU inside `acquire` right now.
-    waiters: Arc<Mutex<HashMap<Sku, usize>>>,
+    waiters: Arc<Mutex<HashMap<Sku, Waiting>>>,
+    /// Grant attempts refused because another holder had the lease.
+    refused: AtomicU64,
+    /// Set once the subscription to lease releases is in place.
+    subscribed: Arc<AtomicBool>,
     acquire: Script,
     release: Script,
     renew: Script,
@@ -126,11 +145,17 @@ pub struct RedisLeases {
 }
 
 impl RedisLeases {
+    /// Must be called within a Tokio runtime: it starts listening for released leases.
     pub fn new(redis: Redis, settings: LeaseSettings) -> Self {
+        let waiters = Arc::default();
+        let subscribed = Arc::default();
+        listen_for_releases(&redis, Arc::clone(&waiters), Arc::clone(&subscribed));
         Self {
             redis,
             settings,
-            waiters: Arc::default(),
+            waiters,
+            refused: AtomicU64::new(0),
+            subscribed,
             acquire: Script::from_lua(ACQUIRE),
             release: Script::from_lua(RELEASE),
             renew: Script::from_lua(RENEW),
@@ -141,6 +166,26 @@ impl RedisLeases {
 
     pub fn redis(&self) -> &Redis {
         &self.redis
+    }
+
+    /// Whether this replica has subscribed to lease releases (once; the client resubscribes
+    /// after a reconnect on its own). Until then its waiters only poll.
+    pub fn hears_releases(&self) -> bool {
+        self.subscribed.load(Ordering::Relaxed)
+    }
+
+    /// How many grant attempts of this replica found the lease held by someone else.
+    pub fn refused_attempts(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Runs the release script for `holder`: 1 if it deleted the lease.
+    fn release_script(
+        &self,
+        sku: &Sku,
+        holder: &str,
+    ) -> impl Future<Output = Result<i64, RedisError>> + use<> {
+        release_call(&self.redis, &self.release, sku, holder)
     }
 
     /// One grant attempt: `Some(token)` if granted, `None` if busy.
@@ -188,15 +233,10 @@ impl RedisLeases {
             holder: holder.to_owned(),
             fence: FenceToken::new(0),
         };
-        let redis = self.redis.clone();
-        let release = self.release.clone();
+        let call = self.release_script(&lease.sku, &lease.holder);
+        let timeout = self.redis.command_timeout() * 4;
         tokio::spawn(async move {
-            let call = release.evalsha_with_reload::<i64, _, _>(
-                redis.client(),
-                vec![redis.prefix().lease(&lease.sku)],
-                vec![lease.holder.clone()],
-            );
-            match tokio::time::timeout(redis.command_timeout() * 4, call).await {
+            match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(1)) => {
                     tracing::info!(sku = %lease.sku, "released a lease granted after its grant timed out")
                 }
@@ -247,7 +287,7 @@ impl RedisLeases {
 impl LeaseService for RedisLeases {
     #[tracing::instrument(name = "lease.acquire", skip_all, fields(sku = %sku, attempts, wait_ms))]
     async fn acquire(&self, sku: &Sku, deadline: Instant) -> Result<Lease, Error> {
-        let _waiting = WaiterGuard::enter(&self.waiters, sku, self.settings.max_waiters)?;
+        let waiting = WaiterGuard::enter(&self.waiters, sku, self.settings.max_waiters)?;
         let holder = new_holder_token()?;
         let metrics = crate::metrics::leases();
         let started = Instant::now();
@@ -261,6 +301,11 @@ impl LeaseService for RedisLeases {
         let mut step = self.settings.min_backoff;
         let mut attempts = 0u64;
         loop {
+            // Listening before the attempt, so a release between the refusal and the sleep
+            // still wakes this waiter.
+            let released = waiting.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
             let granted = match self.try_acquire(sku, &holder).await {
                 Ok(granted) => granted,
                 Err(error) => {
@@ -282,6 +327,7 @@ impl LeaseService for RedisLeases {
                     fence,
                 });
             }
+            self.refused.fetch_add(1, Ordering::Relaxed);
             if attempts == 0 {
                 metrics.contended.add(1, &[]);
             }
@@ -294,7 +340,10 @@ impl LeaseService for RedisLeases {
                     waited: now - started,
                 });
             }
-            tokio::time::sleep(jitter(step).min(deadline - now)).await;
+            tokio::select! {
+                () = tokio::time::sleep(jitter(step).min(deadline - now)) => {}
+                () = released => {}
+            }
             step = (step * 2).min(self.settings.max_backoff);
             metrics.retries.add(1, &[]);
         }
@@ -302,14 +351,7 @@ impl LeaseService for RedisLeases {
 
     async fn release(&self, lease: &Lease) -> Result<bool, Error> {
         let deleted: i64 = self
-            .bounded(
-                "release",
-                self.release.evalsha_with_reload(
-                    self.redis.client(),
-                    vec![self.redis.prefix().lease(&lease.sku)],
-                    vec![lease.holder.clone()],
-                ),
-            )
+            .bounded("release", self.release_script(&lease.sku, &lease.holder))
             .await?;
         Ok(deleted == 1)
     }
@@ -371,38 +413,103 @@ impl LeaseService for RedisLeases {
     }
 }
 
+/// The release script for `holder`'s lease of `sku`, as a future that owns what it needs.
+fn release_call(
+    redis: &Redis,
+    script: &Script,
+    sku: &Sku,
+    holder: &str,
+) -> impl Future<Output = Result<i64, RedisError>> + use<> {
+    let prefix = redis.prefix();
+    let keys = vec![prefix.lease(sku)];
+    let args = vec![
+        holder.to_owned(),
+        prefix.released_channel(),
+        sku.to_string(),
+    ];
+    let (redis, script) = (redis.clone(), script.clone());
+    async move { script.evalsha_with_reload(redis.client(), keys, args).await }
+}
+
+/// Subscribes to the release channel (again until it works; the client resubscribes after a
+/// reconnect) and wakes one waiter of the released SKU per message: it tries the grant, and
+/// if another replica was faster, waits for the next release.
+fn listen_for_releases(
+    redis: &Redis,
+    waiters: Arc<Mutex<HashMap<Sku, Waiting>>>,
+    subscribed: Arc<AtomicBool>,
+) {
+    let subscriber = redis.subscriber().clone();
+    let channel = redis.prefix().released_channel();
+    subscriber.on_message(move |message| {
+        let sku = message.value.as_str().and_then(|sku| Sku::parse(&sku).ok());
+        if let Some(sku) = sku
+            && let Some(waiting) = waiters.lock().expect("waiters lock").get(&sku)
+        {
+            waiting.released.notify_one();
+        }
+        async { Ok(()) }
+    });
+    tokio::spawn(async move {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match subscriber.subscribe(channel.as_str()).await {
+                Ok(()) => {
+                    subscribed.store(true, Ordering::Relaxed);
+                    return;
+                }
+                Err(error) => {
+                    tracing::debug!(%error, %channel, "not subscribed to lease releases yet; waiters poll meanwhile");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    });
+}
+
+/// This replica's requests waiting for one SKU's lease.
+#[derive(Debug, Default)]
+struct Waiting {
+    count: usize,
+    /// Woken when the SKU's lease is released anywhere.
+    released: Arc<Notify>,
+}
+
 /// Counts one request waiting for a SKU's lease, for as long as it lives.
 struct WaiterGuard<'a> {
-    waiters: &'a Mutex<HashMap<Sku, usize>>,
+    waiters: &'a Mutex<HashMap<Sku, Waiting>>,
     sku: Sku,
+    released: Arc<Notify>,
 }
 
 impl<'a> WaiterGuard<'a> {
     fn enter(
-        waiters: &'a Mutex<HashMap<Sku, usize>>,
+        waiters: &'a Mutex<HashMap<Sku, Waiting>>,
         sku: &Sku,
         max: usize,
     ) -> Result<Self, Error> {
-        let mut counts = waiters.lock().expect("waiters lock");
-        let count = counts.entry(sku.clone()).or_insert(0);
-        if *count >= max {
+        let mut all = waiters.lock().expect("waiters lock");
+        let waiting = all.entry(sku.clone()).or_default();
+        if waiting.count >= max {
             return Err(Error::TooManyWaiters { sku: sku.clone() });
         }
-        *count += 1;
+        waiting.count += 1;
         Ok(Self {
             waiters,
             sku: sku.clone(),
+            released: Arc::clone(&waiting.released),
         })
     }
 }
 
 impl Drop for WaiterGuard<'_> {
     fn drop(&mut self) {
-        let mut counts = self.waiters.lock().expect("waiters lock");
-        if let Some(count) = counts.get_mut(&self.sku) {
-            *count -= 1;
-            if *count == 0 {
-                counts.remove(&self.sku);
+        let mut all = self.waiters.lock().expect("waiters lock");
+        if let Some(waiting) = all.get_mut(&self.sku) {
+            waiting.count -= 1;
+            if waiting.count == 0 {
+                all.remove(&self.sku);
             }
         }
     }

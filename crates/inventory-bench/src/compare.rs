@@ -56,6 +56,8 @@ pub struct CompareConfig {
     pub rounds: usize,
     pub variants: Vec<Variant>,
     pub scenarios: Vec<Scenario>,
+    /// Server replicas of every run, sharing the database and the leases.
+    pub replicas: usize,
 }
 
 /// One side's runs of one cell.
@@ -131,14 +133,15 @@ pub async fn run(config: CompareConfig) -> anyhow::Result<bool> {
                             // The baseline may predate `verify`; the candidate is checked.
                             verify: side == 1,
                             label: format!(
-                                "{name}-{}-{scenario:?}-{clients}-r{round}",
-                                variant.name()
+                                "{name}-{}-{scenario:?}-{clients}-{}-replicas-r{round}",
+                                variant.name(),
+                                config.replicas
                             )
                             .to_lowercase(),
                             serial,
                             scenario,
                             clients,
-                            replicas: 1,
+                            replicas: config.replicas,
                             max_batch: variant.max_batch(),
                             locations: 1,
                         };
@@ -214,13 +217,15 @@ fn row(cell: &Cell) -> String {
 
 fn table(config: &CompareConfig, cells: &[Cell]) -> String {
     let mut out = format!(
-        "baseline: {}\ncandidate: {}\n{} rounds per cell, sides alternating ABBA, {} s per run\n\n\
+        "baseline: {}\ncandidate: {}\n{} rounds per cell, sides alternating ABBA, {} s per run, \
+         {} server replica(s) per run\n\n\
          | scenario | clients | variant | baseline r/s median (range) | candidate r/s median (range) | ratio of medians | per-round ratio median (range) | p99 baseline / candidate | WAL bytes per reservation baseline / candidate | audits |\n\
          |---|---:|---|---:|---:|---:|---:|---:|---:|---|\n",
         config.baseline.display(),
         config.suite.server.display(),
         config.rounds,
         config.suite.duration.as_secs(),
+        config.replicas,
     );
     for cell in cells {
         out.push_str(&row(cell));

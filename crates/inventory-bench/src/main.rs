@@ -44,6 +44,9 @@ struct CompareArgs {
     variants: Vec<Variant>,
     #[arg(long, value_enum, value_delimiter = ',', default_value = "uniform,hot")]
     scenarios: Vec<Scenario>,
+    /// Server replicas of each side's runs, sharing the database and the leases.
+    #[arg(long, env = "BENCH_REPLICAS", default_value_t = 1)]
+    replicas: usize,
 }
 
 #[derive(Debug, Args)]
@@ -152,6 +155,7 @@ async fn main() -> ExitCode {
                 baseline: args.baseline,
                 variants: args.variants,
                 scenarios: args.scenarios,
+                replicas: args.replicas.max(1),
             })
             .await,
         ),

@@ -15,7 +15,7 @@ test: ## Run the whole test suite against throwaway PostgreSQL and Redis
 bench: ## Benchmark suite: pgbench's raw-SQL ceiling against the service, as ratios, medians of BENCH_ROUNDS=3 rounds (~30 min)
 	@$(SERVICES) bench
 
-bench-compare: ## The service now against git revision BASELINE, sides alternating, as ratios (BENCH_ROUNDS=3, BENCH_CLIENTS=, BENCH_REPLICAS=1)
+bench-compare: ## The service now against git revision BASELINE, sides alternating, as ratios (BENCH_ROUNDS=3, BENCH_CLIENTS=, BENCH_SCENARIOS=uniform,hot, BENCH_REPLICAS=1)
 	@$(SERVICES) bench-compare "$(BASELINE)"
 
 lab: ## The failure lab: the last unit sold twice the naive way, never by the service (timelines, target/lab/index.html)

@@ -351,9 +351,17 @@ cmd_bench_compare() {
   if [ ! -d "$target/release" ] && [ -d "$ROOT/target/release" ]; then
     mkdir -p "$target" && cp -a "$ROOT/target/release" "$target/"
   fi
+  # The baseline target is shared by every revision compared against. Cargo judges the
+  # workspace's own crates fresh by file times, and a worktree checked out before the last
+  # build of another revision looks older than that build's artifacts: touch its files so
+  # they are compiled again when the revision changes.
+  if [ "$(cat "$target/revision" 2>/dev/null)" != "$rev" ]; then
+    (cd "$tree" && git ls-files -z | xargs -0 touch)
+  fi
   log "building release binaries (this tree, then $rev)"
   (cd "$ROOT" && cargo build --release --locked -p inventory-server -p inventory-bench)
   (cd "$tree" && CARGO_TARGET_DIR="$target" cargo build --release --locked -p inventory-server)
+  echo "$rev" > "$target/revision"
   start_services
   trap stop_services EXIT
   log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); baseline $rev, candidate $(cd "$ROOT" && git describe --always --dirty)"

@@ -42,7 +42,13 @@ struct CompareArgs {
     baseline: PathBuf,
     #[arg(long, value_enum, value_delimiter = ',', default_value = "coalesced")]
     variants: Vec<Variant>,
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "uniform,hot")]
+    #[arg(
+        long,
+        env = "BENCH_SCENARIOS",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "uniform,hot"
+    )]
     scenarios: Vec<Scenario>,
     /// Server replicas of each side's runs, sharing the database and the leases.
     #[arg(long, env = "BENCH_REPLICAS", default_value_t = 1)]

@@ -59,31 +59,7 @@ pub(crate) struct StoredShortfall {
 impl ReserveOutcome {
     pub(crate) fn of(result: &Result<Reservation, Error>) -> Self {
         match result {
-            Ok(reservation) => Self::Held {
-                reservation: StoredReservation {
-                    reservation_id: reservation.id.as_uuid(),
-                    order_id: reservation.order_id.as_str().to_owned(),
-                    lines: reservation
-                        .lines
-                        .iter()
-                        .map(|l| (l.sku.as_str().to_owned(), l.quantity.get()))
-                        .collect(),
-                    allocations: Some(
-                        reservation
-                            .lines
-                            .iter()
-                            .map(|l| {
-                                l.allocations
-                                    .iter()
-                                    .map(|a| (a.location.as_str().to_owned(), a.quantity))
-                                    .collect()
-                            })
-                            .collect(),
-                    ),
-                    created_at_micros: micros(reservation.created_at),
-                    expires_at_micros: micros(reservation.expires_at),
-                },
-            },
+            Ok(reservation) => Self::held(reservation),
             Err(Error::UnknownSkus(skus)) => Self::UnknownSkus {
                 skus: skus.iter().map(|s| s.as_str().to_owned()).collect(),
             },
@@ -104,6 +80,35 @@ impl ReserveOutcome {
                 location_id: location.as_str().to_owned(),
             },
             Err(other) => unreachable!("only final outcomes are stored, not {other:?}"),
+        }
+    }
+
+    /// The outcome stored for a hold: what a retry with its key gets back.
+    pub(crate) fn held(reservation: &Reservation) -> Self {
+        Self::Held {
+            reservation: StoredReservation {
+                reservation_id: reservation.id.as_uuid(),
+                order_id: reservation.order_id.as_str().to_owned(),
+                lines: reservation
+                    .lines
+                    .iter()
+                    .map(|l| (l.sku.as_str().to_owned(), l.quantity.get()))
+                    .collect(),
+                allocations: Some(
+                    reservation
+                        .lines
+                        .iter()
+                        .map(|l| {
+                            l.allocations
+                                .iter()
+                                .map(|a| (a.location.as_str().to_owned(), a.quantity))
+                                .collect()
+                        })
+                        .collect(),
+                ),
+                created_at_micros: micros(reservation.created_at),
+                expires_at_micros: micros(reservation.expires_at),
+            },
         }
     }
 

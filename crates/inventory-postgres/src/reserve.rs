@@ -126,7 +126,27 @@ impl ReservationStore for PgStore {
                             .iter()
                             .map(|(line, fence)| (&line.sku, *fence))
                             .collect();
-                        let moved = stock::apply(&tx, &moves, &fences, true).await?;
+                        let id = ReservationId::new_random();
+                        let rows: Vec<(&ReservationLine, FenceToken)> =
+                            held.iter().map(|(line, fence)| (line, *fence)).collect();
+                        let new = NewReservation {
+                            id,
+                            order_id: &command.order_id,
+                            caller: command.caller.as_str(),
+                            idempotency_key: command.idempotency_key.as_str(),
+                            ttl,
+                        };
+                        // The stock rows move and the reservation with its lines is written
+                        // in one round trip: the rows are locked and the decision is made.
+                        let (moved, (created_at, expires_at)) = tokio::try_join!(
+                            biased;
+                            stock::apply(&tx, &moves, &fences, true),
+                            async {
+                                reservations::insert(&tx, &new, &rows)
+                                    .await
+                                    .map_err(from_db)
+                            },
+                        )?;
                         debug_assert!(
                             moved
                                 .iter()
@@ -134,7 +154,6 @@ impl ReservationStore for PgStore {
                                 .all(|(m, p)| m.level == p.level && m.total == p.total),
                             "the stored levels are the decided ones"
                         );
-                        let id = ReservationId::new_random();
                         let cause = Cause::call(
                             command.caller.as_str(),
                             "",
@@ -149,23 +168,6 @@ impl ReservationStore for PgStore {
                                     .because(cause)
                             })
                             .collect();
-                        let rows: Vec<(&ReservationLine, FenceToken)> =
-                            held.iter().map(|(line, fence)| (line, *fence)).collect();
-                        // The reservation with its lines (one round trip), then its event,
-                        // then its movements (and any availability event after the hold's).
-                        let (created_at, expires_at) = reservations::insert(
-                            &tx,
-                            &NewReservation {
-                                id,
-                                order_id: &command.order_id,
-                                caller: command.caller.as_str(),
-                                idempotency_key: command.idempotency_key.as_str(),
-                                ttl,
-                            },
-                            &rows,
-                        )
-                        .await
-                        .map_err(from_db)?;
                         let reservation = Reservation {
                             id,
                             order_id: command.order_id.clone(),
@@ -174,26 +176,43 @@ impl ReservationStore for PgStore {
                             created_at,
                             expires_at,
                         };
-                        outbox::append_reservation_event(
-                            &tx,
-                            ReservationEvent::Held,
-                            &reservation,
-                            &stock::levels_after(&moved),
-                        )
-                        .await
-                        .map_err(from_db)?;
-                        ledger::append(&tx, &movements).await.map_err(from_db)?;
+                        // Its event, then its movements (and any availability event after
+                        // the hold's), then the outcome stored on the key: one round trip.
+                        let levels = stock::levels_after(&moved);
+                        let outcome = ReserveOutcome::held(&reservation);
+                        tokio::try_join!(
+                            biased;
+                            async {
+                                outbox::append_reservation_event(
+                                    &tx,
+                                    ReservationEvent::Held,
+                                    &reservation,
+                                    &levels,
+                                )
+                                .await
+                                .map_err(from_db)
+                            },
+                            async { ledger::append(&tx, &movements).await.map_err(from_db) },
+                            idempotency::record(
+                                &tx,
+                                command.caller.as_str(),
+                                &command.idempotency_key,
+                                &outcome,
+                            ),
+                        )?;
                         Ok(reservation)
                     }
                 }
             };
-            idempotency::record(
-                &tx,
-                command.caller.as_str(),
-                &command.idempotency_key,
-                &ReserveOutcome::of(&result),
-            )
-            .await?;
+            if result.is_err() {
+                idempotency::record(
+                    &tx,
+                    command.caller.as_str(),
+                    &command.idempotency_key,
+                    &ReserveOutcome::of(&result),
+                )
+                .await?;
+            }
             let committing = std::time::Instant::now();
             tx.commit().await.map_err(from_db)?;
             crate::metrics::reserve_committed(false, started, committing);

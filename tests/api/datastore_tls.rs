@@ -17,6 +17,7 @@ use inventory_server::{
 use inventory_testkit::{
     free_port,
     postgres::{Postgres, PostgresOptions},
+    process::eventually,
 };
 use tokio_stream::StreamExt as _;
 
@@ -411,13 +412,13 @@ async fn rediss_with_an_acl_user_serves_reserve_and_a_wrong_ca_fails_at_start_up
     assert_eq!(hold.into_inner().lines[0].quantity, 1);
     let fence: Option<i64> = admin.get(app.fence_key("ACL-1")).await.unwrap();
     assert_eq!(fence, Some(1), "the fence counter lives under the prefix");
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !app.inventory.leases().hears_releases() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
+    eventually(
+        "the ACL user subscribed to lease releases",
+        Duration::from_secs(10),
+        || async { app.inventory.leases().hears_releases() },
+    )
     .await
-    .expect("the ACL user may subscribe to lease releases");
+    .unwrap();
 
     // What the ACL user may not do: anything else, or any key outside the prefix.
     let user_config = inventory_redis::parse_url_with_tls(&url, &files).unwrap();

@@ -8,7 +8,10 @@ use fred::prelude::{ClientLike as _, KeysInterface as _};
 use inventory_core::{domain::Sku, pause::PausePoint, ports::LeaseService as _};
 use inventory_redis::{LeaseSettings, RedisLeases};
 use inventory_server::proto::{GetStockRequest, ReservationState};
-use inventory_testkit::{process::eventually_ok, redis::RedisNode};
+use inventory_testkit::{
+    process::{eventually, eventually_ok},
+    redis::RedisNode,
+};
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
@@ -189,13 +192,13 @@ async fn a_replica_waiting_for_a_lease_takes_it_when_another_releases_it_not_aft
     )
     .await;
     let deadline = || Instant::now() + Duration::from_secs(7_200);
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !b.hears_releases() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
+    eventually(
+        "B subscribed to lease releases",
+        Duration::from_secs(10),
+        || async { b.hears_releases() },
+    )
     .await
-    .expect("B never subscribed to lease releases");
+    .unwrap();
     let b = std::sync::Arc::new(b);
 
     // A holds the lease, B is refused and sleeps its hour, A releases.

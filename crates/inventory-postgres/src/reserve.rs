@@ -204,6 +204,7 @@ impl ReservationStore for PgStore {
                     }
                 }
             };
+            // A hold stored its outcome with its event; a refusal stores it here.
             if result.is_err() {
                 idempotency::record(
                     &tx,

@@ -137,6 +137,8 @@ pub struct RedisLeases {
     refused: AtomicU64,
     /// Set once the subscription to lease releases is in place.
     subscribed: Arc<AtomicBool>,
+    /// Where a release is published (`KeyPrefix::released_channel`).
+    released_channel: String,
     acquire: Script,
     release: Script,
     renew: Script,
@@ -149,13 +151,20 @@ impl RedisLeases {
     pub fn new(redis: Redis, settings: LeaseSettings) -> Self {
         let waiters = Arc::default();
         let subscribed = Arc::default();
-        listen_for_releases(&redis, Arc::clone(&waiters), Arc::clone(&subscribed));
+        let released_channel = redis.prefix().released_channel();
+        listen_for_releases(
+            &redis,
+            &released_channel,
+            Arc::clone(&waiters),
+            Arc::clone(&subscribed),
+        );
         Self {
             redis,
             settings,
             waiters,
             refused: AtomicU64::new(0),
             subscribed,
+            released_channel,
             acquire: Script::from_lua(ACQUIRE),
             release: Script::from_lua(RELEASE),
             renew: Script::from_lua(RENEW),
@@ -179,13 +188,21 @@ impl RedisLeases {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// Runs the release script for `holder`: 1 if it deleted the lease.
+    /// The release script for `holder`'s lease of `sku`, as a future that owns what it needs
+    /// (so it can be spawned): 1 if it deleted the lease.
     fn release_script(
         &self,
         sku: &Sku,
         holder: &str,
     ) -> impl Future<Output = Result<i64, RedisError>> + use<> {
-        release_call(&self.redis, &self.release, sku, holder)
+        let keys = vec![self.redis.prefix().lease(sku)];
+        let args = vec![
+            holder.to_owned(),
+            self.released_channel.clone(),
+            sku.to_string(),
+        ];
+        let (redis, script) = (self.redis.clone(), self.release.clone());
+        async move { script.evalsha_with_reload(redis.client(), keys, args).await }
     }
 
     /// One grant attempt: `Some(token)` if granted, `None` if busy.
@@ -413,34 +430,17 @@ impl LeaseService for RedisLeases {
     }
 }
 
-/// The release script for `holder`'s lease of `sku`, as a future that owns what it needs.
-fn release_call(
-    redis: &Redis,
-    script: &Script,
-    sku: &Sku,
-    holder: &str,
-) -> impl Future<Output = Result<i64, RedisError>> + use<> {
-    let prefix = redis.prefix();
-    let keys = vec![prefix.lease(sku)];
-    let args = vec![
-        holder.to_owned(),
-        prefix.released_channel(),
-        sku.to_string(),
-    ];
-    let (redis, script) = (redis.clone(), script.clone());
-    async move { script.evalsha_with_reload(redis.client(), keys, args).await }
-}
-
 /// Subscribes to the release channel (again until it works; the client resubscribes after a
 /// reconnect) and wakes one waiter of the released SKU per message: it tries the grant, and
 /// if another replica was faster, waits for the next release.
 fn listen_for_releases(
     redis: &Redis,
+    channel: &str,
     waiters: Arc<Mutex<HashMap<Sku, Waiting>>>,
     subscribed: Arc<AtomicBool>,
 ) {
     let subscriber = redis.subscriber().clone();
-    let channel = redis.prefix().released_channel();
+    let channel = channel.to_owned();
     subscriber.on_message(move |message| {
         let sku = message.value.as_str().and_then(|sku| Sku::parse(&sku).ok());
         if let Some(sku) = sku

@@ -169,6 +169,32 @@ fn status_of(error: Error) -> Status {
             );
             Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
         }
+        Error::PartlyReleased { id, ref lines } => {
+            let mut details = ErrorDetails::new();
+            for line in lines {
+                details.add_precondition_failure_violation(
+                    "PARTLY_RELEASED",
+                    line.sku.as_str(),
+                    format!(
+                        "{} reserved: {} confirmed, {} went back to stock",
+                        line.quantity, line.confirmed, line.released
+                    ),
+                );
+            }
+            let total = |units: fn(&inventory_core::error::Settled) -> i64| {
+                lines.iter().map(units).sum::<i64>().to_string()
+            };
+            details.set_error_info(
+                ErrorReason::PartlyReleased.as_str_name(),
+                ERROR_DOMAIN,
+                HashMap::from([
+                    ("reservation_id".to_string(), id.to_string()),
+                    ("confirmed".to_string(), total(|l| l.confirmed)),
+                    ("released".to_string(), total(|l| l.released)),
+                ]),
+            );
+            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
+        }
         Error::OrderCancelled { ref order_id } => {
             let mut details = ErrorDetails::new();
             details

@@ -376,7 +376,8 @@ async fn releasing_the_rest_of_a_partly_confirmed_hold_leaves_it_confirmed_and_r
     assert_eq!(rest.state(), ReservationState::Confirmed);
     assert_eq!(counts(&rest), [line("MUG", 4, 0, 1, 3)]);
     assert_eq!(app.level("MUG").await, (9, 0));
-    // Retried without a key, either call answers the reservation unchanged.
+    // Retried without a key, the release answers the reservation unchanged; a whole confirm
+    // is refused (three of its units went back to stock), and changes nothing either.
     for _ in 0..2 {
         let again = app
             .client
@@ -385,13 +386,13 @@ async fn releasing_the_rest_of_a_partly_confirmed_hold_leaves_it_confirmed_and_r
             .unwrap()
             .into_inner();
         assert_eq!(again, rest);
-        let again = app
+        let refused = app
             .client
             .confirm_reservation(confirm(&id, "", &[]))
             .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(again, rest);
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::FailedPrecondition);
+        assert_eq!(error_reason(&refused), "PARTLY_RELEASED");
     }
     assert_eq!(app.level("MUG").await, (9, 0));
     let (kind, state): (String, String) = {
@@ -428,6 +429,90 @@ async fn releasing_the_rest_of_a_partly_confirmed_hold_leaves_it_confirmed_and_r
         .await,
         1
     );
+    assert_levels_match_holds(&app).await;
+}
+
+/// A checkout that reads only the status code must never hear OK for units that went back
+/// to stock: a whole confirm of a reservation confirmed in part, whose rest expired, is
+/// refused with each line's counts. A whole confirm that did confirm every unit still
+/// answers OK when repeated, with or without its key.
+#[tokio::test]
+async fn a_whole_confirm_after_a_partial_confirm_and_an_expiry_is_refused_with_the_counts() {
+    let mut app = spawn_app().await;
+    stock(&app, "MUG", 10).await;
+    stock(&app, "CAP", 10).await;
+    let id = app
+        .hold("order", &[("MUG", 4), ("CAP", 2)])
+        .await
+        .reservation_id;
+    app.client
+        .confirm_reservation(confirm(&id, "ship-1", &[("MUG", 1)]))
+        .await
+        .unwrap();
+    overdue(&app, &id).await;
+    let expired = read(&app, &id).await;
+    assert_eq!(expired.state(), ReservationState::Confirmed);
+
+    for key in ["", "confirm-all"] {
+        let refused = app
+            .client
+            .confirm_reservation(confirm(&id, key, &[]))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+        assert_eq!(error_reason(&refused), "PARTLY_RELEASED");
+        let details = refused.get_error_details();
+        let info = details.error_info().expect("ErrorInfo");
+        assert_eq!(info.metadata["reservation_id"], id);
+        assert_eq!(info.metadata["confirmed"], "1");
+        assert_eq!(info.metadata["released"], "5");
+        let lines: Vec<(String, String)> = details
+            .precondition_failure()
+            .expect("PreconditionFailure")
+            .violations
+            .iter()
+            .map(|v| (v.subject.clone(), v.description.clone()))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                (
+                    "CAP".into(),
+                    "2 reserved: 0 confirmed, 2 went back to stock".into()
+                ),
+                (
+                    "MUG".into(),
+                    "4 reserved: 1 confirmed, 3 went back to stock".into()
+                ),
+            ]
+        );
+    }
+    assert_eq!(read(&app, &id).await, expired, "nothing changed");
+    // The refusal was not stored: the key is still free for another request.
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys WHERE key = 'confirm-all'")
+            .await,
+        0
+    );
+
+    // Confirmed whole, a reservation answers a whole confirm as it is, however often, and
+    // so does the key of the call that confirmed it.
+    let whole = app.hold("whole", &[("MUG", 2)]).await.reservation_id;
+    let confirmed = app
+        .client
+        .confirm_reservation(confirm(&whole, "all-of-it", &[]))
+        .await
+        .unwrap()
+        .into_inner();
+    for key in ["", "all-of-it"] {
+        let again = app
+            .client
+            .confirm_reservation(confirm(&whole, key, &[]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(again, confirmed);
+    }
     assert_levels_match_holds(&app).await;
 }
 

@@ -27,6 +27,17 @@ pub struct NotHeld {
     pub held: Option<i64>,
 }
 
+/// What became of one line of a reservation that was confirmed only in part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settled {
+    pub sku: Sku,
+    /// The units first reserved.
+    pub quantity: i64,
+    pub confirmed: i64,
+    /// Released, expired or cancelled: back in stock, possibly sold again since.
+    pub released: i64,
+}
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A cause kept behind an `Arc`, so an error can be cloned: every request of a batch that
@@ -101,6 +112,15 @@ pub enum Error {
     NotHeld {
         id: ReservationId,
         lines: Vec<NotHeld>,
+    },
+
+    /// A whole confirm of a reservation that was confirmed only in part: the rest went back
+    /// to stock (released or expired). Confirming "everything" cannot be answered OK, since
+    /// some units are no longer the caller's; nothing changed.
+    #[error("reservation {id} was confirmed only in part: {} of its units went back to stock", released_units(.lines))]
+    PartlyReleased {
+        id: ReservationId,
+        lines: Vec<Settled>,
     },
 
     /// The order was cancelled (`CancelOrder`): no stock is held for it any more.
@@ -228,6 +248,10 @@ fn not_held_lines(lines: &[NotHeld]) -> String {
         .map(|line| line.index.to_string())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+fn released_units(lines: &[Settled]) -> i64 {
+    lines.iter().map(|line| line.released).sum()
 }
 
 fn describe_violations(violations: &[FieldViolation]) -> String {

@@ -14,7 +14,7 @@ use crate::{
         Allocation, FenceToken, Line, Location, LocationId, MAX_ON_HAND, Reservation,
         ReservationId, ReservationLine, ReservationState, Sku, StockLevel, Ttl,
     },
-    error::{Error, NotHeld, Shortfall},
+    error::{Error, NotHeld, Settled, Shortfall},
     events::ReservationEvent,
     ports::ReserveGroup,
 };
@@ -562,6 +562,9 @@ impl Settle {
             if requested.is_empty() && self.repeats(reservation) {
                 return Ok(SettleStep::Repeat);
             }
+            if requested.is_empty() && self == Self::Confirm {
+                return Err(partly_released(reservation));
+            }
             return Err(self.wrong_state(id, reservation.state));
         }
         let mut after = reservation.clone();
@@ -613,10 +616,14 @@ impl Settle {
     }
 
     /// A call without lines on a reservation that holds nothing any more: a repeat if it
-    /// already went where this call would take it.
+    /// already went where this call would take it. A whole confirm is one only if every unit
+    /// was confirmed: after a partial confirm whose rest went back to stock, OK would tell a
+    /// caller reading the status alone to ship units that may be sold to someone else.
     fn repeats(self, reservation: &Reservation) -> bool {
         match (self, reservation.state) {
-            (Self::Confirm, ReservationState::Confirmed) => true,
+            (Self::Confirm, ReservationState::Confirmed) => {
+                reservation.lines.iter().all(|line| line.released == 0)
+            }
             (Self::Release, ReservationState::Released | ReservationState::Expired) => true,
             // The rest of a partly confirmed reservation was released (or expired).
             (Self::Release, ReservationState::Confirmed) => {
@@ -681,6 +688,9 @@ impl Settle {
         if self == Self::Release && requested.is_empty() {
             return Ok(reservation);
         }
+        if self == Self::Confirm && requested.is_empty() {
+            return Err(partly_released(&reservation));
+        }
         Err(self.wrong_state(reservation.id, reservation.state))
     }
 
@@ -690,6 +700,27 @@ impl Settle {
             state,
             action: self.action(),
         }
+    }
+}
+
+/// The refusal of a whole confirm of a reservation some of whose units went back to stock
+/// (or, for one never confirmed at all, its wrong state).
+fn partly_released(reservation: &Reservation) -> Error {
+    if reservation.state != ReservationState::Confirmed {
+        return Settle::Confirm.wrong_state(reservation.id, reservation.state);
+    }
+    Error::PartlyReleased {
+        id: reservation.id,
+        lines: reservation
+            .lines
+            .iter()
+            .map(|line| Settled {
+                sku: line.sku.clone(),
+                quantity: line.quantity.get(),
+                confirmed: line.confirmed,
+                released: line.released,
+            })
+            .collect(),
     }
 }
 

@@ -387,7 +387,6 @@ fn repeats_of_whole_calls_are_no_ops_and_other_states_refuse() {
     };
     for (settle, reservation) in [
         (Settle::Confirm, at(Confirmed, 2, 0)),
-        (Settle::Confirm, at(Confirmed, 1, 1)),
         (Settle::Release, at(Released, 0, 2)),
         (Settle::Release, at(Expired, 0, 2)),
         // The rest of a partly confirmed reservation was released.
@@ -410,6 +409,34 @@ fn repeats_of_whole_calls_are_no_ops_and_other_states_refuse() {
             Err(Error::WrongState { state: s, action, .. }) if s == state && action == settle.action()
         ));
     }
+    // A whole confirm of a reservation whose rest went back to stock is no repeat: it says
+    // what became of each line.
+    let partly = at(Confirmed, 1, 1);
+    match Settle::Confirm.step(&partly, &[]) {
+        Err(Error::PartlyReleased { id, lines }) => {
+            assert_eq!(id, partly.id);
+            assert_eq!(
+                lines,
+                vec![Settled {
+                    sku: sku("A"),
+                    quantity: 2,
+                    confirmed: 1,
+                    released: 1,
+                }]
+            );
+        }
+        other => panic!("a whole confirm after a partial one and a release: {other:?}"),
+    }
+    // Nor when the rest expired while the confirm waited for the lock.
+    let mut expiring = hold.clone();
+    expiring.lines[0].held = 1;
+    expiring.lines[0].confirmed = 1;
+    expiring.lines[0].allocations[0].held = 1;
+    expiring.lines[0].allocations[0].confirmed = 1;
+    assert!(matches!(
+        Settle::Confirm.expired_meanwhile(expiring, &[]),
+        Err(Error::PartlyReleased { .. })
+    ));
     // A call with lines is never a repeat: only its key makes it one.
     assert!(matches!(
         Settle::Confirm.step(&at(Confirmed, 2, 0), &units(&[("A", 1)])),

@@ -434,3 +434,111 @@ async fn one_key_in_two_skus_batches_is_not_executed_twice_in_one_commit() {
     );
     assert_eq!(app.level("L").await, (10, 1));
 }
+
+/// A batch claims its keys before it locks any stock row, whatever its connection has
+/// prepared: the same order as every other writer, so a retry holding its key and a batch
+/// holding the SKU never wait on each other in a cycle. The connection (the pool's only one)
+/// first serves a one-request `Reserve`, which prepares the stock lock but not the batch's
+/// key claim; then a key the batch needs is held by an open transaction. While the batch
+/// waits for that key, the stock row must still be free.
+#[tokio::test]
+async fn a_batch_claims_its_keys_before_it_locks_stock_on_a_connection_that_served_one_request() {
+    let database = fresh_database().await;
+    let mut settings = test_settings(database.clone());
+    settings.database.pool.max_size = 1;
+    let app = spawn_app_with(settings).await;
+    stock(&app, "ORDERED", 10).await;
+    app.hold("warm", &[("ORDERED", 1)]).await;
+    let caller: String = app
+        .db
+        .query_one(
+            "SELECT caller FROM idempotency_keys WHERE key = 'warm'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+
+    // Another transaction holds the key of one of the batch's requests.
+    let mut holder = crate::helpers::connect(&database).await;
+    let holding = holder.transaction().await.unwrap();
+    holding
+        .execute(
+            "INSERT INTO idempotency_keys (caller, key, operation, fingerprint)
+             VALUES ($1, 'held-key', 'Reserve', decode(repeat('00', 32), 'hex'))",
+            &[&caller],
+        )
+        .await
+        .unwrap();
+
+    let (held, leader) = hold_leader(&app, "ORDERED").await;
+    let blocked = queue(&app, "ORDERED", reserve("held-key", &[("ORDERED", 1)])).await;
+    let free = queue(&app, "ORDERED", reserve("free-key", &[("ORDERED", 1)])).await;
+    held.resume();
+    inventory_testkit::process::eventually(
+        "the batch waits for the held key",
+        Duration::from_secs(10),
+        || async {
+            app.count(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                 WHERE NOT l.granted AND a.datname = current_database()",
+            )
+            .await
+                > 0
+        },
+    )
+    .await
+    .unwrap();
+
+    let probe = app
+        .db
+        .simple_query(
+            "BEGIN; SELECT 1 FROM stock WHERE sku = 'ORDERED' FOR UPDATE NOWAIT; ROLLBACK",
+        )
+        .await;
+    if probe.is_err() {
+        app.db.simple_query("ROLLBACK").await.unwrap();
+    }
+    holding.rollback().await.unwrap();
+    leader.await.unwrap().unwrap();
+    let (blocked, free) = (blocked.await.unwrap(), free.await.unwrap());
+    assert!(
+        probe.is_ok(),
+        "the batch locked the stock row before claiming its keys: {probe:?}"
+    );
+    blocked.unwrap();
+    free.unwrap();
+    assert_eq!(app.level("ORDERED").await, (10, 4));
+}
+
+/// A stored outcome this release cannot read (written by a newer release, met during a
+/// rollback) refuses the one call that replays it, with `UNAVAILABLE` so that its retry may
+/// reach a replica that reads it; the other requests of its transaction are answered.
+#[tokio::test]
+async fn an_unreadable_stored_outcome_fails_its_own_call_not_the_batch() {
+    let app = spawn_app().await;
+    stock(&app, "NEWER", 10).await;
+    app.hold("written-by-newer", &[("NEWER", 1)]).await;
+    app.db
+        .execute(
+            "UPDATE idempotency_keys SET outcome = '{\"outcome\": \"from_a_newer_release\"}'
+             WHERE key = 'written-by-newer'",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let (held, leader) = hold_leader(&app, "NEWER").await;
+    let unreadable = queue(&app, "NEWER", reserve("written-by-newer", &[("NEWER", 1)])).await;
+    let fresh = queue(&app, "NEWER", reserve("fresh", &[("NEWER", 2)])).await;
+    held.resume();
+    leader.await.unwrap().unwrap();
+    let refused = unreadable.await.unwrap().unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let fresh = fresh
+        .await
+        .unwrap()
+        .expect("the batch's other request is answered");
+    assert_eq!(fresh.into_inner().lines[0].quantity, 2);
+    assert_eq!(app.level("NEWER").await, (10, 4));
+}

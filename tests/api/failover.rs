@@ -2,7 +2,7 @@
 //! an old primary that was frozen or cut off while its standby was promoted, for the moment
 //! before its keeper demotes it. Writes wait for an acknowledgement that never comes, and so
 //! do answers decided by reads alone (a replayed outcome, an unknown reservation, a repeated
-//! confirm): the caller gets `UNAVAILABLE` and retries, never an answer from rows a failover
+//! confirm, a reused key, an unknown location): the caller gets `UNAVAILABLE` and retries, never an answer from rows a failover
 //! loses. Plain reads are answered meanwhile, on fresh connections. Once the standby is back,
 //! everything answers as before.
 //!
@@ -11,7 +11,9 @@
 
 use std::time::Duration;
 
-use inventory_server::proto::{ConfirmReservationRequest, GetReservationRequest};
+use inventory_server::proto::{
+    AdjustStockRequest, ConfirmReservationRequest, GetReservationRequest,
+};
 use inventory_testkit::postgres::{Postgres, PostgresOptions, TemplateDatabases};
 use tonic::Code;
 
@@ -35,6 +37,16 @@ async fn standby_required(postgres: &Postgres, required: bool) {
         .unwrap();
     // The setting reaches every session at its next statement.
     tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
+fn adjust_at(location: &str) -> AdjustStockRequest {
+    AdjustStockRequest {
+        sku: "SYNC-1".into(),
+        delta: 1,
+        idempotency_key: format!("adjust-at-{location}"),
+        location_id: location.into(),
+        ..Default::default()
+    }
 }
 
 fn confirm(id: &str) -> ConfirmReservationRequest {
@@ -85,6 +97,12 @@ async fn without_its_synchronous_standby_a_primary_answers_nothing_a_failover_co
         .confirm_reservation(confirm(&confirmed.reservation_id))
         .await;
     assert_eq!(repeat.unwrap_err().code(), Code::Unavailable);
+    // So do refusals decided by reads: a key used for another request, a location that
+    // does not exist.
+    let reused = client.reserve(reserve("k-1", &[("SYNC-1", 1)])).await;
+    assert_eq!(reused.unwrap_err().code(), Code::Unavailable);
+    let nowhere = client.adjust_stock(adjust_at("nowhere")).await;
+    assert_eq!(nowhere.unwrap_err().code(), Code::Unavailable);
     // A plain read is answered (it may lag, and nothing is decided by it), on a connection
     // of its own: the ones whose requests never got an answer were dropped from the pool.
     let read = client
@@ -111,6 +129,10 @@ async fn without_its_synchronous_standby_a_primary_answers_nothing_a_failover_co
         .unwrap()
         .into_inner();
     assert_eq!(repeat.reservation_id, confirmed.reservation_id);
+    let reused = client.reserve(reserve("k-1", &[("SYNC-1", 1)])).await;
+    assert_eq!(reused.unwrap_err().code(), Code::AlreadyExists);
+    let nowhere = client.adjust_stock(adjust_at("nowhere")).await;
+    assert_eq!(nowhere.unwrap_err().code(), Code::NotFound);
     // The write that waited committed once the standby was no longer required: its key
     // replays it, whichever way its first call ended.
     let retried = client

@@ -260,6 +260,42 @@ async fn unknown_skus_and_reservations_are_not_found() {
     }
 }
 
+/// A made-up SKU leaves no fence counter in Redis, but only a refusal decided now says a
+/// SKU is unknown: the replay of a refusal stored before the SKU was created must leave the
+/// SKU's live counter alone.
+#[tokio::test]
+async fn a_replayed_unknown_sku_refusal_keeps_the_fence_counter_of_a_sku_created_since() {
+    let app = spawn_app().await;
+    let early = || reserve("early", &[("LATER", 1)]);
+    let refused = app.client.clone().reserve(early()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound);
+    assert_eq!(
+        app.redis_fence("LATER").await,
+        0,
+        "no counter for a made-up SKU"
+    );
+
+    stock(&app, "LATER", 5).await;
+    app.hold("after", &[("LATER", 1)]).await;
+    let counter = app.redis_fence("LATER").await;
+    assert!(counter > 0);
+
+    let replayed = app.client.clone().reserve(early()).await.unwrap_err();
+    assert_eq!(
+        replayed.code(),
+        Code::NotFound,
+        "the stored refusal, replayed"
+    );
+    assert!(
+        app.redis_fence("LATER").await > counter,
+        "the replay's lease took the next token and the counter stayed"
+    );
+    let stored = app.stored_fence("LATER").await;
+    assert!(app.redis_fence("LATER").await >= stored);
+    app.hold("later", &[("LATER", 1)]).await;
+    assert_eq!(app.level("LATER").await, (5, 2));
+}
+
 #[tokio::test]
 async fn a_replayed_key_returns_the_same_reservation_and_moves_stock_once() {
     let mut app = spawn_app().await;

@@ -78,32 +78,44 @@ pub enum WriteOutcome<T = Result<Reservation, Error>> {
     /// The answer for the caller: a new reservation, a final refusal (stored with the
     /// idempotency key) or the replay of the key's stored outcome; for a batch, one such
     /// answer per request.
-    Answered(T),
+    Answered {
+        answer: T,
+        /// The SKUs this transaction found not to exist. A replayed `UNKNOWN_SKUS` is not
+        /// among them: the SKU may have been created since, and its fence counter is live.
+        unknown: Vec<Sku>,
+    },
     /// These lines' stored fences were not below the holder's tokens (each with the stored
     /// fence). Nothing was written.
     Fenced(Vec<(Sku, FenceToken)>),
 }
 
-/// One answer per request of a batch, in batch order.
-pub type Answers = Vec<Result<Reservation, Error>>;
+impl<T> WriteOutcome<T> {
+    /// An answer decided by this transaction: the SKUs of its `UNKNOWN_SKUS` refusals, if
+    /// any, are unknown.
+    pub fn decided(answer: T, refusals: impl IntoIterator<Item = Sku>) -> Self {
+        Self::Answered {
+            answer,
+            unknown: refusals.into_iter().collect(),
+        }
+    }
 
-/// The SKUs a write's answer found not to exist.
-pub trait UnknownSkus {
-    fn unknown_skus(&self) -> Vec<&Sku>;
-}
-
-impl UnknownSkus for Result<Reservation, Error> {
-    fn unknown_skus(&self) -> Vec<&Sku> {
-        match self {
-            Err(Error::UnknownSkus(skus)) => skus.iter().collect(),
-            _ => Vec::new(),
+    /// A stored answer replayed: nothing was found out about the SKUs now.
+    pub fn replayed(answer: T) -> Self {
+        Self::Answered {
+            answer,
+            unknown: Vec::new(),
         }
     }
 }
 
-impl UnknownSkus for Answers {
-    fn unknown_skus(&self) -> Vec<&Sku> {
-        self.iter().flat_map(UnknownSkus::unknown_skus).collect()
+/// One answer per request of a batch, in batch order.
+pub type Answers = Vec<Result<Reservation, Error>>;
+
+/// The SKUs a refusal names as unknown.
+pub fn unknown_skus(answer: &Result<Reservation, Error>) -> &[Sku] {
+    match answer {
+        Err(Error::UnknownSkus(skus)) => skus,
+        _ => &[],
     }
 }
 

@@ -24,8 +24,7 @@ use crate::{
     error::Error,
     pause::{PausePoint, PausePoints},
     ports::{
-        Answers, Lease, LeaseService, ReservationStore, ReserveGroup, StockStore, UnknownSkus,
-        WriteOutcome,
+        Answers, Lease, LeaseService, ReservationStore, ReserveGroup, StockStore, WriteOutcome,
     },
     rules,
 };
@@ -340,10 +339,13 @@ where
             };
             let (written, renewed) = tokio::join!(self.commit(group), renewal);
             match written {
-                Ok(WriteOutcome::Answered(answers)) => {
+                Ok(WriteOutcome::Answered {
+                    answer: answers,
+                    unknown,
+                }) => {
                     self.pauses.reach(PausePoint::Committed).await;
                     match renewed {
-                        Some(renewed) if answers.unknown_skus().is_empty() => {
+                        Some(renewed) if unknown.is_empty() => {
                             let kept = Kept {
                                 lease: renewed,
                                 batches: batches + 1,
@@ -355,7 +357,7 @@ where
                         }
                         renewed => {
                             let leases = [renewed.unwrap_or(lease)];
-                            self.forget_unknown(&leases, &answers).await;
+                            self.forget_unknown(&leases, &unknown).await;
                             self.release_all(&leases).await;
                         }
                     }
@@ -401,7 +403,10 @@ where
             // so coalescing costs a lone call nothing.
             let fences = [(own.sku.clone(), own.fence)];
             return Ok(match self.store.reserve(command, *ttl, &fences).await? {
-                WriteOutcome::Answered(answer) => WriteOutcome::Answered(vec![answer]),
+                WriteOutcome::Answered { answer, unknown } => WriteOutcome::Answered {
+                    answer: vec![answer],
+                    unknown,
+                },
                 WriteOutcome::Fenced(fenced) => WriteOutcome::Fenced(fenced),
             });
         }
@@ -450,7 +455,6 @@ where
         write: F,
     ) -> Result<T, Error>
     where
-        T: UnknownSkus,
         F: Fn(Vec<(Sku, FenceToken)>) -> Fut,
         Fut: Future<Output = Result<WriteOutcome<T>, Error>>,
     {
@@ -460,9 +464,9 @@ where
             self.pauses.reach(PausePoint::LeaseGranted).await;
             let fences: Vec<_> = leases.iter().map(|l| (l.sku.clone(), l.fence)).collect();
             match write(fences).await {
-                Ok(WriteOutcome::Answered(answer)) => {
+                Ok(WriteOutcome::Answered { answer, unknown }) => {
                     self.pauses.reach(PausePoint::Committed).await;
-                    self.forget_unknown(&leases, &answer).await;
+                    self.forget_unknown(&leases, &unknown).await;
                     self.release_all(&leases).await;
                     return Ok(answer);
                 }
@@ -582,10 +586,10 @@ where
     }
 
     /// Best effort: a SKU that does not exist leaves no fence counter behind, so requests for
-    /// made-up SKUs cannot fill Redis.
-    async fn forget_unknown(&self, leases: &[Lease], answer: &impl UnknownSkus) {
-        let unknown = answer.unknown_skus();
-        for lease in leases.iter().filter(|lease| unknown.contains(&&lease.sku)) {
+    /// made-up SKUs cannot fill Redis. `unknown`: the SKUs the write found not to exist, not
+    /// those of a replayed refusal (the SKU may exist by now, its counter in use).
+    async fn forget_unknown(&self, leases: &[Lease], unknown: &[Sku]) {
+        for lease in leases.iter().filter(|lease| unknown.contains(&lease.sku)) {
             if let Err(error) = self.leases.forget_fence(lease).await {
                 tracing::debug!(sku = %lease.sku, %error, "fence of an unknown SKU not removed");
             }

@@ -28,7 +28,7 @@ use inventory_core::{
     command::Reserve,
     domain::{FenceToken, MovementKind, Reservation, Sku, StockLevel},
     pause::PausePoint,
-    ports::{Answers, ReserveGroup, WriteOutcome},
+    ports::{self, Answers, ReserveGroup, WriteOutcome},
     rules::{self, Earlier, GroupVerdict},
 };
 
@@ -76,8 +76,12 @@ fn earlier(
             return Ok(Earlier::KeyReused);
         }
         metrics.replays.add(1, &crate::metrics::operation(RESERVE));
-        let outcome: ReserveOutcome = serde_json::from_value(outcome).map_err(Error::internal)?;
-        return Ok(Earlier::Replay(outcome.into_result()?));
+        // An outcome this release cannot read fails its own call, not the batch.
+        let replayed = serde_json::from_value::<ReserveOutcome>(outcome)
+            .map_err(crate::outcome::unreadable)
+            .and_then(ReserveOutcome::into_result)
+            .unwrap_or_else(Err);
+        return Ok(Earlier::Replay(replayed));
     }
     Ok(if claimed.remove(&key) {
         Earlier::Claimed
@@ -98,6 +102,7 @@ impl PgStore {
         let started = std::time::Instant::now();
         let mut client = self.pool().get().await.map_err(from_pool)?;
         let tx = client.transaction().await.map_err(from_db)?;
+        prepare(&tx).await?;
 
         // Step 2. Keys in sorted order: the order their row locks are taken in.
         let fingerprints: Vec<_> = groups
@@ -114,8 +119,8 @@ impl PgStore {
             .collect();
         keys.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         let skus: Vec<&str> = groups.iter().map(|g| g.sku.as_str()).collect();
-        // `biased`: polled in this order every time, so the statements reach PostgreSQL in
-        // this order even when a fresh connection must prepare them first. Keys, then order
+        // `biased`: polled in this order, and every statement prepared already, so each is
+        // sent when first polled and they reach PostgreSQL in this order. Keys, then order
         // locks, then stock rows, like every writer; the claim before the read of stored
         // outcomes (read first, a key another transaction is committing would be neither
         // claimed nor seen); the tombstones read once the order locks are held.
@@ -174,8 +179,11 @@ impl PgStore {
                 GroupVerdict::Decided(decided) => decided,
             };
             let mut answers = Vec::with_capacity(decided.len());
+            let mut unknown = Vec::new();
             for ((command, _), decision) in group.batch.iter().zip(decided) {
                 if decision.executed {
+                    // Decided now, not replayed: only such a refusal says the SKU is unknown.
+                    unknown.extend(ports::unknown_skus(&decision.answer).iter().cloned());
                     if let Err(Error::InsufficientStock(_)) = &decision.answer {
                         metrics.insufficient.add(1, &[]);
                     }
@@ -199,7 +207,8 @@ impl PgStore {
                 }
                 answers.push(decision.answer);
             }
-            outcomes.push(WriteOutcome::Answered(answers));
+            unknown.dedup();
+            outcomes.push(WriteOutcome::decided(answers, unknown));
         }
 
         // Step 3: write. Step 4: commit.
@@ -214,7 +223,7 @@ impl PgStore {
         // wrote was acknowledged with everything read before it.
         let answered = outcomes
             .iter()
-            .any(|o| matches!(o, WriteOutcome::Answered(answers) if !answers.is_empty()));
+            .any(|o| matches!(o, WriteOutcome::Answered { answer, .. } if !answer.is_empty()));
         if !wrote && answered {
             durable::answer(&client, Ok(())).await?;
         }
@@ -224,7 +233,10 @@ impl PgStore {
             self.outbox_written();
         }
         for outcome in &outcomes {
-            if let WriteOutcome::Answered(answers) = outcome {
+            if let WriteOutcome::Answered {
+                answer: answers, ..
+            } = outcome
+            {
                 for answer in answers {
                     crate::metrics::reservation(if answer.is_ok() { "HELD" } else { "REFUSED" });
                 }
@@ -232,6 +244,38 @@ impl PgStore {
         }
         Ok(outcomes)
     }
+}
+
+/// Every statement the transaction may send, in the order its steps send them.
+const STATEMENTS: [&str; 14] = [
+    idempotency::CLAIM_MANY,
+    idempotency::READ_STORED_MANY,
+    orders::LOCK_SHARED,
+    orders::CANCELLED_AMONG,
+    stock::LOCK_MANY,
+    stock::READ_LOCATIONS_MANY,
+    locations::ALL,
+    stock::APPLY,
+    reservations::INSERT_MANY,
+    reservations::INSERT_LINES_MANY,
+    outbox::APPEND_HELD_MANY,
+    ledger::APPEND,
+    idempotency::RECORD_OUTCOMES_MANY,
+    idempotency::UNCLAIM_MANY,
+];
+
+/// Prepares every statement of the transaction before any is sent (one round trip for those
+/// the connection lacks, none once it has them all). The steps rely on their statements
+/// reaching PostgreSQL in the order they are polled, and a statement that must be prepared
+/// first is sent a round trip after the cached ones polled behind it: on a connection that
+/// served a one-request `Reserve` (which caches the stock lock but not the batch's key
+/// claim), stock rows were locked before keys were claimed, the reverse of every other
+/// writer, and a retry holding its key deadlocked with the batch.
+async fn prepare(tx: &Transaction<'_>) -> Result<(), Error> {
+    futures::future::try_join_all(STATEMENTS.iter().map(|sql| tx.prepare_cached(sql)))
+        .await
+        .map_err(from_db)?;
+    Ok(())
 }
 
 /// Every write of the transaction, sent together.

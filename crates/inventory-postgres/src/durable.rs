@@ -37,3 +37,19 @@ pub(crate) async fn answer<T>(
     client.batch_execute(BARRIER).await.map_err(from_db)?;
     answer
 }
+
+/// Gives `decided`, the result of a transaction that has ended, through [`answer`] if it is a
+/// refusal decided by reads alone in a use case that answers the others itself: a key used
+/// for another request (`ALREADY_EXISTS`), a location that does not exist. Anything else as
+/// it is.
+pub(crate) async fn refused_by_reads<T>(
+    client: &tokio_postgres::Client,
+    decided: Result<T, Error>,
+) -> Result<T, Error> {
+    match decided {
+        Err(refusal @ (Error::IdempotencyKeyReused | Error::UnknownLocation(_))) => {
+            answer(client, Err(refusal)).await
+        }
+        decided => decided,
+    }
+}

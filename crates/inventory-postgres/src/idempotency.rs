@@ -28,24 +28,24 @@ const READ: &str = "
 const RECORD_OUTCOME: &str = "
     UPDATE idempotency_keys SET outcome = $3 WHERE caller = $1 AND key = $2";
 
-const CLAIM_MANY: &str = "
+pub(crate) const CLAIM_MANY: &str = "
     INSERT INTO idempotency_keys (caller, key, operation, fingerprint)
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])
     ON CONFLICT (caller, key) DO NOTHING
     RETURNING caller, key";
 
 /// Outcomes committed by earlier requests; this transaction's own claims have none yet.
-const READ_STORED_MANY: &str = "
+pub(crate) const READ_STORED_MANY: &str = "
     SELECT k.caller, k.key, k.fingerprint, k.outcome
     FROM idempotency_keys k
     JOIN unnest($1::text[], $2::text[]) AS u(caller, key) USING (caller, key)
     WHERE k.outcome IS NOT NULL";
 
-const UNCLAIM_MANY: &str = "
+pub(crate) const UNCLAIM_MANY: &str = "
     DELETE FROM idempotency_keys k USING unnest($1::text[], $2::text[]) AS u(caller, key)
     WHERE k.caller = u.caller AND k.key = u.key";
 
-const RECORD_OUTCOMES_MANY: &str = "
+pub(crate) const RECORD_OUTCOMES_MANY: &str = "
     UPDATE idempotency_keys k SET outcome = u.outcome
     FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS u(caller, key, outcome)
     WHERE k.caller = u.caller AND k.key = u.key";
@@ -73,7 +73,7 @@ impl Claim {
             Self::Claimed => Ok(None),
             Self::Replay(outcome) => serde_json::from_value(outcome)
                 .map(Some)
-                .map_err(Error::internal),
+                .map_err(crate::outcome::unreadable),
         }
     }
 }

@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use crate::stock::Moved;
 
-const APPEND: &str = "
+pub(crate) const APPEND: &str = "
     INSERT INTO stock_movements
         (sku, version, kind, on_hand_delta, reserved_delta, on_hand, reserved, reason, actor,
          reservation_id, order_id, idempotency_key, location_id)

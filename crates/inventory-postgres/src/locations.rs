@@ -11,7 +11,7 @@ use inventory_core::{
 
 use crate::error::from_db;
 
-const ALL: &str = "
+pub(crate) const ALL: &str = "
     SELECT location_id, priority, active FROM locations
     ORDER BY priority, location_id COLLATE \"C\"";
 

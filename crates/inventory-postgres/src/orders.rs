@@ -23,11 +23,11 @@ use sha2::{Digest, Sha256};
 
 use crate::{error::from_db, plans};
 
-const LOCK_SHARED: &str = "SELECT pg_advisory_xact_lock_shared($1)";
+pub(crate) const LOCK_SHARED: &str = "SELECT pg_advisory_xact_lock_shared($1)";
 const LOCK_EXCLUSIVE: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// The tombstones that stop these `(caller, order_id)` pairs: their own, or the admin's.
-const CANCELLED_AMONG: &str = "
+pub(crate) const CANCELLED_AMONG: &str = "
     SELECT u.caller, u.order_id FROM unnest($1::text[], $2::text[]) AS u(caller, order_id)
     WHERE EXISTS (SELECT 1 FROM cancelled_orders c
                   WHERE c.order_id = u.order_id AND c.caller IN (u.caller, '*'))";

@@ -15,7 +15,7 @@ const APPEND_SKU_EVENT: &str = "
 const APPEND_RESERVATION_EVENT: &str = "
     INSERT INTO outbox (event_id, event_type, reservation_id, payload) VALUES ($1, $2, $3, $4)";
 
-const APPEND_HELD_MANY: &str = "
+pub(crate) const APPEND_HELD_MANY: &str = "
     INSERT INTO outbox (event_id, event_type, reservation_id, payload)
     SELECT u.event_id, 'RESERVATION_HELD', u.reservation_id, u.payload
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS u(event_id, reservation_id, payload)";

@@ -18,6 +18,17 @@ use inventory_core::{
 };
 use serde::{Deserialize, Serialize};
 
+/// A stored outcome this release cannot read: written by a newer release (a variant or field
+/// added since), met by this one during a rollout or a rollback. Only the call that replays
+/// it is refused, with `UNAVAILABLE`: its retry may reach a replica that reads it.
+pub(crate) fn unreadable(error: serde_json::Error) -> Error {
+    tracing::error!(%error, "a stored outcome this release cannot read (written by a newer one?)");
+    Error::unavailable(
+        inventory_core::Dependency::Postgres,
+        format!("a stored outcome this release cannot read: {error}"),
+    )
+}
+
 /// The operation names idempotency records carry.
 pub(crate) const RESERVE: &str = "Reserve";
 pub(crate) const ADJUST_STOCK: &str = "AdjustStock";

@@ -58,7 +58,7 @@ const INSERT_LINES: &str = "
     SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[])";
 
 /// New holds of a coalesced batch, dated by the clock their stock row was locked at.
-const INSERT_MANY: &str = "
+pub(crate) const INSERT_MANY: &str = "
     INSERT INTO reservations
         (reservation_id, order_id, state, caller, idempotency_key, created_at, expires_at)
     SELECT u.id, u.order_id, 'HELD', u.caller, u.key, u.created_at, u.expires_at
@@ -67,7 +67,7 @@ const INSERT_MANY: &str = "
         AS u(id, order_id, caller, key, expires_at, created_at)";
 
 /// The one line of each reservation of a coalesced batch, a row per location.
-const INSERT_LINES_MANY: &str = "
+pub(crate) const INSERT_LINES_MANY: &str = "
     INSERT INTO reservation_lines (reservation_id, sku, location_id, quantity, fence_token)
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])";
 

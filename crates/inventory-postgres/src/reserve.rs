@@ -51,179 +51,184 @@ impl ReservationStore for PgStore {
 
             let started = std::time::Instant::now();
             let mut client = self.pool().get().await.map_err(from_pool)?;
-            let tx = client.transaction().await.map_err(from_db)?;
-            let fingerprint = command.fingerprint();
-            if let Some(outcome) = idempotency::claim(
-                &tx,
-                &self.pauses,
-                command.caller.as_str(),
-                &command.idempotency_key,
-                RESERVE,
-                &fingerprint,
-            )
-            .await?
-            .stored::<ReserveOutcome>()?
-            {
-                drop(tx);
-                let answer = durable::answer(&client, Ok(outcome.into_result()?)).await?;
-                return Ok(WriteOutcome::Answered(answer));
-            }
-
-            // The order's lock (shared) before any stock row: a cancel of this order either
-            // committed already (its tombstone is read here) or waits for this commit.
-            let order = [(command.caller.as_str(), command.order_id.as_str())];
-            let cancelled = !orders::lock_and_read_cancelled(&tx, &order)
-                .await?
-                .is_empty();
-            self.pauses.reach(PausePoint::OrderChecked).await;
-            // Every SKU's row locked in SKU order, then its location rows (which that lock
-            // covers), and the locations as they are configured: what allocation is decided on.
-            let skus: Vec<&str> = lines.iter().map(|(line, _)| line.sku.as_str()).collect();
-            let (mut stock, configured) = tokio::try_join!(
-                biased;
-                stock::lock_many(&tx, &skus),
-                locations::all(&tx),
-            )?;
-            let metrics = crate::metrics::store();
-            let result = if cancelled {
-                Err(Error::OrderCancelled {
-                    order_id: command.order_id.clone(),
-                })
-            } else {
-                match rules::place_lines(&lines, &mut stock, command.allocation, &configured) {
-                    LinesVerdict::Fenced(lines) => {
-                        metrics.fence_rejected.add(1, &[]);
-                        // Dropping the transaction rolls back the claim too: a lost lease is
-                        // transient and must not be stored.
-                        return Ok(WriteOutcome::Fenced(lines));
-                    }
-                    LinesVerdict::Refused(error) => {
-                        if let Error::InsufficientStock(_) = &error {
-                            metrics.insufficient.add(1, &[]);
-                        }
-                        Err(error)
-                    }
-                    LinesVerdict::Held(placed) => {
-                        let held: Vec<(ReservationLine, FenceToken)> = lines
-                            .iter()
-                            .zip(&placed)
-                            .map(|((line, fence), placements)| {
-                                let allocations = rules::allocations(placements);
-                                (ReservationLine::new_hold(line, allocations), *fence)
-                            })
-                            .collect();
-                        let moves: Vec<StockMove<'_>> = placed
-                            .iter()
-                            .flatten()
-                            .map(|p| StockMove {
-                                sku: &p.level.sku,
-                                location: &p.location,
-                                on_hand: 0,
-                                reserved: p.units,
-                            })
-                            .collect();
-                        let fences: Vec<(&Sku, FenceToken)> = lines
-                            .iter()
-                            .map(|(line, fence)| (&line.sku, *fence))
-                            .collect();
-                        let id = ReservationId::new_random();
-                        let rows: Vec<(&ReservationLine, FenceToken)> =
-                            held.iter().map(|(line, fence)| (line, *fence)).collect();
-                        let new = NewReservation {
-                            id,
-                            order_id: &command.order_id,
-                            caller: command.caller.as_str(),
-                            idempotency_key: command.idempotency_key.as_str(),
-                            ttl,
-                        };
-                        // The stock rows move and the reservation with its lines is written
-                        // in one round trip: the rows are locked and the decision is made.
-                        let (moved, (created_at, expires_at)) = tokio::try_join!(
-                            biased;
-                            stock::apply(&tx, &moves, &fences, true),
-                            async {
-                                reservations::insert(&tx, &new, &rows)
-                                    .await
-                                    .map_err(from_db)
-                            },
-                        )?;
-                        debug_assert!(
-                            moved
-                                .iter()
-                                .zip(placed.iter().flatten())
-                                .all(|(m, p)| m.level == p.level && m.total == p.total),
-                            "the stored levels are the decided ones"
-                        );
-                        let cause = Cause::call(
-                            command.caller.as_str(),
-                            "",
-                            Some(command.idempotency_key.as_str()),
-                        )
-                        .of_reservation(id, &command.order_id);
-                        let movements: Vec<NewMovement<'_>> = moved
-                            .iter()
-                            .zip(&moves)
-                            .map(|(m, units)| {
-                                NewMovement::of_units(MovementKind::Held, m, units.reserved)
-                                    .because(cause)
-                            })
-                            .collect();
-                        let reservation = Reservation {
-                            id,
-                            order_id: command.order_id.clone(),
-                            state: ReservationState::Held,
-                            lines: held.into_iter().map(|(line, _)| line).collect(),
-                            created_at,
-                            expires_at,
-                        };
-                        // Its event, then its movements (and any availability event after
-                        // the hold's), then the outcome stored on the key: one round trip.
-                        let levels = stock::levels_after(&moved);
-                        let outcome = ReserveOutcome::held(&reservation);
-                        tokio::try_join!(
-                            biased;
-                            async {
-                                outbox::append_reservation_event(
-                                    &tx,
-                                    ReservationEvent::Held,
-                                    &reservation,
-                                    &levels,
-                                )
-                                .await
-                                .map_err(from_db)
-                            },
-                            async { ledger::append(&tx, &movements).await.map_err(from_db) },
-                            idempotency::record(
-                                &tx,
-                                command.caller.as_str(),
-                                &command.idempotency_key,
-                                &outcome,
-                            ),
-                        )?;
-                        Ok(reservation)
-                    }
-                }
-            };
-            // A hold stored its outcome with its event; a refusal stores it here.
-            if result.is_err() {
-                idempotency::record(
+            let decided = async {
+                let tx = client.transaction().await.map_err(from_db)?;
+                let fingerprint = command.fingerprint();
+                if let Some(outcome) = idempotency::claim(
                     &tx,
+                    &self.pauses,
                     command.caller.as_str(),
                     &command.idempotency_key,
-                    &ReserveOutcome::of(&result),
+                    RESERVE,
+                    &fingerprint,
                 )
-                .await?;
+                .await?
+                .stored::<ReserveOutcome>()?
+                {
+                    drop(tx);
+                    let answer = durable::answer(&client, Ok(outcome.into_result()?)).await?;
+                    return Ok(WriteOutcome::replayed(answer));
+                }
+
+                // The order's lock (shared) before any stock row: a cancel of this order either
+                // committed already (its tombstone is read here) or waits for this commit.
+                let order = [(command.caller.as_str(), command.order_id.as_str())];
+                let cancelled = !orders::lock_and_read_cancelled(&tx, &order)
+                    .await?
+                    .is_empty();
+                self.pauses.reach(PausePoint::OrderChecked).await;
+                // Every SKU's row locked in SKU order, then its location rows (which that lock
+                // covers), and the locations as they are configured: what allocation is decided on.
+                let skus: Vec<&str> = lines.iter().map(|(line, _)| line.sku.as_str()).collect();
+                let (mut stock, configured) = tokio::try_join!(
+                    biased;
+                    stock::lock_many(&tx, &skus),
+                    locations::all(&tx),
+                )?;
+                let metrics = crate::metrics::store();
+                let result = if cancelled {
+                    Err(Error::OrderCancelled {
+                        order_id: command.order_id.clone(),
+                    })
+                } else {
+                    match rules::place_lines(&lines, &mut stock, command.allocation, &configured) {
+                        LinesVerdict::Fenced(lines) => {
+                            metrics.fence_rejected.add(1, &[]);
+                            // Dropping the transaction rolls back the claim too: a lost lease is
+                            // transient and must not be stored.
+                            return Ok(WriteOutcome::Fenced(lines));
+                        }
+                        LinesVerdict::Refused(error) => {
+                            if let Error::InsufficientStock(_) = &error {
+                                metrics.insufficient.add(1, &[]);
+                            }
+                            Err(error)
+                        }
+                        LinesVerdict::Held(placed) => {
+                            let held: Vec<(ReservationLine, FenceToken)> = lines
+                                .iter()
+                                .zip(&placed)
+                                .map(|((line, fence), placements)| {
+                                    let allocations = rules::allocations(placements);
+                                    (ReservationLine::new_hold(line, allocations), *fence)
+                                })
+                                .collect();
+                            let moves: Vec<StockMove<'_>> = placed
+                                .iter()
+                                .flatten()
+                                .map(|p| StockMove {
+                                    sku: &p.level.sku,
+                                    location: &p.location,
+                                    on_hand: 0,
+                                    reserved: p.units,
+                                })
+                                .collect();
+                            let fences: Vec<(&Sku, FenceToken)> = lines
+                                .iter()
+                                .map(|(line, fence)| (&line.sku, *fence))
+                                .collect();
+                            let id = ReservationId::new_random();
+                            let rows: Vec<(&ReservationLine, FenceToken)> =
+                                held.iter().map(|(line, fence)| (line, *fence)).collect();
+                            let new = NewReservation {
+                                id,
+                                order_id: &command.order_id,
+                                caller: command.caller.as_str(),
+                                idempotency_key: command.idempotency_key.as_str(),
+                                ttl,
+                            };
+                            // The stock rows move and the reservation with its lines is written
+                            // in one round trip: the rows are locked and the decision is made.
+                            let (moved, (created_at, expires_at)) = tokio::try_join!(
+                                biased;
+                                stock::apply(&tx, &moves, &fences, true),
+                                async {
+                                    reservations::insert(&tx, &new, &rows)
+                                        .await
+                                        .map_err(from_db)
+                                },
+                            )?;
+                            debug_assert!(
+                                moved
+                                    .iter()
+                                    .zip(placed.iter().flatten())
+                                    .all(|(m, p)| m.level == p.level && m.total == p.total),
+                                "the stored levels are the decided ones"
+                            );
+                            let cause = Cause::call(
+                                command.caller.as_str(),
+                                "",
+                                Some(command.idempotency_key.as_str()),
+                            )
+                            .of_reservation(id, &command.order_id);
+                            let movements: Vec<NewMovement<'_>> = moved
+                                .iter()
+                                .zip(&moves)
+                                .map(|(m, units)| {
+                                    NewMovement::of_units(MovementKind::Held, m, units.reserved)
+                                        .because(cause)
+                                })
+                                .collect();
+                            let reservation = Reservation {
+                                id,
+                                order_id: command.order_id.clone(),
+                                state: ReservationState::Held,
+                                lines: held.into_iter().map(|(line, _)| line).collect(),
+                                created_at,
+                                expires_at,
+                            };
+                            // Its event, then its movements (and any availability event after
+                            // the hold's), then the outcome stored on the key: one round trip.
+                            let levels = stock::levels_after(&moved);
+                            let outcome = ReserveOutcome::held(&reservation);
+                            tokio::try_join!(
+                                biased;
+                                async {
+                                    outbox::append_reservation_event(
+                                        &tx,
+                                        ReservationEvent::Held,
+                                        &reservation,
+                                        &levels,
+                                    )
+                                    .await
+                                    .map_err(from_db)
+                                },
+                                async { ledger::append(&tx, &movements).await.map_err(from_db) },
+                                idempotency::record(
+                                    &tx,
+                                    command.caller.as_str(),
+                                    &command.idempotency_key,
+                                    &outcome,
+                                ),
+                            )?;
+                            Ok(reservation)
+                        }
+                    }
+                };
+                // A hold stored its outcome with its event; a refusal stores it here.
+                if result.is_err() {
+                    idempotency::record(
+                        &tx,
+                        command.caller.as_str(),
+                        &command.idempotency_key,
+                        &ReserveOutcome::of(&result),
+                    )
+                    .await?;
+                }
+                let committing = std::time::Instant::now();
+                tx.commit().await.map_err(from_db)?;
+                crate::metrics::reserve_committed(false, started, committing);
+                if result.is_ok() {
+                    self.outbox_written();
+                    crate::metrics::reservation("HELD");
+                } else {
+                    crate::metrics::reservation("REFUSED");
+                }
+                let unknown = inventory_core::ports::unknown_skus(&result).to_vec();
+                Ok(WriteOutcome::decided(result, unknown))
             }
-            let committing = std::time::Instant::now();
-            tx.commit().await.map_err(from_db)?;
-            crate::metrics::reserve_committed(false, started, committing);
-            if result.is_ok() {
-                self.outbox_written();
-                crate::metrics::reservation("HELD");
-            } else {
-                crate::metrics::reservation("REFUSED");
-            }
-            Ok(WriteOutcome::Answered(result))
+            .await;
+            durable::refused_by_reads(&client, decided).await
         })
         .await
     }
@@ -243,7 +248,12 @@ impl ReservationStore for PgStore {
         fields(reservation_id = %command.target.id, action = command.settle.action(), lines = command.lines.len())
     )]
     async fn settle(&self, command: &SettleReservation) -> Result<Reservation, Error> {
-        self.bounded(self.settle_units(command)).await
+        self.bounded(async {
+            let mut client = self.pool().get().await.map_err(from_pool)?;
+            let decided = self.settle_units(&mut client, command).await;
+            durable::refused_by_reads(&client, decided).await
+        })
+        .await
     }
 
     async fn get_reservation(&self, target: ReservationRef) -> Result<Reservation, Error> {
@@ -276,41 +286,46 @@ impl ReservationStore for PgStore {
         self.bounded(async {
             let target = &command.target;
             let mut client = self.pool().get().await.map_err(from_pool)?;
-            let tx = client.transaction().await.map_err(from_db)?;
-            let Some(header) = reservations::header(&tx, target, true).await? else {
-                drop(tx);
-                return durable::answer(&client, Err(Error::UnknownReservation(target.id))).await;
-            };
-            let lines = reservations::lines(&tx, target.id).await?;
-            let now = header.read_at;
-            let mut reservation = header.with_lines(lines);
-            let expires_at = match rules::extend(&reservation, now, command.ttl, max_hold) {
-                Ok(expires_at) => expires_at,
-                Err(refusal) => {
+            let decided = async {
+                let tx = client.transaction().await.map_err(from_db)?;
+                let Some(header) = reservations::header(&tx, target, true).await? else {
                     drop(tx);
-                    return durable::answer(&client, Err(refusal)).await;
-                }
-            };
-            // Judged again by the statement: the hold may have run out since it was read.
-            if !reservations::extend_hold(&tx, target.id, expires_at)
-                .await
-                .map_err(from_db)?
-            {
-                drop(tx);
-                let expired = Error::WrongState {
-                    id: target.id,
-                    state: ReservationState::Expired,
-                    action: "extend",
+                    return durable::answer(&client, Err(Error::UnknownReservation(target.id)))
+                        .await;
                 };
-                return durable::answer(&client, Err(expired)).await;
+                let lines = reservations::lines(&tx, target.id).await?;
+                let now = header.read_at;
+                let mut reservation = header.with_lines(lines);
+                let expires_at = match rules::extend(&reservation, now, command.ttl, max_hold) {
+                    Ok(expires_at) => expires_at,
+                    Err(refusal) => {
+                        drop(tx);
+                        return durable::answer(&client, Err(refusal)).await;
+                    }
+                };
+                // Judged again by the statement: the hold may have run out since it was read.
+                if !reservations::extend_hold(&tx, target.id, expires_at)
+                    .await
+                    .map_err(from_db)?
+                {
+                    drop(tx);
+                    let expired = Error::WrongState {
+                        id: target.id,
+                        state: ReservationState::Expired,
+                        action: "extend",
+                    };
+                    return durable::answer(&client, Err(expired)).await;
+                }
+                reservation.expires_at = expires_at;
+                outbox::append_extended_event(&tx, &reservation)
+                    .await
+                    .map_err(from_db)?;
+                tx.commit().await.map_err(from_db)?;
+                self.outbox_written();
+                Ok(reservation)
             }
-            reservation.expires_at = expires_at;
-            outbox::append_extended_event(&tx, &reservation)
-                .await
-                .map_err(from_db)?;
-            tx.commit().await.map_err(from_db)?;
-            self.outbox_written();
-            Ok(reservation)
+            .await;
+            durable::refused_by_reads(&client, decided).await
         })
         .await
     }
@@ -334,10 +349,14 @@ impl PgStore {
     /// as it now is), lock the reservation, let the core decide what moves, move the stock
     /// of the lines it names in SKU order, write the lines' counts and the state, append the
     /// event. A refusal rolls the claim back with everything else: the reservation's held
-    /// units only ever shrink, so the same request is refused again.
-    async fn settle_units(&self, command: &SettleReservation) -> Result<Reservation, Error> {
+    /// units only ever shrink, so the same request is refused again. Runs on `client`, the
+    /// session a refusal decided by reads is then confirmed on.
+    async fn settle_units(
+        &self,
+        client: &mut deadpool_postgres::Client,
+        command: &SettleReservation,
+    ) -> Result<Reservation, Error> {
         let target = &command.target;
-        let mut client = self.pool().get().await.map_err(from_pool)?;
         let tx = client.transaction().await.map_err(from_db)?;
         if let Some(key) = &command.idempotency_key
             && let idempotency::Claim::Replay(_) = idempotency::claim(
@@ -356,11 +375,11 @@ impl PgStore {
                 None => Err(Error::UnknownReservation(target.id)),
             };
             drop(tx);
-            return durable::answer(&client, answer).await;
+            return durable::answer(client, answer).await;
         }
         let Some(header) = reservations::header(&tx, target, true).await? else {
             drop(tx);
-            return durable::answer(&client, Err(Error::UnknownReservation(target.id))).await;
+            return durable::answer(client, Err(Error::UnknownReservation(target.id))).await;
         };
         let stored_lines = reservations::lines(&tx, target.id).await?;
         let reservation = header.with_lines(stored_lines);
@@ -369,11 +388,11 @@ impl PgStore {
             // Decided by what was read: a repeat, or a refusal.
             Ok(SettleStep::Repeat) => {
                 drop(tx);
-                return durable::answer(&client, Ok(reservation)).await;
+                return durable::answer(client, Ok(reservation)).await;
             }
             Err(refusal) => {
                 drop(tx);
-                return durable::answer(&client, Err(refusal)).await;
+                return durable::answer(client, Err(refusal)).await;
             }
         };
         // Judged again now that the row is ours: the lock may have been waited for past the
@@ -386,7 +405,7 @@ impl PgStore {
             let answer = command
                 .settle
                 .expired_meanwhile(reservation, &command.lines);
-            return durable::answer(&client, answer).await;
+            return durable::answer(client, answer).await;
         }
         let moves: Vec<StockMove<'_>> = change
             .moves

@@ -47,7 +47,7 @@ const ADD_LOCATION: &str = "
 /// order (`COLLATE "C"`), as Rust sorts SKUs, whatever the database's collation.
 /// The clock is read per row once its lock is held (outside the locking scan), so a hold
 /// that waited for the lock is dated from when it could act.
-const LOCK_MANY: &str = "
+pub(crate) const LOCK_MANY: &str = "
     WITH locked AS MATERIALIZED (
         SELECT sku, on_hand, reserved, version, fence_token FROM stock
         WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\" FOR UPDATE)
@@ -62,7 +62,7 @@ const LOCK_MANY: &str = "
 /// `later`), and only if its total moved in this very statement (a total the guard kept out
 /// keeps its locations out too) and, with a fence, while its own is below it. Answers the
 /// totals (no location) and then the location rows, as they are after.
-const APPLY: &str = "
+pub(crate) const APPLY: &str = "
     WITH t AS (
         UPDATE stock s
         SET on_hand = s.on_hand + u.on_hand, reserved = s.reserved + u.reserved,
@@ -90,7 +90,7 @@ const APPLY: &str = "
 
 const READ_MANY: &str = "SELECT sku, on_hand, reserved, version FROM stock WHERE sku = ANY($1)";
 
-const READ_LOCATIONS_MANY: &str = "
+pub(crate) const READ_LOCATIONS_MANY: &str = "
     SELECT sku, location_id, on_hand, reserved, version FROM stock_locations
     WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\"";
 

@@ -116,48 +116,52 @@ impl StockStore for PgStore {
     async fn adjust_stock(&self, command: &AdjustStock) -> Result<StockLevel, Error> {
         self.bounded(async {
             let mut client = self.pool.get().await.map_err(from_pool)?;
-            let tx = client.transaction().await.map_err(from_db)?;
-            if let Some(outcome) = idempotency::claim(
-                &tx,
-                &self.pauses,
-                command.caller.as_str(),
-                &command.idempotency_key,
-                ADJUST_STOCK,
-                &command.fingerprint(),
-            )
-            .await?
-            .stored::<AdjustOutcome>()?
-            {
-                drop(tx);
-                return durable::answer(&client, outcome.into_result(command)).await;
-            }
-            known_locations(&tx, [&command.location]).await?;
-            let result = apply_adjustment(&tx, command).await?;
-            if let Ok(moved) = &result {
-                let cause = Cause::call(
+            let decided = async {
+                let tx = client.transaction().await.map_err(from_db)?;
+                if let Some(outcome) = idempotency::claim(
+                    &tx,
+                    &self.pauses,
                     command.caller.as_str(),
-                    command.reason.as_str(),
-                    Some(command.idempotency_key.as_str()),
-                );
-                let change =
-                    StockChange::new(MovementKind::Adjusted, moved, command.delta.get(), cause);
-                record_changes(&tx, &[change]).await?;
+                    &command.idempotency_key,
+                    ADJUST_STOCK,
+                    &command.fingerprint(),
+                )
+                .await?
+                .stored::<AdjustOutcome>()?
+                {
+                    drop(tx);
+                    return durable::answer(&client, outcome.into_result(command)).await;
+                }
+                known_locations(&tx, [&command.location]).await?;
+                let result = apply_adjustment(&tx, command).await?;
+                if let Ok(moved) = &result {
+                    let cause = Cause::call(
+                        command.caller.as_str(),
+                        command.reason.as_str(),
+                        Some(command.idempotency_key.as_str()),
+                    );
+                    let change =
+                        StockChange::new(MovementKind::Adjusted, moved, command.delta.get(), cause);
+                    record_changes(&tx, &[change]).await?;
+                }
+                let result = result.map(|moved| moved.total);
+                let outcome = AdjustOutcome::from_result(&result)
+                    .expect("apply_adjustment returns only storable outcomes");
+                idempotency::record(
+                    &tx,
+                    command.caller.as_str(),
+                    &command.idempotency_key,
+                    &outcome,
+                )
+                .await?;
+                tx.commit().await.map_err(from_db)?;
+                if result.is_ok() {
+                    self.outbox_written();
+                }
+                result
             }
-            let result = result.map(|moved| moved.total);
-            let outcome = AdjustOutcome::from_result(&result)
-                .expect("apply_adjustment returns only storable outcomes");
-            idempotency::record(
-                &tx,
-                command.caller.as_str(),
-                &command.idempotency_key,
-                &outcome,
-            )
-            .await?;
-            tx.commit().await.map_err(from_db)?;
-            if result.is_ok() {
-                self.outbox_written();
-            }
-            result
+            .await;
+            durable::refused_by_reads(&client, decided).await
         })
         .await
     }
@@ -166,56 +170,60 @@ impl StockStore for PgStore {
     async fn set_stock(&self, command: &SetStock) -> Result<StockLevel, Error> {
         self.bounded(async {
             let mut client = self.pool.get().await.map_err(from_pool)?;
-            let tx = client.transaction().await.map_err(from_db)?;
-            if let Some(outcome) = idempotency::claim(
-                &tx,
-                &self.pauses,
-                command.caller.as_str(),
-                &command.idempotency_key,
-                SET_STOCK,
-                &command.fingerprint(),
-            )
-            .await?
-            .stored::<SetOutcome>()?
-            {
-                drop(tx);
-                return durable::answer(&client, outcome.into_result(command)).await;
-            }
-            known_locations(&tx, [&command.location]).await?;
-            let result = apply_count(&tx, command).await?;
-            let changed = matches!(&result, Ok(Count { moved: Some(_), .. }));
-            if let Ok(Count {
-                moved: Some(moved),
-                delta,
-                ..
-            }) = &result
-            {
-                let cause = Cause::call(
-                    command.caller.as_str(),
-                    command.reason.as_str(),
-                    Some(command.idempotency_key.as_str()),
-                );
-                record_changes(
+            let decided = async {
+                let tx = client.transaction().await.map_err(from_db)?;
+                if let Some(outcome) = idempotency::claim(
                     &tx,
-                    &[StockChange::new(MovementKind::Set, moved, *delta, cause)],
+                    &self.pauses,
+                    command.caller.as_str(),
+                    &command.idempotency_key,
+                    SET_STOCK,
+                    &command.fingerprint(),
+                )
+                .await?
+                .stored::<SetOutcome>()?
+                {
+                    drop(tx);
+                    return durable::answer(&client, outcome.into_result(command)).await;
+                }
+                known_locations(&tx, [&command.location]).await?;
+                let result = apply_count(&tx, command).await?;
+                let changed = matches!(&result, Ok(Count { moved: Some(_), .. }));
+                if let Ok(Count {
+                    moved: Some(moved),
+                    delta,
+                    ..
+                }) = &result
+                {
+                    let cause = Cause::call(
+                        command.caller.as_str(),
+                        command.reason.as_str(),
+                        Some(command.idempotency_key.as_str()),
+                    );
+                    record_changes(
+                        &tx,
+                        &[StockChange::new(MovementKind::Set, moved, *delta, cause)],
+                    )
+                    .await?;
+                }
+                let result = result.map(|count| count.total);
+                let outcome = SetOutcome::from_result(&result)
+                    .expect("apply_count returns only storable outcomes");
+                idempotency::record(
+                    &tx,
+                    command.caller.as_str(),
+                    &command.idempotency_key,
+                    &outcome,
                 )
                 .await?;
+                tx.commit().await.map_err(from_db)?;
+                if changed {
+                    self.outbox_written();
+                }
+                result
             }
-            let result = result.map(|count| count.total);
-            let outcome = SetOutcome::from_result(&result)
-                .expect("apply_count returns only storable outcomes");
-            idempotency::record(
-                &tx,
-                command.caller.as_str(),
-                &command.idempotency_key,
-                &outcome,
-            )
-            .await?;
-            tx.commit().await.map_err(from_db)?;
-            if changed {
-                self.outbox_written();
-            }
-            result
+            .await;
+            durable::refused_by_reads(&client, decided).await
         })
         .await
     }
@@ -224,44 +232,48 @@ impl StockStore for PgStore {
     async fn batch_set_stock(&self, command: &BatchSetStock) -> Result<Vec<StockLevel>, Error> {
         self.bounded(async {
             let mut client = self.pool.get().await.map_err(from_pool)?;
-            let mut tx = client.transaction().await.map_err(from_db)?;
-            if let Some(outcome) = idempotency::claim(
-                &tx,
-                &self.pauses,
-                command.caller.as_str(),
-                &command.idempotency_key,
-                BATCH_SET_STOCK,
-                &command.fingerprint(),
-            )
-            .await?
-            .stored::<BatchSetOutcome>()?
-            {
-                drop(tx);
-                return durable::answer(&client, outcome.into_result(command)).await;
+            let decided = async {
+                let mut tx = client.transaction().await.map_err(from_db)?;
+                if let Some(outcome) = idempotency::claim(
+                    &tx,
+                    &self.pauses,
+                    command.caller.as_str(),
+                    &command.idempotency_key,
+                    BATCH_SET_STOCK,
+                    &command.fingerprint(),
+                )
+                .await?
+                .stored::<BatchSetOutcome>()?
+                {
+                    drop(tx);
+                    return durable::answer(&client, outcome.into_result(command)).await;
+                }
+                known_locations(&tx, command.counts.iter().map(|c| &c.location)).await?;
+                // Under a savepoint: a refusal undoes every row the batch wrote (SKUs it created
+                // included) but keeps the claim, so the refusal itself is stored and replayed.
+                let savepoint = tx.savepoint("counts").await.map_err(from_db)?;
+                let result = apply_counts(&savepoint, command).await?;
+                if result.is_ok() {
+                    savepoint.commit().await.map_err(from_db)?;
+                } else {
+                    savepoint.rollback().await.map_err(from_db)?;
+                }
+                let outcome = BatchSetOutcome::from_result(&result)
+                    .expect("apply_counts returns only storable outcomes");
+                let result = result.map_err(|(_, refusal)| refusal);
+                idempotency::record(
+                    &tx,
+                    command.caller.as_str(),
+                    &command.idempotency_key,
+                    &outcome,
+                )
+                .await?;
+                tx.commit().await.map_err(from_db)?;
+                self.outbox_written();
+                result
             }
-            known_locations(&tx, command.counts.iter().map(|c| &c.location)).await?;
-            // Under a savepoint: a refusal undoes every row the batch wrote (SKUs it created
-            // included) but keeps the claim, so the refusal itself is stored and replayed.
-            let savepoint = tx.savepoint("counts").await.map_err(from_db)?;
-            let result = apply_counts(&savepoint, command).await?;
-            if result.is_ok() {
-                savepoint.commit().await.map_err(from_db)?;
-            } else {
-                savepoint.rollback().await.map_err(from_db)?;
-            }
-            let outcome = BatchSetOutcome::from_result(&result)
-                .expect("apply_counts returns only storable outcomes");
-            let result = result.map_err(|(_, refusal)| refusal);
-            idempotency::record(
-                &tx,
-                command.caller.as_str(),
-                &command.idempotency_key,
-                &outcome,
-            )
-            .await?;
-            tx.commit().await.map_err(from_db)?;
-            self.outbox_written();
-            result
+            .await;
+            durable::refused_by_reads(&client, decided).await
         })
         .await
     }
@@ -328,36 +340,40 @@ impl StockStore for PgStore {
     async fn transfer_stock(&self, command: &TransferStock) -> Result<Transferred, Error> {
         self.bounded(async {
             let mut client = self.pool.get().await.map_err(from_pool)?;
-            let tx = client.transaction().await.map_err(from_db)?;
-            if let Some(outcome) = idempotency::claim(
-                &tx,
-                &self.pauses,
-                command.caller.as_str(),
-                &command.idempotency_key,
-                TRANSFER_STOCK,
-                &command.fingerprint(),
-            )
-            .await?
-            .stored::<TransferOutcome>()?
-            {
-                drop(tx);
-                return durable::answer(&client, outcome.into_result()).await;
+            let decided = async {
+                let tx = client.transaction().await.map_err(from_db)?;
+                if let Some(outcome) = idempotency::claim(
+                    &tx,
+                    &self.pauses,
+                    command.caller.as_str(),
+                    &command.idempotency_key,
+                    TRANSFER_STOCK,
+                    &command.fingerprint(),
+                )
+                .await?
+                .stored::<TransferOutcome>()?
+                {
+                    drop(tx);
+                    return durable::answer(&client, outcome.into_result()).await;
+                }
+                known_locations(&tx, [&command.from, &command.to]).await?;
+                let result = apply_transfer(&tx, command).await?;
+                let outcome = TransferOutcome::of(&result);
+                idempotency::record(
+                    &tx,
+                    command.caller.as_str(),
+                    &command.idempotency_key,
+                    &outcome,
+                )
+                .await?;
+                tx.commit().await.map_err(from_db)?;
+                if result.is_ok() {
+                    self.outbox_written();
+                }
+                result
             }
-            known_locations(&tx, [&command.from, &command.to]).await?;
-            let result = apply_transfer(&tx, command).await?;
-            let outcome = TransferOutcome::of(&result);
-            idempotency::record(
-                &tx,
-                command.caller.as_str(),
-                &command.idempotency_key,
-                &outcome,
-            )
-            .await?;
-            tx.commit().await.map_err(from_db)?;
-            if result.is_ok() {
-                self.outbox_written();
-            }
-            result
+            .await;
+            durable::refused_by_reads(&client, decided).await
         })
         .await
     }

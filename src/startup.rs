@@ -30,6 +30,8 @@ use crate::{
 
 /// How often a replica that is not ready yet looks again.
 const READINESS_RECHECK: Duration = Duration::from_secs(1);
+/// How often a ready replica reads the schema floor again.
+const FLOOR_RECHECK: Duration = Duration::from_secs(5);
 
 /// How long start-up waits for the first Redis connection before serving anyway.
 const REDIS_STARTUP_WAIT: Duration = Duration::from_secs(2);
@@ -275,23 +277,25 @@ impl Application {
         // Alive from now on; ready (the service's own status, which readiness probes check)
         // once PostgreSQL answered with a schema this binary can use.
         health.set_service_status("", ServingStatus::Serving).await;
-        let readiness = match schema_ready(&self.pool).await {
+        let ready = match schema_ready(&self.pool).await {
             Ok(()) => {
                 set_health(&health, ServingStatus::Serving).await;
-                None
+                true
             }
             Err(reason) => {
                 tracing::warn!(%reason, "not ready yet: readiness stays NOT_SERVING");
                 health
                     .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
                     .await;
-                Some(tokio::spawn(gate_readiness(
-                    self.pool.clone(),
-                    health.clone(),
-                    self.stopping.subscribe(),
-                )))
+                false
             }
         };
+        let readiness = Some(tokio::spawn(gate_readiness(
+            self.pool.clone(),
+            health.clone(),
+            self.stopping.subscribe(),
+            ready,
+        )));
 
         let reflection_v1 = reflection_builder().build_v1()?;
         // grpcurl 1.8 and many other tools speak only the v1alpha protocol.
@@ -411,50 +415,125 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
     health.set_service_status(SERVICE_NAME, status).await;
 }
 
-/// Whether this replica may take traffic: PostgreSQL answered, and its schema is the one this
-/// binary needs or newer (migrations only add, so an older binary keeps working during a
-/// rollout; a newer one must wait for `migrate`). Checked until it holds once; outages after
-/// that keep the replica ready, and calls answer `UNAVAILABLE` instead.
-async fn schema_ready(pool: &Pool) -> Result<(), String> {
-    let client = pool
-        .get()
-        .await
-        .map_err(|error| format!("PostgreSQL: {error}"))?;
-    let needed = inventory_postgres::migrate::expected_version();
-    match inventory_postgres::migrate::applied_version(&client).await {
-        Ok(Some(applied)) if applied >= needed => Ok(()),
-        Ok(Some(applied)) => Err(format!(
-            "the schema is at migration {applied}, this binary needs {needed}: run `inventory-server migrate`"
-        )),
-        Ok(None) => Err(format!(
-            "the database has no schema, this binary needs migration {needed}: run `inventory-server migrate`"
-        )),
-        Err(error) => Err(format!("PostgreSQL: {error}")),
+/// Why this replica may not take traffic, if it may not.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotReady {
+    /// PostgreSQL did not answer, or the schema is not yet what this binary needs: it may
+    /// change by itself (a `migrate` runs).
+    Waiting(String),
+    /// The schema's floor is above this release: a migration its writes would corrupt was
+    /// applied, and only a newer release may write.
+    BelowFloor { release: i32, floor: i32 },
+}
+
+impl std::fmt::Display for NotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Waiting(reason) => f.write_str(reason),
+            Self::BelowFloor { release, floor } => write!(
+                f,
+                "the schema floor is release {floor}, above this release ({release}): it may \
+                 not write (SCHEMA_TOO_NEW); roll this replica forward"
+            ),
+        }
     }
 }
 
-/// Turns readiness on once [`schema_ready`] holds, checking every second until shutdown.
+/// Whether this replica may take traffic: PostgreSQL answered, its schema is the one this
+/// binary needs or newer (an older binary keeps working during a rollout; a newer one must
+/// wait for `migrate`), and the schema's floor is not above this release (see
+/// `inventory_postgres::migrate`).
+pub async fn schema_ready(pool: &Pool) -> Result<(), NotReady> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|error| NotReady::Waiting(format!("PostgreSQL: {error}")))?;
+    let needed = inventory_postgres::migrate::expected_version();
+    match inventory_postgres::migrate::applied_version(&client).await {
+        Ok(Some(applied)) if applied >= needed => {}
+        Ok(Some(applied)) => {
+            return Err(NotReady::Waiting(format!(
+                "the schema is at migration {applied}, this binary needs {needed}: run `inventory-server migrate`"
+            )));
+        }
+        Ok(None) => {
+            return Err(NotReady::Waiting(format!(
+                "the database has no schema, this binary needs migration {needed}: run `inventory-server migrate`"
+            )));
+        }
+        Err(error) => return Err(NotReady::Waiting(format!("PostgreSQL: {error}"))),
+    }
+    drop(client);
+    below_floor(pool).await
+}
+
+/// `Err(BelowFloor)` if the schema's floor is above this release; a failed read is no answer.
+async fn below_floor(pool: &Pool) -> Result<(), NotReady> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|error| NotReady::Waiting(format!("PostgreSQL: {error}")))?;
+    let release = inventory_postgres::migrate::release();
+    match inventory_postgres::migrate::floor(&client).await {
+        Ok(Some(floor)) if floor > release => Err(NotReady::BelowFloor { release, floor }),
+        Ok(_) => Ok(()),
+        Err(error) => Err(NotReady::Waiting(format!("PostgreSQL: {error}"))),
+    }
+}
+
+/// Unless `ready` already, turns readiness on once [`schema_ready`] holds, checking every
+/// second until shutdown; then keeps reading the floor (every [`FLOOR_RECHECK`]), and turns
+/// readiness off for good once the floor is above this release, so the load balancer sends
+/// calls only to replicas that may write. Other failures after that keep the replica ready:
+/// calls answer `UNAVAILABLE` instead.
 async fn gate_readiness(
     pool: Pool,
     health: HealthReporter,
     mut stopping: tokio::sync::watch::Receiver<bool>,
+    ready: bool,
 ) {
+    if !ready && !become_ready(&pool, &health, &mut stopping).await {
+        return;
+    }
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(FLOOR_RECHECK) => {}
+            _ = stopping.changed() => return,
+        }
+        if let Err(below @ NotReady::BelowFloor { .. }) = below_floor(&pool).await {
+            health
+                .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
+                .await;
+            tracing::error!(reason = %below, "not ready: readiness is NOT_SERVING");
+            return;
+        }
+    }
+}
+
+/// Checks [`schema_ready`] every second and turns readiness on once it holds; `false` if the
+/// shutdown came first.
+async fn become_ready(
+    pool: &Pool,
+    health: &HealthReporter,
+    stopping: &mut tokio::sync::watch::Receiver<bool>,
+) -> bool {
     let mut last = String::new();
     loop {
         tokio::select! {
             () = tokio::time::sleep(READINESS_RECHECK) => {}
-            _ = stopping.changed() => return,
+            _ = stopping.changed() => return false,
         }
-        match schema_ready(&pool).await {
+        match schema_ready(pool).await {
             Ok(()) if !*stopping.borrow() => {
                 health
                     .set_service_status(SERVICE_NAME, ServingStatus::Serving)
                     .await;
                 tracing::info!("ready: PostgreSQL answered with the schema this binary needs");
-                return;
+                return true;
             }
-            Ok(()) => return,
+            Ok(()) => return false,
             Err(reason) => {
+                let reason = reason.to_string();
                 if reason != last {
                     tracing::warn!(%reason, "not ready yet: readiness stays NOT_SERVING");
                     last = reason;

@@ -345,6 +345,25 @@ fn status_of(error: Error) -> Status {
             );
             Status::with_error_details(Code::OutOfRange, error.to_string(), details)
         }
+        Error::SchemaTooNew { release, floor } => {
+            tracing::error!(
+                release,
+                floor,
+                "write refused: this replica's release is below the schema floor; roll it forward"
+            );
+            let mut details = ErrorDetails::new();
+            details
+                .add_precondition_failure_violation("SCHEMA_TOO_NEW", "schema", error.to_string())
+                .set_error_info(
+                    ErrorReason::SchemaTooNew.as_str_name(),
+                    ERROR_DOMAIN,
+                    HashMap::from([
+                        ("release".to_string(), release.to_string()),
+                        ("floor".to_string(), floor.to_string()),
+                    ]),
+                );
+            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
+        }
         Error::IdempotencyKeyReused => {
             let mut details = ErrorDetails::new();
             details.set_error_info(

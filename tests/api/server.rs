@@ -552,3 +552,81 @@ async fn grpcurl_runs_the_readme_locations_walk_through() {
     };
     assert_eq!((at("berlin"), at("paris")), ((3, 2), (2, 1)));
 }
+
+/// The schema compatibility contract: once a migration raised the floor above this release
+/// (the oldest release that may still write), a replica of it refuses every write in the
+/// statement itself, whatever it believed when it started (`FAILED_PRECONDITION`,
+/// `SCHEMA_TOO_NEW`, nothing changed), leaves readiness, and a new one never becomes ready.
+#[tokio::test]
+async fn a_release_below_the_schema_floor_refuses_writes_and_is_not_ready() {
+    let release = inventory_postgres::migrate::release();
+    let database = crate::helpers::fresh_database().await;
+    let app = crate::helpers::spawn_app_with(test_settings(database.clone())).await;
+    let mut client = app.client.clone();
+    crate::reservations::stock(&app, "FLOOR-1", 5).await;
+    inventory_testkit::process::eventually("ready", Duration::from_secs(10), || async {
+        readiness(&app).await.1 == ServingStatus::Serving
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        inventory_server::startup::schema_ready(app.store.pool()).await,
+        Ok(())
+    );
+
+    // A newer release migrated a change this one would corrupt.
+    app.db
+        .batch_execute(&format!(
+            "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+             VALUES ({ahead}, 'raises_the_floor', '2026-12-06', '0');
+             UPDATE schema_floor SET floor = {ahead};",
+            ahead = release + 1
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        inventory_server::startup::schema_ready(app.store.pool()).await,
+        Err(inventory_server::startup::NotReady::BelowFloor {
+            release,
+            floor: release + 1
+        })
+    );
+
+    let adjust = |sku: &str| AdjustStockRequest {
+        sku: sku.into(),
+        delta: 1,
+        idempotency_key: format!("adjust-{sku}"),
+        ..Default::default()
+    };
+    let reserve = crate::reservations::reserve("below-floor", &[("FLOOR-1", 1)]);
+    for refused in [
+        client.adjust_stock(adjust("FLOOR-1")).await.unwrap_err(),
+        client.adjust_stock(adjust("FLOOR-NEW")).await.unwrap_err(),
+        client.reserve(reserve).await.unwrap_err(),
+    ] {
+        assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+        assert_eq!(error_reason(&refused), "SCHEMA_TOO_NEW");
+        let details = refused.get_error_details();
+        let info = details.error_info().unwrap();
+        assert_eq!(info.metadata["release"], release.to_string());
+        assert_eq!(info.metadata["floor"], (release + 1).to_string());
+    }
+    assert_eq!(app.level("FLOOR-1").await, (5, 0), "nothing changed");
+    assert_eq!(
+        app.count("SELECT count(*) FROM stock WHERE sku = 'FLOOR-NEW'")
+            .await,
+        0
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys").await,
+        1,
+        "only the stocking call's key: the refused ones stored nothing"
+    );
+    inventory_testkit::process::eventually(
+        "the running replica leaves readiness",
+        Duration::from_secs(20),
+        || async { readiness(&app).await.1 == ServingStatus::NotServing },
+    )
+    .await
+    .unwrap();
+}

@@ -204,6 +204,14 @@ pub enum Error {
     #[error("idempotency key was already used for a different request")]
     IdempotencyKeyReused,
 
+    /// The schema moved on past this replica's release: a migration raised the floor (the
+    /// oldest release that may still write) above it, since this release would corrupt the
+    /// new schema. Nothing changed; a replica of a newer release can serve the call.
+    #[error(
+        "the schema no longer accepts writes from release {release}: its floor is release {floor}"
+    )]
+    SchemaTooNew { release: i32, floor: i32 },
+
     /// A dependency cannot be reached; the request changed nothing and may be retried.
     #[error("{dependency} is unavailable")]
     Unavailable {

@@ -5,7 +5,20 @@ use deadpool_postgres::PoolError;
 use inventory_core::{Dependency, Error};
 use tokio_postgres::error::SqlState;
 
+/// The SQLSTATE of `inventory_writer_gate`'s refusal (migration V14): this release is below
+/// the schema floor.
+const BELOW_FLOOR: &str = "IV001";
+
 pub(crate) fn from_db(error: tokio_postgres::Error) -> Error {
+    if let Some(db) = error.as_db_error()
+        && db.code().code() == BELOW_FLOOR
+    {
+        let floor = db.detail().and_then(|d| d.parse().ok()).unwrap_or(0);
+        return Error::SchemaTooNew {
+            release: crate::migrate::RELEASE,
+            floor,
+        };
+    }
     if is_unavailable(&error) {
         Error::unavailable(Dependency::Postgres, error)
     } else {

@@ -1,14 +1,35 @@
-//! The schema, as versioned migrations embedded in the binary.
+//! The schema, as versioned migrations embedded in the binary, and its compatibility
+//! contract: the floor, the oldest release that may still write (see ARCHITECTURE.md,
+//! "Changing the schema").
 //!
 //! refinery takes no lock of its own, so two replicas starting at once could both try to
 //! apply the same migration. Every run holds a session-level advisory lock on its own
 //! connection for its whole duration; the second runner waits, then finds nothing to do.
+//! Its DDL waits at most [`LOCK_TIMEOUT`] for a table lock (a lock queued behind one long
+//! transaction would queue every checkout behind it), and a migration refused that way is
+//! tried again, up to [`LOCK_ATTEMPTS`] times.
+
+use std::time::Duration;
 
 use crate::PgConfig;
 
 mod embedded {
     refinery::embed_migrations!("migrations");
 }
+
+// `FLOORS` (`(migration, floor)` for every embedded migration) and `RELEASE`, from
+// `build.rs`.
+include!(concat!(env!("OUT_DIR"), "/floors.rs"));
+
+/// How long a migration's statement waits for a lock before the migration is rolled back
+/// and tried again.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Tries of a migration refused by [`LOCK_TIMEOUT`] before `migrate` gives up.
+pub const LOCK_ATTEMPTS: u32 = 5;
+
+/// The first migration that has the `schema_floor` table.
+const FLOOR_TABLE: i32 = 14;
 
 /// Advisory lock key shared by every migration run: "inventory" in ASCII.
 const MIGRATION_LOCK_KEY: i64 = 0x696e_7665_6e74_6f72;
@@ -19,11 +40,16 @@ pub enum MigrateError {
     Connect(#[source] tokio_postgres::Error),
     #[error("cannot take the migration lock")]
     Lock(#[source] tokio_postgres::Error),
+    #[error("cannot read or raise the schema floor")]
+    Floor(#[source] tokio_postgres::Error),
     #[error("migration failed")]
     Migration(#[source] refinery::Error),
 }
 
 /// Names of the migrations this run applied (empty when the schema was already current).
+/// Before it applies any, it raises the schema floor to what its newest migration declares
+/// (logged as `schema floor`), so replicas the migrations would leave behind stop writing
+/// first; if a migration then fails, the floor goes back to what it was.
 pub async fn run(config: &PgConfig) -> Result<Vec<String>, MigrateError> {
     let (mut client, connection) = config.open().await.map_err(MigrateError::Connect)?;
     let connection = tokio::spawn(async move {
@@ -36,10 +62,7 @@ pub async fn run(config: &PgConfig) -> Result<Vec<String>, MigrateError> {
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
         .await
         .map_err(MigrateError::Lock)?;
-    let report = embedded::migrations::runner()
-        .set_abort_divergent(true)
-        .run_async(&mut client)
-        .await;
+    let report = migrate_locked(&mut client).await;
     // Closing the session would release the lock too; unlocking first keeps the waiter's wait
     // short and the intent visible.
     let unlocked = client
@@ -48,13 +71,114 @@ pub async fn run(config: &PgConfig) -> Result<Vec<String>, MigrateError> {
     drop(client);
     let _ = connection.await;
 
-    let report = report.map_err(MigrateError::Migration)?;
+    let applied = report?;
     unlocked.map_err(MigrateError::Lock)?;
+    Ok(applied)
+}
+
+/// The run itself, under the migration lock.
+async fn migrate_locked(client: &mut tokio_postgres::Client) -> Result<Vec<String>, MigrateError> {
+    client
+        .batch_execute(&format!(
+            "SET lock_timeout = '{}ms'",
+            LOCK_TIMEOUT.as_millis()
+        ))
+        .await
+        .map_err(MigrateError::Lock)?;
+    let applied = applied_version(client)
+        .await
+        .map_err(MigrateError::Floor)?
+        .unwrap_or(0);
+    let release = expected_version();
+    if applied > release {
+        // A rollback: its init container migrates with the older release. Nothing to apply
+        // (refinery leaves migrations it does not carry alone), and the floor says whether
+        // this release may still write; the server's readiness tells.
+        tracing::warn!(
+            applied,
+            release,
+            "the schema is newer than this release: nothing to apply"
+        );
+        return Ok(Vec::new());
+    }
+    let before = floor(client).await.map_err(MigrateError::Floor)?;
+    let target = declared_floor();
+    let raised = match before {
+        Some(before) if before < target => {
+            set_floor(client, target).await?;
+            Some(before)
+        }
+        _ => None,
+    };
+    tracing::info!(
+        floor_before = before,
+        floor = before.map_or(target, |b| b.max(target)),
+        release,
+        "schema floor: replicas of releases below it may not write"
+    );
+    let mut attempt = 1;
+    let report = loop {
+        let report = embedded::migrations::runner()
+            .set_abort_divergent(true)
+            .run_async(client)
+            .await;
+        match report {
+            Err(error) if attempt < LOCK_ATTEMPTS && lock_refused(&error) => {
+                tracing::warn!(
+                    %error,
+                    attempt,
+                    "a migration waited {LOCK_TIMEOUT:?} for a table lock and was rolled back; \
+                     trying again"
+                );
+                attempt += 1;
+                tokio::time::sleep(LOCK_TIMEOUT / 2 * attempt).await;
+            }
+            report => break report,
+        }
+    };
+    let report = match report {
+        Ok(report) => report,
+        Err(error) => {
+            if let Some(before) = raised {
+                // The schema did not move on: the releases it kept working keep writing.
+                set_floor(client, before).await?;
+            }
+            return Err(MigrateError::Migration(error));
+        }
+    };
+    // The first run to create the table finds it only now.
+    if before.is_none() && expected_version() >= FLOOR_TABLE {
+        set_floor(client, target).await?;
+    }
     Ok(report
         .applied_migrations()
         .iter()
         .map(ToString::to_string)
         .collect())
+}
+
+/// Whether a migration was refused because a lock was not granted within `lock_timeout`.
+fn lock_refused(error: &refinery::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(error);
+    while let Some(error) = cause {
+        if let Some(db) = error.downcast_ref::<tokio_postgres::Error>() {
+            return db.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE);
+        }
+        cause = error.source();
+    }
+    false
+}
+
+/// Raises (or, after a failed run, restores) the floor.
+async fn set_floor(client: &tokio_postgres::Client, floor: i32) -> Result<(), MigrateError> {
+    client
+        .execute(
+            "UPDATE schema_floor SET floor = $1, raised_at = now()",
+            &[&floor],
+        )
+        .await
+        .map_err(MigrateError::Floor)?;
+    Ok(())
 }
 
 /// The newest migration this binary carries: the schema version it needs.
@@ -67,9 +191,35 @@ pub fn expected_version() -> i32 {
         .unwrap_or(0)
 }
 
+/// This binary's release, as the schema contract knows it: its newest migration.
+pub fn release() -> i32 {
+    RELEASE
+}
+
+/// The floor this binary's newest migration declares: what `migrate` raises the schema's to.
+pub fn declared_floor() -> i32 {
+    FLOORS.last().map_or(0, |(_, floor)| *floor)
+}
+
+/// The floor the database records: the oldest release that may still write; `None` before
+/// the migration that records it.
+pub async fn floor(client: &tokio_postgres::Client) -> Result<Option<i32>, tokio_postgres::Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('schema_floor') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    client
+        .query_opt("SELECT floor FROM schema_floor", &[])
+        .await
+        .map(|row| row.map(|row| row.get(0)))
+}
+
 /// The newest migration applied to the database; `None` before the first `migrate`.
 pub async fn applied_version(
-    client: &impl deadpool_postgres::GenericClient,
+    client: &tokio_postgres::Client,
 ) -> Result<Option<i32>, tokio_postgres::Error> {
     let exists: bool = client
         .query_one(
@@ -85,4 +235,26 @@ pub async fn applied_version(
         .query_one("SELECT max(version) FROM refinery_schema_history", &[])
         .await?
         .try_get(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_embedded_migration_has_a_floor_that_never_goes_down() {
+        let versions: Vec<i32> = embedded::migrations::runner()
+            .get_migrations()
+            .iter()
+            .map(refinery::Migration::version)
+            .collect();
+        let mut sorted = versions.clone();
+        sorted.sort_unstable();
+        let declared: Vec<i32> = FLOORS.iter().map(|(version, _)| *version).collect();
+        assert_eq!(declared, sorted);
+        assert!(FLOORS.windows(2).all(|w| w[0].1 <= w[1].1));
+        assert!(FLOORS.iter().all(|(version, floor)| floor <= version));
+        assert!(declared_floor() <= release());
+        assert_eq!(release(), expected_version());
+    }
 }

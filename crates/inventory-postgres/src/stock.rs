@@ -31,7 +31,9 @@ const READ_LOCATION: &str = "
 /// the SKU meanwhile.
 const CREATE: &str = "
     WITH s AS (
-        INSERT INTO stock (sku, on_hand) VALUES ($1, $3) ON CONFLICT (sku) DO NOTHING
+        INSERT INTO stock (sku, on_hand)
+        SELECT $1::text, $3::bigint WHERE inventory_writer_gate($4)
+        ON CONFLICT (sku) DO NOTHING
         RETURNING sku, on_hand, reserved, version
     )
     INSERT INTO stock_locations (sku, location_id, on_hand, reserved, version)
@@ -41,7 +43,7 @@ const CREATE: &str = "
 /// A location's first row for a SKU whose row is locked: nothing there yet.
 const ADD_LOCATION: &str = "
     INSERT INTO stock_locations (sku, location_id, on_hand, version)
-    SELECT sku, $2, 0, version FROM stock WHERE sku = $1";
+    SELECT sku, $2, 0, version FROM stock WHERE sku = $1 AND inventory_writer_gate($3)";
 
 /// Rows are locked as the sort returns them: in SKU order, like every other writer. Byte
 /// order (`COLLATE "C"`), as Rust sorts SKUs, whatever the database's collation.
@@ -61,16 +63,17 @@ pub(crate) const LOCK_MANY: &str = "
 /// version of its last movement (the SKU's new version less the SKU's movements after it,
 /// `later`), and only if its total moved in this very statement (a total the guard kept out
 /// keeps its locations out too) and, with a fence, while its own is below it. Answers the
-/// totals (no location) and then the location rows, as they are after.
+/// totals (no location) and then the location rows, as they are after. `$12`: this release,
+/// refused by the schema floor's gate (SQLSTATE IV001) if the schema moved on past it.
 pub(crate) const APPLY: &str = "
-    WITH t AS (
+    WITH gate AS MATERIALIZED (SELECT inventory_writer_gate($12::integer) AS open), t AS (
         UPDATE stock s
         SET on_hand = s.on_hand + u.on_hand, reserved = s.reserved + u.reserved,
             version = s.version + u.movements, fence_token = coalesce(u.fence, s.fence_token),
             updated_at = clock_timestamp()
         FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[])
-            AS u(sku, on_hand, reserved, movements, fence)
-        WHERE s.sku = u.sku AND (u.fence IS NULL OR s.fence_token < u.fence)
+            AS u(sku, on_hand, reserved, movements, fence), gate
+        WHERE s.sku = u.sku AND gate.open AND (u.fence IS NULL OR s.fence_token < u.fence)
         RETURNING s.sku, s.on_hand, s.reserved, s.version
     ), l AS (
         UPDATE stock_locations l
@@ -128,7 +131,15 @@ pub(crate) async fn create(
 ) -> Result<Option<StockLevel>, tokio_postgres::Error> {
     let statement = tx.prepare_cached(CREATE).await?;
     let row = tx
-        .query_opt(&statement, &[&sku.as_str(), &location.as_str(), &on_hand])
+        .query_opt(
+            &statement,
+            &[
+                &sku.as_str(),
+                &location.as_str(),
+                &on_hand,
+                &crate::migrate::RELEASE,
+            ],
+        )
         .await?;
     Ok(row.map(|row| total(sku, &row)))
 }
@@ -140,8 +151,11 @@ pub(crate) async fn add_location(
     location: &LocationId,
 ) -> Result<(), tokio_postgres::Error> {
     let statement = tx.prepare_cached(ADD_LOCATION).await?;
-    tx.execute(&statement, &[&sku.as_str(), &location.as_str()])
-        .await?;
+    tx.execute(
+        &statement,
+        &[&sku.as_str(), &location.as_str(), &crate::migrate::RELEASE],
+    )
+    .await?;
     Ok(())
 }
 
@@ -310,7 +324,8 @@ pub(crate) async fn apply(
         }
         tx.query(&lock, &[&t_skus]).await
     };
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
+    let release = crate::migrate::RELEASE;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
         &t_skus,
         &t_on,
         &t_res,
@@ -322,6 +337,7 @@ pub(crate) async fn apply(
         &l_res,
         &l_later,
         &l_fences,
+        &release,
     ];
     let (_, answered) = plans::generic(tx, async {
         tokio::try_join!(biased; lock_first, tx.query(&apply, &params))

@@ -37,6 +37,16 @@ pub enum Command {
     /// Recompute every SKU from its stock ledger and its live holds, print each drift found,
     /// and exit 1 if there is any.
     Verify(DatabaseArgs),
+    /// Start a new epoch of the event stream after its head, for a cut the server cannot see
+    /// by itself (a data folder copied back without recovery). Consumers whose cursor is past
+    /// the head are then refused with CURSOR_NOT_IN_HISTORY and start over from a snapshot.
+    NewStreamEpoch {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// Why: kept with the epoch.
+        #[arg(long, default_value = "reset by hand")]
+        reason: String,
+    },
     /// Read a token (or a client certificate in PEM) on stdin and print the credential line
     /// value for AUTH_TOKENS_FILE.
     HashToken {

@@ -14,7 +14,12 @@ use std::{
     time::Duration,
 };
 
-use inventory_core::{Error, command::WatchEvents, events::Event, ports::EventStore as _};
+use inventory_core::{
+    Error,
+    command::WatchEvents,
+    events::{EpochId, Event, StreamBounds},
+    ports::EventStore as _,
+};
 use inventory_postgres::{
     PgConfig, PgStore,
     events::{PositionListener, Positioned},
@@ -101,16 +106,22 @@ impl EventHub {
             return Err(Error::TooManyWatchers);
         }
         let bounds = self.store.stream_bounds().await?;
-        let after = match command.after {
-            0 => bounds.pruned_through,
+        let (after, epoch) = match command.after {
+            // From the oldest kept: whatever epoch the consumer had, it starts afresh.
+            0 => (bounds.pruned_through, None),
             after if after < bounds.pruned_through => {
                 return Err(Error::CursorPruned {
                     requested: after,
                     pruned_through: bounds.pruned_through,
                 });
             }
-            after => after,
+            after => (after, command.epoch),
         };
+        if !bounds.admits(epoch, after) {
+            return Err(not_in_history(after, epoch, &bounds));
+        }
+        // Without the consumer's word, the epoch `after` falls in as this history has it.
+        let epoch = epoch.or_else(|| bounds.epoch_at(after));
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
         {
             let mut watchers = self.watchers.lock().expect("watchers lock");
@@ -121,7 +132,7 @@ impl EventHub {
             }
             watchers.push(sender.downgrade());
         }
-        tokio::spawn(self.clone().follow(after, sender));
+        tokio::spawn(self.clone().follow(Cursor { after, epoch }, sender));
         Ok(receiver)
     }
 
@@ -136,13 +147,43 @@ impl EventHub {
             .unwrap_or(0)
     }
 
-    async fn follow(self, mut cursor: i64, sender: mpsc::Sender<Delivery>) {
+    /// Sends an event after checking that it continues the history the watcher delivered
+    /// so far; `false` once the watcher must end (the consumer is gone, or told the history
+    /// was cut).
+    async fn deliver(
+        &self,
+        cursor: &mut Cursor,
+        event: Event,
+        sender: &mpsc::Sender<Delivery>,
+        stopping: &mut watch::Receiver<bool>,
+    ) -> bool {
+        if !cursor.continues(&event) {
+            // A new epoch began before positions this watcher already sent from the old one:
+            // the history was cut behind the consumer (a restore, a failover that lost them).
+            let error = match self.store.stream_bounds().await {
+                Ok(bounds) => not_in_history(cursor.after, cursor.epoch, &bounds),
+                Err(error) => error,
+            };
+            let _ = sender.send(Err(to_status(error))).await;
+            return false;
+        }
+        cursor.after = event.position;
+        cursor.epoch = Some(event.epoch.id);
+        // A consumer that stopped reading must not keep this task (and its database reads)
+        // alive past shutdown.
+        tokio::select! {
+            sent = sender.send(Ok(event.into_message())) => sent.is_ok(),
+            _ = stopping.changed() => false,
+        }
+    }
+
+    async fn follow(self, mut cursor: Cursor, sender: mpsc::Sender<Delivery>) {
         let mut stopping = self.stopping.clone();
         'catch_up: loop {
             // Subscribe before reading, so nothing broadcast meanwhile is missed.
             let mut live = self.live.subscribe();
             loop {
-                let page = match self.store.events_after(cursor, PAGE).await {
+                let page = match self.store.events_after(cursor.after, PAGE).await {
                     Ok(page) => page,
                     Err(error) => {
                         let _ = sender.send(Err(to_status(error))).await;
@@ -152,12 +193,12 @@ impl EventHub {
                 if page.is_empty() {
                     break;
                 }
-                if page[0].position != cursor + 1 {
+                if page[0].position != cursor.after + 1 {
                     // Positions are dense: a jump means retention pruned events this watcher
                     // had not read yet. Say so rather than skip them.
                     let error = match self.store.stream_bounds().await {
                         Ok(bounds) => Error::CursorPruned {
-                            requested: cursor,
+                            requested: cursor.after,
                             pruned_through: bounds.pruned_through,
                         },
                         Err(error) => error,
@@ -166,12 +207,11 @@ impl EventHub {
                     return;
                 }
                 for event in page {
-                    cursor = event.position;
-                    // A consumer that stopped reading must not keep this task (and its
-                    // database reads) alive past shutdown.
-                    tokio::select! {
-                        sent = sender.send(Ok(event.into_message())) => if sent.is_err() { return },
-                        _ = stopping.changed() => return,
+                    if !self
+                        .deliver(&mut cursor, event, &sender, &mut stopping)
+                        .await
+                    {
+                        return;
                     }
                 }
             }
@@ -182,16 +222,14 @@ impl EventHub {
                     () = sender.closed() => return,
                 };
                 match event {
-                    Ok(event) if event.position <= cursor => {}
-                    Ok(event) if event.position == cursor + 1 => {
-                        cursor = event.position;
-                        tokio::select! {
-                            sent = sender.send(Ok(event.as_ref().clone().into_message())) => {
-                                if sent.is_err() {
-                                    return;
-                                }
-                            }
-                            _ = stopping.changed() => return,
+                    Ok(event) if event.position <= cursor.after => {}
+                    Ok(event) if event.position == cursor.after + 1 => {
+                        let event = event.as_ref().clone();
+                        if !self
+                            .deliver(&mut cursor, event, &sender, &mut stopping)
+                            .await
+                        {
+                            return;
                         }
                     }
                     // A gap (it subscribed after the event went by) or a lag (it was too slow
@@ -201,6 +239,35 @@ impl EventHub {
                 }
             }
         }
+    }
+}
+
+/// Where a watcher is: the position it sent last, and the epoch of that position.
+#[derive(Clone, Copy, Debug)]
+struct Cursor {
+    after: i64,
+    /// `None` until the first event when the consumer named none and `after` is in no epoch.
+    epoch: Option<EpochId>,
+}
+
+impl Cursor {
+    /// Whether `event`, the position after this cursor, continues the history delivered so
+    /// far: in the same epoch, or in one that began at or after the cursor.
+    fn continues(&self, event: &Event) -> bool {
+        match self.epoch {
+            Some(epoch) if epoch != event.epoch.id => event.epoch.starts_after >= self.after,
+            _ => true,
+        }
+    }
+}
+
+/// The refusal of a cursor the stream's current history does not have.
+fn not_in_history(after: i64, epoch: Option<EpochId>, bounds: &StreamBounds) -> Error {
+    Error::CursorNotInHistory {
+        after,
+        requested: epoch.map_or_else(|| "unknown".to_owned(), |e| e.to_string()),
+        current: bounds.current_epoch(),
+        head: bounds.head,
     }
 }
 

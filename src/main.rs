@@ -88,6 +88,19 @@ async fn run(command: Command, registry: prometheus::Registry) -> anyhow::Result
             );
             Ok(())
         }
+        Command::NewStreamEpoch { database, reason } => {
+            let config = parse_database_url(&database.database_url).map_err(anyhow::Error::msg)?;
+            let (mut client, connection) = config.open().await?;
+            let driver = tokio::spawn(connection);
+            let epoch = inventory_postgres::events::new_stream_epoch(&mut client, &reason).await?;
+            drop(client);
+            let _ = driver.await;
+            println!(
+                "new stream epoch {} after position {}",
+                epoch.id, epoch.starts_after
+            );
+            Ok(())
+        }
         Command::Migrate(args) => {
             let config = parse_database_url(&args.database_url).map_err(anyhow::Error::msg)?;
             let applied = inventory_postgres::migrate::run(&config).await?;

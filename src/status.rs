@@ -364,6 +364,22 @@ fn status_of(error: Error) -> Status {
                 );
             Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
         }
+        Error::CursorNotInHistory { current, head, .. } => {
+            let mut details = ErrorDetails::new();
+            details.set_error_info(
+                ErrorReason::CursorNotInHistory.as_str_name(),
+                ERROR_DOMAIN,
+                HashMap::from([
+                    ("epoch".to_string(), current.id.to_string()),
+                    (
+                        "epoch_starts_after".to_string(),
+                        current.starts_after.to_string(),
+                    ),
+                    ("head".to_string(), head.to_string()),
+                ]),
+            );
+            Status::with_error_details(Code::OutOfRange, error.to_string(), details)
+        }
         Error::IdempotencyKeyReused => {
             let mut details = ErrorDetails::new();
             details.set_error_info(

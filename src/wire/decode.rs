@@ -618,7 +618,21 @@ impl Decode for proto::WatchEventsRequest {
         let mut violations = Violations::default();
         let command =
             violations.check("after_sequence", WatchEvents::parse(request.after_sequence));
-        violations.finish(|| command)
+        let epoch = if request.epoch.is_empty() {
+            Some(None)
+        } else {
+            violations
+                .check(
+                    "epoch",
+                    inventory_core::events::EpochId::parse(&request.epoch),
+                )
+                .map(Some)
+        };
+        violations.finish(|| {
+            let mut command = command?;
+            command.epoch = epoch?;
+            Some(command)
+        })
     }
 }
 

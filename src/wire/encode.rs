@@ -384,6 +384,7 @@ impl Encode for Event {
             occurred_at: Some(timestamp(self.occurred_at)),
             subject: Some(subject),
             payload: Some(payload),
+            epoch: self.epoch.id.to_string(),
         }
     }
 }

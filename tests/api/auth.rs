@@ -152,7 +152,13 @@ async fn codes(
         .await
         .map(|_| ());
     let watch = client
-        .watch_events(with_token(WatchEventsRequest { after_sequence: 0 }, token))
+        .watch_events(with_token(
+            WatchEventsRequest {
+                after_sequence: 0,
+                ..Default::default()
+            },
+            token,
+        ))
         .await
         .map(|_| ());
     let set = client

@@ -342,3 +342,58 @@ async fn an_attempt_that_hangs_is_given_up_and_retried_with_the_same_key() {
     assert_eq!(reservations_of(&app, "o-h").await, 1);
     assert_eq!(app.level("SKU-1").await, (5, 1));
 }
+
+/// A consumer keeping an `EventCursor` resumes in the history it read, and when a restore cut
+/// that history behind it, hears so (as the stream's last item) and is told where to go on.
+#[tokio::test]
+async fn an_event_cursor_resumes_and_after_a_cut_says_where_to_go_on() {
+    use inventory_client::EventCursor;
+    use tokio_stream::StreamExt as _;
+
+    let app = spawn_app().await;
+    let kit = client(&app, Duration::from_secs(5));
+    stock(&app, "CURSOR", 100).await;
+    app.hold("first", &[("CURSOR", 1)]).await;
+    let mut cursor = EventCursor::start();
+    let mut stream = kit.watch_events_from(&cursor).await.unwrap();
+    for _ in 0..2 {
+        let event = stream.next().await.unwrap().unwrap();
+        cursor.advance(&event);
+    }
+    assert_eq!(cursor.sequence(), 2);
+    drop(stream);
+
+    app.hold("second", &[("CURSOR", 1)]).await;
+    let mut stream = kit.watch_events_from(&cursor).await.unwrap();
+    let event = stream.next().await.unwrap().unwrap();
+    assert_eq!(event.sequence, 3, "resumed after the cursor");
+    cursor.advance(&event);
+
+    // A restore back to position 1, on a new timeline; the history goes on from there.
+    app.db
+        .batch_execute(
+            "DELETE FROM outbox WHERE position > 1;
+             UPDATE event_stream SET head = 1;
+             UPDATE stream_epochs SET timeline = timeline + 100;",
+        )
+        .await
+        .unwrap();
+    for i in 0..3 {
+        app.hold(&format!("after-{i}"), &[("CURSOR", 1)]).await;
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(20), stream.next())
+        .await
+        .expect("the open stream hears of the cut")
+        .expect("an item")
+        .expect_err("the cut, not an event");
+    let go_on = EventCursor::after_cut(&Error::from_stream(ended)).expect("a cut");
+    let refused = kit.watch_events_from(&cursor).await.unwrap_err();
+    assert_eq!(EventCursor::after_cut(&refused), Some(go_on.clone()));
+    assert_eq!(go_on.sequence(), 4, "the head when the server answered");
+    assert_ne!(go_on.epoch(), cursor.epoch());
+    // After the snapshot, on from there.
+    app.hold("after-snapshot", &[("CURSOR", 1)]).await;
+    let mut stream = kit.watch_events_from(&go_on).await.unwrap();
+    let event = stream.next().await.unwrap().unwrap();
+    assert_eq!((event.sequence, event.epoch.as_str()), (5, go_on.epoch()));
+}

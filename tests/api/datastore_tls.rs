@@ -181,7 +181,10 @@ async fn verify_full_postgres_migrates_reserves_and_streams_while_weaker_setting
     let hold = app.hold("k-1", &[("TLS-1", 2)]).await;
     assert_eq!(hold.lines[0].quantity, 2);
     let mut events = client
-        .watch_events(WatchEventsRequest { after_sequence: 0 })
+        .watch_events(WatchEventsRequest {
+            after_sequence: 0,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();

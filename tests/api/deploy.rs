@@ -195,7 +195,10 @@ async fn sigterm_drains_in_flight_calls_and_exits_cleanly_with_a_stream_open() {
         .unwrap();
     let mut events = client
         .clone()
-        .watch_events(WatchEventsRequest { after_sequence: 0 })
+        .watch_events(WatchEventsRequest {
+            after_sequence: 0,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();

@@ -20,6 +20,7 @@ pub async fn watch(app: &TestApp, after: i64) -> Streaming<Event> {
         .clone()
         .watch_events(WatchEventsRequest {
             after_sequence: after,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -309,7 +310,10 @@ async fn a_cursor_behind_retention_is_out_of_range_naming_the_oldest_kept() {
 
     let status = app
         .client
-        .watch_events(WatchEventsRequest { after_sequence: 1 })
+        .watch_events(WatchEventsRequest {
+            after_sequence: 1,
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::OutOfRange);
@@ -326,7 +330,10 @@ async fn a_cursor_behind_retention_is_out_of_range_naming_the_oldest_kept() {
 
     let bad = app
         .client
-        .watch_events(WatchEventsRequest { after_sequence: -1 })
+        .watch_events(WatchEventsRequest {
+            after_sequence: -1,
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(violated_fields(&bad), ["after_sequence"]);
@@ -345,7 +352,10 @@ async fn a_stuck_consumer_holds_a_bounded_queue_and_then_gets_everything() {
         .unwrap();
     let mut stuck =
         inventory_server::proto::inventory_service_client::InventoryServiceClient::new(channel)
-            .watch_events(WatchEventsRequest { after_sequence: 0 })
+            .watch_events(WatchEventsRequest {
+                after_sequence: 0,
+                ..Default::default()
+            })
             .await
             .unwrap()
             .into_inner();
@@ -399,4 +409,124 @@ async fn shutdown_ends_open_event_streams_instead_of_waiting_out_the_grace_perio
         matches!(end, Ok(None) | Ok(Some(Err(_)))),
         "the stream ended: {end:?}"
     );
+}
+
+async fn watch_in(
+    app: &TestApp,
+    after: i64,
+    epoch: &str,
+) -> Result<Streaming<Event>, tonic::Status> {
+    app.client
+        .clone()
+        .watch_events(WatchEventsRequest {
+            after_sequence: after,
+            epoch: epoch.into(),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// A refusal of a cursor the stream's current history does not have, with what to do next.
+fn assert_not_in_history(status: &tonic::Status, epoch: &str, head: i64) {
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert_eq!(error_reason(status), "CURSOR_NOT_IN_HISTORY");
+    use tonic_types::StatusExt as _;
+    let details = status.get_error_details();
+    let info = details.error_info().unwrap();
+    assert_eq!(info.metadata["epoch"], epoch);
+    assert_eq!(info.metadata["head"], head.to_string());
+}
+
+/// A restore (or a failover that lost a tail) takes the stream back to an earlier head, and
+/// positions go on from there. A consumer past that head must hear that its history was cut,
+/// never take the new events at positions it already passed for the ones it saw. The restore
+/// is played on the test's database: the events after position 3 are gone, and the timeline
+/// the current epoch recorded is not the cluster's any more (as after a point-in-time
+/// recovery, which ends on a new timeline).
+#[tokio::test]
+async fn a_cursor_past_a_cut_in_the_history_is_refused_and_one_before_it_resumes() {
+    let app = spawn_app().await;
+    stock(&app, "EPOCH", 100).await;
+    for i in 0..4 {
+        app.hold(&format!("before-{i}"), &[("EPOCH", 1)]).await;
+    }
+    let mut live = watch(&app, 0).await;
+    let seen = take(&mut live, 5).await;
+    assert_eq!(sequences(&seen), [1, 2, 3, 4, 5]);
+    let first = seen[0].epoch.clone();
+    assert_eq!(first.len(), 16, "an epoch is 16 hex digits: {first:?}");
+    assert!(seen.iter().all(|e| e.epoch == first));
+
+    // Past the head, with or without an epoch: refused, naming the epoch and the head.
+    assert_not_in_history(&watch_in(&app, 9, &first).await.unwrap_err(), &first, 5);
+    assert_not_in_history(&watch_in(&app, 9, "").await.unwrap_err(), &first, 5);
+    let unknown = watch_in(&app, 2, "00000000000000ff").await.unwrap_err();
+    assert_not_in_history(&unknown, &first, 5);
+    let malformed = watch_in(&app, 2, "not-hex").await.unwrap_err();
+    assert_eq!(malformed.code(), Code::InvalidArgument);
+    assert_eq!(violated_fields(&malformed), ["epoch"]);
+
+    // The restore.
+    app.db
+        .batch_execute(
+            "DELETE FROM outbox WHERE position > 3;
+             UPDATE event_stream SET head = 3;
+             UPDATE stream_epochs SET timeline = timeline + 100;",
+        )
+        .await
+        .unwrap();
+    for i in 0..3 {
+        app.hold(&format!("after-{i}"), &[("EPOCH", 1)]).await;
+    }
+
+    // The live watcher had sent 4 and 5 of the lost history: the first event of the new
+    // epoch past them ends its stream with the refusal.
+    let ended = tokio::time::timeout(Duration::from_secs(20), live.next())
+        .await
+        .expect("the live watcher hears of the cut")
+        .expect("an item");
+    let status = ended.expect_err("not an event");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert_eq!(error_reason(&status), "CURSOR_NOT_IN_HISTORY");
+
+    // Resuming: past the cut in the old epoch is refused; at the cut it goes on in the new
+    // epoch; the new epoch's own cursors resume as usual.
+    let mut stream = watch_in(&app, 3, &first)
+        .await
+        .expect("a cursor at the cut resumes");
+    let resumed = take(&mut stream, 3).await;
+    assert_eq!(sequences(&resumed), [4, 5, 6]);
+    let second = resumed[0].epoch.clone();
+    assert_ne!(second, first, "a new epoch began at the cut");
+    assert!(resumed.iter().all(|e| e.epoch == second));
+    assert_not_in_history(&watch_in(&app, 5, &first).await.unwrap_err(), &second, 6);
+    let mut stream = watch_in(&app, 5, &second).await.unwrap();
+    assert_eq!(sequences(&take(&mut stream, 1).await), [6]);
+    let (epochs, reason): (i64, String) = {
+        let row = app
+            .db
+            .query_one(
+                "SELECT (SELECT count(*) FROM stream_epochs),
+                        (SELECT reason FROM stream_epochs ORDER BY seq DESC LIMIT 1)",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(epochs, 2);
+    assert!(reason.starts_with("timeline "), "{reason}");
+
+    // A new epoch by hand (`inventory-server new-stream-epoch`) cuts nothing behind the head:
+    // the consumers at it go on.
+    let mut client = connect(&app.database_config().await).await;
+    let third = inventory_postgres::events::new_stream_epoch(&mut client, "test")
+        .await
+        .unwrap();
+    assert_eq!(third.starts_after, 6);
+    let mut stream = watch_in(&app, 6, &second).await.unwrap();
+    app.hold("after-reset", &[("EPOCH", 1)]).await;
+    let next = take(&mut stream, 1).await;
+    assert_eq!(sequences(&next), [7]);
+    assert_eq!(next[0].epoch, third.id.to_string());
 }

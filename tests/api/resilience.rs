@@ -266,7 +266,10 @@ async fn event_streams_have_a_cap_of_their_own() {
         let mut client = app.client.clone();
         async move {
             client
-                .watch_events(inventory_server::proto::WatchEventsRequest { after_sequence: 0 })
+                .watch_events(inventory_server::proto::WatchEventsRequest {
+                    after_sequence: 0,
+                    ..Default::default()
+                })
                 .await
         }
     };
@@ -331,7 +334,10 @@ async fn a_consumer_that_stops_reading_during_catch_up_does_not_hold_shutdown() 
         .unwrap();
     let _stuck =
         inventory_server::proto::inventory_service_client::InventoryServiceClient::new(channel)
-            .watch_events(inventory_server::proto::WatchEventsRequest { after_sequence: 0 })
+            .watch_events(inventory_server::proto::WatchEventsRequest {
+                after_sequence: 0,
+                ..Default::default()
+            })
             .await
             .unwrap();
     eventually(

@@ -88,7 +88,10 @@ async fn a_rotated_token_file_takes_effect_within_a_second_and_open_streams_go_o
     // A stream opened under the old credentials.
     let mut events = client
         .watch_events(with_token(
-            WatchEventsRequest { after_sequence: 0 },
+            WatchEventsRequest {
+                after_sequence: 0,
+                ..Default::default()
+            },
             "old-feed",
         ))
         .await

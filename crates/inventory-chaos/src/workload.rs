@@ -730,7 +730,7 @@ async fn stocker(
 /// Follows `WatchEvents` live; on any break it resumes after the last event it saw, on the
 /// next replica.
 async fn watcher(endpoints: Endpoints, recorder: Recorder, mut stopped: watch::Receiver<bool>) {
-    let mut after = 0;
+    let (mut after, mut epoch) = (0, String::new());
     for replica in 0.. {
         if *stopped.borrow() {
             return;
@@ -740,11 +740,13 @@ async fn watcher(endpoints: Endpoints, recorder: Recorder, mut stopped: watch::R
             let mut stream = grpc
                 .watch_events(WatchEventsRequest {
                     after_sequence: after,
+                    epoch: epoch.clone(),
                 })
                 .await?
                 .into_inner();
             while let Some(event) = stream.message().await? {
                 after = event.sequence;
+                epoch.clone_from(&event.epoch);
                 recorder.event(seen(event));
             }
             Ok::<_, tonic::Status>(())
@@ -829,6 +831,7 @@ pub fn seen(event: Event) -> SeenEvent {
 /// Reads the whole stream from the start until `head`, from whichever replica answers.
 pub async fn read_stream(endpoints: &Endpoints, head: i64) -> anyhow::Result<Vec<SeenEvent>> {
     let mut events: Vec<SeenEvent> = Vec::new();
+    let mut epoch = String::new();
     let started = Instant::now();
     let mut replica = 0;
     while events.last().map_or(0, |e| e.sequence) < head {
@@ -844,6 +847,7 @@ pub async fn read_stream(endpoints: &Endpoints, head: i64) -> anyhow::Result<Vec
         let Ok(response) = grpc
             .watch_events(WatchEventsRequest {
                 after_sequence: after,
+                epoch: epoch.clone(),
             })
             .await
         else {
@@ -854,6 +858,7 @@ pub async fn read_stream(endpoints: &Endpoints, head: i64) -> anyhow::Result<Vec
             tokio::time::timeout(Duration::from_secs(5), stream.message()).await
         {
             let done = event.sequence >= head;
+            epoch.clone_from(&event.epoch);
             events.push(seen(event));
             if done {
                 return Ok(events);

@@ -25,6 +25,7 @@ use tonic::{
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::{
+    EventCursor,
     error::{Error, FieldViolation},
     retry::{self, Kind, RetryPolicy, Verdict},
 };
@@ -293,8 +294,17 @@ impl InventoryClient {
         .await
     }
 
-    /// The event stream from `after_sequence`. Not retried: when the stream ends or fails,
-    /// open it again from the last `sequence` received.
+    /// The event stream after `cursor` (see [`EventCursor`] for what to do when it is
+    /// refused with `CURSOR_NOT_IN_HISTORY`). Not retried: when the stream ends or fails,
+    /// open it again from the cursor of the last event processed. Turn an error item of the
+    /// stream into an [`Error`] with [`Error::from_stream`].
+    pub async fn watch_events_from(&self, cursor: &EventCursor) -> Result<Streaming<Event>, Error> {
+        self.watch_events(cursor.request()).await
+    }
+
+    /// The event stream from `after_sequence` (and `epoch`: prefer
+    /// [`Self::watch_events_from`]). Not retried: when the stream ends or fails, open it
+    /// again from the last `sequence` received, with its `epoch`.
     pub async fn watch_events(
         &self,
         request: WatchEventsRequest,
@@ -302,15 +312,10 @@ impl InventoryClient {
         let mut grpc = self.grpc.clone();
         let mut request = Request::new(request);
         self.decorate(request.metadata_mut());
-        match grpc.watch_events(request).await {
-            Ok(response) => Ok(response.into_inner()),
-            Err(status) if retry::verdict(&status) == Verdict::Retry => Err(Error::Unavailable {
-                attempts: 1,
-                elapsed: Duration::ZERO,
-                last: status,
-            }),
-            Err(status) => Err(Error::definite(status)),
-        }
+        grpc.watch_events(request)
+            .await
+            .map(Response::into_inner)
+            .map_err(Error::from_stream)
     }
 
     /// The bearer token and the current span's W3C trace context.

@@ -69,6 +69,21 @@ impl Error {
         }
     }
 
+    /// A failure of `WatchEvents`, opening it or as the stream's last item: `Unavailable`
+    /// when opening again (from the last cursor) may work, otherwise the server's answer
+    /// (`Refused` with `CURSOR_NOT_IN_HISTORY` or `CURSOR_PRUNED`: see
+    /// [`EventCursor`](crate::EventCursor)).
+    pub fn from_stream(status: Status) -> Self {
+        if crate::retry::verdict(&status) == crate::retry::Verdict::Retry {
+            return Self::Unavailable {
+                attempts: 1,
+                elapsed: std::time::Duration::ZERO,
+                last: status,
+            };
+        }
+        Self::definite(status)
+    }
+
     /// A definite answer of the server's, turned into an error.
     pub(crate) fn definite(status: Status) -> Self {
         let details = status.get_error_details();

@@ -14,6 +14,8 @@
 //!   `Invalid` (which fields are wrong), `OutcomeUnknown` (a write may or may not have
 //!   happened: retry later with the same key, or compensate), plus `Unavailable` for reads
 //!   and for writes whose every attempt was refused before it acted.
+//! - **Resumable events.** [`EventCursor`] keeps the last event's sequence and epoch, resumes
+//!   after it, and says where to go on when a restore or a failover cut the history behind it.
 //! - **Trace context.** The current `tracing` span's context goes out as W3C `traceparent`, so
 //!   the server's spans join the caller's trace.
 //!
@@ -42,10 +44,12 @@
 //! ```
 
 mod client;
+mod cursor;
 mod error;
 pub mod retry;
 
 pub use client::{ClientConfig, InventoryClient, TlsOptions};
+pub use cursor::EventCursor;
 pub use error::{Error, FieldViolation};
 pub use retry::RetryPolicy;
 

@@ -595,6 +595,9 @@ pub mod page_token {
 pub struct WatchEvents {
     /// Events with a position above this one are sent; 0 starts from the oldest kept.
     pub after: i64,
+    /// The epoch `after` belongs to (the one of the event read last); `None` from clients
+    /// that do not send it.
+    pub epoch: Option<crate::events::EpochId>,
 }
 
 impl WatchEvents {
@@ -602,7 +605,7 @@ impl WatchEvents {
         if after < 0 {
             return Err("must not be negative".into());
         }
-        Ok(Self { after })
+        Ok(Self { after, epoch: None })
     }
 }
 

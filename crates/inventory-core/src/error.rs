@@ -200,6 +200,19 @@ pub enum Error {
     #[error("events after {requested} were pruned; the oldest kept follows {pruned_through}")]
     CursorPruned { requested: i64, pruned_through: i64 },
 
+    /// The consumer's cursor is not in the stream's history as it is now: past the head, or
+    /// in an epoch this history does not have or left before that position (a restore or a
+    /// promotion cut the history there). Events it read may never have happened here; it
+    /// starts over from a snapshot.
+    #[error("the cursor {after} (epoch {requested}) is not in the stream's current history (epoch {}, head {head})", current.id)]
+    CursorNotInHistory {
+        after: i64,
+        /// The epoch the consumer named, or "unknown".
+        requested: String,
+        current: crate::events::Epoch,
+        head: i64,
+    },
+
     /// The idempotency key was already used for a different request.
     #[error("idempotency key was already used for a different request")]
     IdempotencyKeyReused,

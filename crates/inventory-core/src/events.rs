@@ -16,6 +16,41 @@ pub struct Event {
     pub id: Uuid,
     pub occurred_at: SystemTime,
     pub change: Change,
+    /// The epoch the position belongs to.
+    pub epoch: Epoch,
+}
+
+/// A stretch of the stream's history: the positions after `starts_after`, up to the next
+/// epoch's. A new epoch begins wherever the history can have been cut (a restore, a promotion
+/// that lost a tail, a reset by hand): a cursor is a position within an epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Epoch {
+    pub id: EpochId,
+    pub starts_after: i64,
+}
+
+/// An epoch's random id, never reused: as text, 16 hex digits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EpochId(pub i64);
+
+impl EpochId {
+    /// 1 to 16 hex digits.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() || raw.len() > 16 {
+            return Err("must be 1 to 16 hex digits".into());
+        }
+        u64::from_str_radix(raw, 16)
+            .ok()
+            .and_then(|id| i64::try_from(id).ok())
+            .map(Self)
+            .ok_or_else(|| "must be an epoch as the server sent it (16 hex digits)".into())
+    }
+}
+
+impl std::fmt::Display for EpochId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,10 +144,52 @@ impl ReservationEvent {
 }
 
 /// Where a consumer's cursor stands against what the stream still holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamBounds {
     /// Highest position handed out so far (0 before the first event).
     pub head: i64,
     /// Events up to and including this position were pruned by retention.
     pub pruned_through: i64,
+    /// Every epoch, oldest first; the last is the current one.
+    pub epochs: Vec<Epoch>,
+}
+
+impl StreamBounds {
+    /// The epoch events are positioned in now.
+    pub fn current_epoch(&self) -> Epoch {
+        self.epochs.last().copied().unwrap_or(Epoch {
+            id: EpochId(0),
+            starts_after: 0,
+        })
+    }
+
+    /// The epoch `position` belongs to in this history: the latest that began before it.
+    pub fn epoch_at(&self, position: i64) -> Option<EpochId> {
+        self.epochs
+            .iter()
+            .rev()
+            .find(|e| e.starts_after < position)
+            .map(|e| e.id)
+    }
+
+    /// Whether a consumer that read up to `after` in `epoch` may go on from there: `after` is
+    /// within the stream as it is now (not past the head), and, for another epoch than the
+    /// current one, one this history has and no later than where the epoch after it began
+    /// (what the consumer read is then shared by the history that went on). `None`: the
+    /// consumer did not say its epoch (clients from before epochs); only the head is checked.
+    pub fn admits(&self, epoch: Option<EpochId>, after: i64) -> bool {
+        if after > self.head {
+            return false;
+        }
+        let Some(epoch) = epoch else {
+            return true;
+        };
+        match self.epochs.iter().position(|e| e.id == epoch) {
+            None => false,
+            Some(index) => self
+                .epochs
+                .get(index + 1)
+                .is_none_or(|next| after <= next.starts_after),
+        }
+    }
 }

@@ -12,13 +12,14 @@
 
 use std::{sync::Arc, time::SystemTime};
 
+use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
     domain::{
         Allocation, LocationId, OrderId, Quantity, ReservationId, ReservationLine,
         ReservationState, Sku, StockLevel,
     },
-    events::{Change, Event, ReservationEvent, StreamBounds},
+    events::{Change, Epoch, EpochId, Event, ReservationEvent, StreamBounds},
     ports::EventStore,
 };
 use serde::Deserialize;
@@ -33,8 +34,27 @@ use crate::{
 /// The channel the sequencer notifies after it moved the head.
 pub const POSITIONS_CHANNEL: &str = "inventory_events";
 
-/// `SKIP LOCKED`: while one replica's sequencer runs, the others skip their turn.
-const LOCK_STREAM: &str = "SELECT head FROM event_stream WHERE id = 1 FOR UPDATE SKIP LOCKED";
+/// `SKIP LOCKED`: while one replica's sequencer runs, the others skip their turn. With the
+/// head: the current epoch, what it recorded of the cluster and the cluster as it is now
+/// (system identifier, and the timeline of the WAL being written).
+const LOCK_STREAM: &str = "
+    SELECT s.head, e.epoch, e.system_identifier, e.timeline,
+           (SELECT system_identifier FROM pg_control_system()),
+           ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+    FROM event_stream s,
+         LATERAL (SELECT epoch, system_identifier, timeline FROM stream_epochs
+                  ORDER BY seq DESC LIMIT 1) e
+    WHERE s.id = 1 FOR UPDATE OF s SKIP LOCKED";
+
+/// The current epoch adopts the cluster it was first positioned on.
+const ADOPT_CLUSTER: &str = "
+    UPDATE stream_epochs SET system_identifier = $2, timeline = $3 WHERE epoch = $1";
+
+/// A new epoch after the head, on the cluster as it is now.
+const NEW_EPOCH: &str = "
+    INSERT INTO stream_epochs (epoch, starts_after, system_identifier, timeline, reason)
+    VALUES ($1, (SELECT head FROM event_stream WHERE id = 1), $2, $3, $4)
+    RETURNING starts_after";
 
 const POSITION_READY: &str = "
     WITH ready AS (
@@ -50,13 +70,24 @@ const MOVE_HEAD: &str = "UPDATE event_stream SET head = head + $1 WHERE id = 1";
 
 const NOTIFY: &str = "SELECT pg_notify($1, $2::text)";
 
+/// With each event, the epoch its position belongs to: the latest that starts before it.
 const EVENTS_AFTER: &str = "
-    SELECT position, event_id, event_type, reservation_id, sku, payload, occurred_at
-    FROM outbox WHERE position > $1 ORDER BY position LIMIT $2";
+    SELECT o.position, o.event_id, o.event_type, o.reservation_id, o.sku, o.payload,
+           o.occurred_at, e.epoch, e.starts_after
+    FROM outbox o
+    LEFT JOIN LATERAL (SELECT epoch, starts_after FROM stream_epochs
+                       WHERE starts_after < o.position ORDER BY seq DESC LIMIT 1) e ON true
+    WHERE o.position > $1 ORDER BY o.position LIMIT $2";
 
 const UNPOSITIONED: &str = "SELECT count(*) FROM outbox WHERE position IS NULL";
 
-const BOUNDS: &str = "SELECT head, pruned_through FROM event_stream WHERE id = 1";
+/// The head, retention's end and every epoch (oldest first), in one snapshot: a new epoch
+/// starts at the head it reads.
+const BOUNDS: &str = "
+    SELECT head, pruned_through,
+           (SELECT coalesce(array_agg(epoch ORDER BY seq), '{}') FROM stream_epochs),
+           (SELECT coalesce(array_agg(starts_after ORDER BY seq), '{}') FROM stream_epochs)
+    FROM event_stream WHERE id = 1";
 
 /// What one sequencer run did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +121,7 @@ impl PgStore {
                 return Ok(Positioned::Busy);
             };
             let head: i64 = row.get(0);
+            same_history(&tx, &row).await?;
             let statement = tx.prepare_cached(POSITION_READY).await.map_err(from_db)?;
             let limit = i64::try_from(batch).unwrap_or(i64::MAX);
             let moved = tx
@@ -120,6 +152,87 @@ impl PgStore {
     }
 }
 
+/// Before anything is positioned: if the cluster is not the one the current epoch recorded
+/// (another system, or another timeline: a promotion, the end of a point-in-time recovery),
+/// the history may have been cut at the head, so a new epoch starts there. `row`: what
+/// [`LOCK_STREAM`] read.
+async fn same_history(tx: &Transaction<'_>, row: &Row) -> Result<(), Error> {
+    let epoch: i64 = row.get(1);
+    let recorded: (Option<i64>, Option<i32>) = (row.get(2), row.get(3));
+    let now: (i64, i32) = (row.get(4), row.get(5));
+    match recorded {
+        (Some(system), Some(timeline)) if (system, timeline) == now => Ok(()),
+        (None, _) | (_, None) => {
+            let statement = tx.prepare_cached(ADOPT_CLUSTER).await.map_err(from_db)?;
+            tx.execute(&statement, &[&epoch, &now.0, &now.1])
+                .await
+                .map_err(from_db)?;
+            Ok(())
+        }
+        (Some(system), Some(timeline)) => {
+            let reason = if system == now.0 {
+                format!("timeline {timeline} -> {}", now.1)
+            } else {
+                format!("system {system} -> {}", now.0)
+            };
+            let epoch = start_epoch(tx, now, &reason).await?;
+            tracing::warn!(
+                %reason,
+                epoch = %epoch.id,
+                starts_after = epoch.starts_after,
+                "the event stream's history may have been cut: a new epoch begins; consumers \
+                 past it start over from a snapshot"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Starts a new epoch after the current head. The caller holds the event stream's row lock.
+async fn start_epoch(
+    tx: &tokio_postgres::Transaction<'_>,
+    cluster: (i64, i32),
+    reason: &str,
+) -> Result<Epoch, Error> {
+    let id = new_epoch_id();
+    let row = tx
+        .query_one(NEW_EPOCH, &[&id, &cluster.0, &cluster.1, &reason])
+        .await
+        .map_err(from_db)?;
+    Ok(Epoch {
+        id: EpochId(id),
+        starts_after: row.get(0),
+    })
+}
+
+/// A random positive 63-bit id.
+fn new_epoch_id() -> i64 {
+    let bits = uuid::Uuid::new_v4().as_u64_pair().0 >> 1;
+    i64::try_from(bits).unwrap_or(i64::MAX).max(1)
+}
+
+/// `inventory-server new-stream-epoch`: a new epoch after the current head, for a cut the
+/// sequencer cannot see (a data folder copied back without recovery, a restore the timeline
+/// does not show). Waits for a running sequencer. Returns the new epoch.
+pub async fn new_stream_epoch(
+    client: &mut tokio_postgres::Client,
+    reason: &str,
+) -> Result<Epoch, Error> {
+    let tx = client.transaction().await.map_err(from_db)?;
+    let row = tx
+        .query_one(
+            "SELECT (SELECT system_identifier FROM pg_control_system()),
+                    ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+             FROM event_stream WHERE id = 1 FOR UPDATE",
+            &[],
+        )
+        .await
+        .map_err(from_db)?;
+    let epoch = start_epoch(&tx, (row.get(0), row.get(1)), reason).await?;
+    tx.commit().await.map_err(from_db)?;
+    Ok(epoch)
+}
+
 impl EventStore for PgStore {
     async fn events_after(&self, after: i64, limit: usize) -> Result<Vec<Event>, Error> {
         self.bounded(async {
@@ -140,9 +253,19 @@ impl EventStore for PgStore {
             let client = self.pool().get().await.map_err(from_pool)?;
             let statement = client.prepare_cached(BOUNDS).await.map_err(from_db)?;
             let row = client.query_one(&statement, &[]).await.map_err(from_db)?;
+            let ids: Vec<i64> = row.get(2);
+            let starts: Vec<i64> = row.get(3);
             Ok(StreamBounds {
                 head: row.get(0),
                 pruned_through: row.get(1),
+                epochs: ids
+                    .into_iter()
+                    .zip(starts)
+                    .map(|(id, starts_after)| Epoch {
+                        id: EpochId(id),
+                        starts_after,
+                    })
+                    .collect(),
             })
         })
         .await
@@ -379,6 +502,18 @@ fn event(row: &Row) -> Result<Event, Error> {
         id: row.try_get(1).map_err(Error::internal)?,
         occurred_at: row.try_get::<_, SystemTime>(6).map_err(Error::internal)?,
         change,
+        // Positioned before the first epoch began: none (a stream reset from before epochs).
+        epoch: Epoch {
+            id: EpochId(
+                row.try_get::<_, Option<i64>>(7)
+                    .map_err(Error::internal)?
+                    .unwrap_or(0),
+            ),
+            starts_after: row
+                .try_get::<_, Option<i64>>(8)
+                .map_err(Error::internal)?
+                .unwrap_or(0),
+        },
     })
 }
 

@@ -4,13 +4,16 @@
 
 SERVICES := deploy/local/services.sh
 
-.PHONY: run test bench bench-compare lab chaos lint stop build
+.PHONY: run test drill bench bench-compare lab chaos lint stop build
 
 run: ## Start PostgreSQL and Redis, migrate, seed demo SKUs and serve (Ctrl-C stops all)
 	@$(SERVICES) run
 
 test: ## Run the whole test suite against throwaway PostgreSQL and Redis
 	@$(SERVICES) test
+
+drill: ## The restore drill alone: base backup and WAL archive under traffic, point-in-time recovery into a new cluster, the service on it (part of `make test` too)
+	@TEST_FILTER=drill:: $(SERVICES) test
 
 bench: ## Benchmark suite: pgbench's raw-SQL ceiling against the service, as ratios, medians of BENCH_ROUNDS=3 rounds (~30 min)
 	@$(SERVICES) bench

@@ -315,6 +315,8 @@ cmd_test() {
   if cargo nextest --version >/dev/null 2>&1; then
     runner=(cargo nextest run --workspace --locked --no-fail-fast)
   fi
+  # TEST_FILTER: only the tests whose names contain it (`make drill`).
+  [ -z "${TEST_FILTER:-}" ] || runner+=("$TEST_FILTER")
   log "running: ${runner[*]}"
   (cd "$ROOT" && "${runner[@]}")
 }

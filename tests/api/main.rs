@@ -14,6 +14,7 @@ mod coalescing;
 mod config;
 mod datastore_tls;
 mod deploy;
+mod drill;
 mod events;
 mod extend;
 mod failover;

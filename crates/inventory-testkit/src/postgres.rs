@@ -314,6 +314,13 @@ impl Postgres {
             // Written by this process: readable by the server whoever owns it.
             std::fs::write(postgres.data.join("pg_hba.conf"), hba)?;
         }
+        postgres.launch(options).await?;
+        Ok(postgres)
+    }
+
+    /// Starts the server of this cluster's data folder with `options`' settings.
+    async fn launch(&self, options: &PostgresOptions) -> anyhow::Result<()> {
+        let postgres = self;
         let mut settings = format!(
             "-p {} -c listen_addresses={} -c unix_socket_directories={} \
              -c max_connections=200 -c fsync=off -c synchronous_commit=off",
@@ -349,7 +356,160 @@ impl Postgres {
                     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 )
             })?;
-        Ok(postgres)
+        Ok(())
+    }
+
+    /// A folder beside the data folder (reachable by the server's user like it), emptied,
+    /// owned by that user.
+    async fn sibling(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let parent = self.data.parent().context("the data folder has a parent")?;
+        let dir = parent.join(name);
+        if dir.join("postmaster.pid").exists() {
+            let data = dir.display().to_string();
+            let _ = self
+                .run("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"])
+                .await;
+        }
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.display().to_string();
+        if self.as_postgres {
+            output("chown", &["postgres:", &path]).await?;
+        }
+        output("chmod", &["700", &path]).await?;
+        Ok(dir)
+    }
+
+    /// Turns on WAL archiving (a restart) into a folder beside the data folder, which it
+    /// returns: every finished WAL segment is copied there, as a backup's archive would be.
+    pub async fn archive_wal(&self) -> anyhow::Result<PathBuf> {
+        let archive = self.sibling("wal-archive").await?;
+        let admin = connect(&self.admin_config()?).await?;
+        // One statement per call: ALTER SYSTEM refuses the implicit transaction of several.
+        admin
+            .batch_execute("ALTER SYSTEM SET archive_mode = on")
+            .await?;
+        admin
+            .batch_execute(&format!(
+                "ALTER SYSTEM SET archive_command = 'test ! -f {dir}/%f && cp %p {dir}/%f'",
+                dir = archive.display()
+            ))
+            .await?;
+        self.restart_fast().await?;
+        Ok(archive)
+    }
+
+    /// Ends the current WAL segment and waits until the archive has it: everything committed
+    /// so far can be recovered from the archive.
+    pub async fn flush_archive(&self) -> anyhow::Result<()> {
+        let admin = connect(&self.admin_config()?).await?;
+        let segment: String = admin
+            .query_one(
+                "SELECT pg_walfile_name(pg_current_wal_lsn()) FROM pg_switch_wal()",
+                &[],
+            )
+            .await?
+            .get(0);
+        let started = std::time::Instant::now();
+        loop {
+            let archived: Option<String> = admin
+                .query_one("SELECT last_archived_wal FROM pg_stat_archiver", &[])
+                .await?
+                .get(0);
+            if archived.is_some_and(|a| a.as_str() >= segment.as_str()) {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "segment {segment} not archived within 60 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A base backup of the running cluster (`pg_basebackup`, with the WAL it needs) in a
+    /// folder beside the data folder, which it returns.
+    pub async fn base_backup(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let backup = self.sibling(name).await?;
+        let port = self.port.to_string();
+        let dest = backup.display().to_string();
+        self.run(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                &dest,
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ],
+        )
+        .await
+        .context("pg_basebackup")?;
+        Ok(backup)
+    }
+
+    /// Point-in-time recovery into a new cluster (folder `name` beside this one's data, a port
+    /// of its own): a copy of `backup`, replaying `archive` up to the restore point `target`
+    /// (`pg_create_restore_point`), then promoted, which starts a new timeline. Returns once
+    /// it takes writes. This cluster is left as it is.
+    pub async fn restore(
+        &self,
+        backup: &Path,
+        archive: &Path,
+        target: &str,
+        name: &str,
+    ) -> anyhow::Result<Postgres> {
+        let data = self.sibling(name).await?;
+        let (from, to) = (
+            format!("{}/.", backup.display()),
+            data.display().to_string(),
+        );
+        let argv = self.argv("cp", &[]);
+        // `cp` of the system, as the server's user (so the copy is theirs).
+        let mut cp: Vec<&str> = argv[..argv.len() - 1].iter().map(String::as_str).collect();
+        cp.extend(["cp", "-a", &from, &to]);
+        output(cp[0], &cp[1..]).await.context("copy the backup")?;
+        std::fs::write(data.join("recovery.signal"), "")?;
+        let mut auto = std::fs::read_to_string(data.join("postgresql.auto.conf"))?;
+        auto.push_str(&format!(
+            "restore_command = 'cp {archive}/%f %p'\n\
+             recovery_target_name = '{target}'\n\
+             recovery_target_action = 'promote'\n\
+             archive_mode = off\n",
+            archive = archive.display()
+        ));
+        std::fs::write(data.join("postgresql.auto.conf"), auto)?;
+        let restored = Postgres {
+            bin: self.bin.clone(),
+            data,
+            port: free_port()?,
+            as_postgres: self.as_postgres,
+        };
+        restored.launch(&PostgresOptions::default()).await?;
+        let admin = connect(&restored.admin_config()?).await?;
+        let started = std::time::Instant::now();
+        while admin
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await?
+            .get::<_, bool>(0)
+        {
+            anyhow::ensure!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "the restored cluster did not finish recovery within 60 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Ok(restored)
     }
 
     /// Where the cluster's data (and its `server.log`) is.

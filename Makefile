@@ -24,7 +24,7 @@ bench-compare: ## The service now against git revision BASELINE, sides alternati
 lab: ## The failure lab: the last unit sold twice the naive way, never by the service (timelines, target/lab/index.html)
 	@$(SERVICES) lab
 
-chaos: ## Fault suite: 3 replicas, Redis single/Sentinel/Cluster and PostgreSQL failover (pg-failover), seeded faults, history checker (DURATION=3m per topology, SEED=, TOPOLOGIES=)
+chaos: ## Fault suite: 3 replicas, Redis single/Sentinel/Cluster and PostgreSQL failover (pg-failover), seeded faults, history checker (DURATION=3m per topology, SEED=, TOPOLOGIES=; TOPOLOGIES=rolling-upgrade rolls from PREVIOUS, default the commit before the newest migration)
 	@$(SERVICES) chaos
 
 lint: ## Formatting, clippy (warnings denied), the proto (buf lint and breaking), Dockerfile, manifests and alert rules

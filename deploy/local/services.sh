@@ -338,12 +338,10 @@ cmd_bench() {
     --out target/bench)
 }
 
-cmd_bench_compare() {
-  local rev
-  rev=$(cd "$ROOT" && git rev-parse --short "${1:?a git revision to compare against, e.g. BASELINE=HEAD~3}^{commit}")
-  PROFILE=bench
-  profile_settings bench
-  ensure_packages
+# Builds inventory-server at git revision $1 in a worktree under target/baseline/ and sets
+# BASELINE_BIN to it (the bench comparison's baseline, the rolling upgrade's previous release).
+build_baseline() {
+  local rev=$1
   local tree="$ROOT/target/baseline/$rev" target="$ROOT/target/baseline/target"
   if [ ! -d "$tree" ]; then
     log "checking out $rev in $tree"
@@ -353,17 +351,29 @@ cmd_bench_compare() {
   if [ ! -d "$target/release" ] && [ -d "$ROOT/target/release" ]; then
     mkdir -p "$target" && cp -a "$ROOT/target/release" "$target/"
   fi
-  # The baseline target is shared by every revision compared against. Cargo judges the
+  # The baseline target is shared by every revision built there. Cargo judges the
   # workspace's own crates fresh by file times, and a worktree checked out before the last
   # build of another revision looks older than that build's artifacts: touch its files so
   # they are compiled again when the revision changes.
   if [ "$(cat "$target/revision" 2>/dev/null)" != "$rev" ]; then
     (cd "$tree" && git ls-files -z | xargs -0 touch)
   fi
-  log "building release binaries (this tree, then $rev)"
-  (cd "$ROOT" && cargo build --release --locked -p inventory-server -p inventory-bench)
+  log "building the release binary of $rev"
   (cd "$tree" && CARGO_TARGET_DIR="$target" cargo build --release --locked -p inventory-server)
   echo "$rev" > "$target/revision"
+  BASELINE_BIN="$target/release/inventory-server"
+}
+
+cmd_bench_compare() {
+  local rev
+  rev=$(cd "$ROOT" && git rev-parse --short "${1:?a git revision to compare against, e.g. BASELINE=HEAD~3}^{commit}")
+  PROFILE=bench
+  profile_settings bench
+  ensure_packages
+  log "building release binaries (this tree, then $rev)"
+  (cd "$ROOT" && cargo build --release --locked -p inventory-server -p inventory-bench)
+  build_baseline "$rev"
+  local target="$ROOT/target/baseline/target"
   start_services
   trap stop_services EXIT
   log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); baseline $rev, candidate $(cd "$ROOT" && git describe --always --dirty)"
@@ -395,9 +405,20 @@ cmd_chaos() {
   ensure_packages
   log "building release binaries"
   (cd "$ROOT" && cargo build --release --locked -p inventory-server -p inventory-chaos)
-  local args=(--topologies "${TOPOLOGIES:-single,sentinel,cluster,pg-failover}" --duration "${DURATION:-3m}"
+  local topologies="${TOPOLOGIES:-single,sentinel,cluster,pg-failover}"
+  local args=(--topologies "$topologies" --duration "${DURATION:-3m}"
     --server "$ROOT/target/release/inventory-server" --out "$ROOT/target/chaos")
   if [ -n "${SEED:-}" ]; then args+=(--seed "$SEED"); fi
+  if [[ ",$topologies," == *,rolling-upgrade,* ]]; then
+    # The previous release: PREVIOUS, or the commit before the one that added the newest
+    # migration (the last release whose schema this one changes).
+    local previous
+    previous=${PREVIOUS:-$(cd "$ROOT" && git log -1 --format=%H --diff-filter=A -- crates/inventory-postgres/migrations)^}
+    previous=$(cd "$ROOT" && git rev-parse --short "$previous^{commit}")
+    build_baseline "$previous"
+    log "rolling upgrade: from $previous to $(cd "$ROOT" && git describe --always --dirty)"
+    args+=(--previous-server "$BASELINE_BIN")
+  fi
   (cd "$ROOT" && target/release/inventory-chaos "${args[@]}")
 }
 

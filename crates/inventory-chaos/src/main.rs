@@ -18,8 +18,9 @@ use inventory_testkit::postgres::Postgres;
     about = "Fault suite for inventory-server"
 )]
 struct Cli {
-    /// Topologies to run, one after another: the Redis layouts, and `pg-failover` (PostgreSQL
-    /// failing over, one Redis instance).
+    /// Topologies to run, one after another: the Redis layouts, `pg-failover` (PostgreSQL
+    /// failing over, one Redis instance), and on request `rolling-upgrade` (from
+    /// `--previous-server` to `--server`, under the faults of `single`).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Topology::ALL)]
     topologies: Vec<Topology>,
     /// How long the load and the faults run, per topology.
@@ -31,6 +32,10 @@ struct Cli {
     /// The `inventory-server` binary (default: next to this one).
     #[arg(long, env = "INVENTORY_SERVER_BIN")]
     server: Option<PathBuf>,
+    /// The previous release's `inventory-server`, for `rolling-upgrade` (which starts on it and
+    /// rolls to `--server`).
+    #[arg(long, env = "INVENTORY_PREVIOUS_SERVER_BIN")]
+    previous_server: Option<PathBuf>,
     /// Where logs, histories and reports go.
     #[arg(long, default_value = "target/chaos")]
     out: PathBuf,
@@ -68,6 +73,16 @@ async fn run_all(cli: Cli) -> anyhow::Result<bool> {
         "no inventory-server at {} (build it, or pass --server)",
         server.display()
     );
+    if cli.topologies.iter().any(|t| t.rolls()) {
+        let previous = cli.previous_server.as_ref().context(
+            "rolling-upgrade needs the previous release: --previous-server (make chaos builds it)",
+        )?;
+        anyhow::ensure!(
+            previous.exists(),
+            "no previous release at {}",
+            previous.display()
+        );
+    }
     std::fs::create_dir_all(&cli.out)?;
     let out = std::fs::canonicalize(&cli.out)?;
     eprintln!(
@@ -93,6 +108,7 @@ async fn run_all(cli: Cli) -> anyhow::Result<bool> {
             seed,
             duration: cli.duration,
             server: server.clone(),
+            previous: cli.previous_server.clone(),
             out: out.join(topology.name()),
             clients: cli.clients,
             skus: cli.skus,

@@ -22,7 +22,7 @@ use crate::{
     checker::{self, Facts, Heal, Outage, OutboxRow, StockRow},
     history::{History, Op, OpKind, Outcome, Phase, Recorder},
     report::{self, Applied, RunReport},
-    schedule::{self, Fault},
+    schedule::{self, Fault, Release},
     topology::Topology,
     workload::{self, Caller, Endpoints, WorkloadConfig},
 };
@@ -44,6 +44,8 @@ pub struct RunConfig {
     pub duration: Duration,
     /// The `inventory-server` binary.
     pub server: PathBuf,
+    /// The previous release's `inventory-server`, which a rolling upgrade starts from.
+    pub previous: Option<PathBuf>,
     /// This run's folder: logs, Redis data, history, report.
     pub out: PathBuf,
     pub clients: usize,
@@ -56,13 +58,17 @@ impl RunConfig {
     pub fn replay(&self) -> String {
         format!(
             "target/release/inventory-chaos --topologies {} --seed {} --duration {}s \
-             --clients {} --skus {} --stock {}",
+             --clients {} --skus {} --stock {}{}",
             self.topology.name(),
             self.seed,
             self.duration.as_secs(),
             self.clients,
             self.skus,
-            self.stock
+            self.stock,
+            self.previous
+                .as_ref()
+                .map(|p| format!(" --previous-server {}", p.display()))
+                .unwrap_or_default()
         )
     }
 }
@@ -124,6 +130,11 @@ struct Targets<'a, 'p> {
     replicas: &'a mut [ServerProcess],
     skus: &'a [String],
     key_prefix: &'a str,
+    /// The two releases of a rolling upgrade (the previous one only there), and the URL
+    /// their `migrate` runs against.
+    current: &'a std::path::Path,
+    previous: Option<&'a std::path::Path>,
+    database_url: String,
 }
 
 /// One run. `postgres` is the suite's PostgreSQL instance; a topology that fails over starts a
@@ -156,7 +167,22 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
         config.seed
     );
     let databases = TemplateDatabases::new(db.admin_config()?);
-    let database_config = databases.create(&database).await?;
+    // A rolling upgrade begins on the schema of the release it upgrades from.
+    let first = if config.topology.rolls() {
+        config
+            .previous
+            .as_deref()
+            .context("a rolling upgrade needs the previous release (--previous-server)")?
+    } else {
+        config.server.as_path()
+    };
+    let database_config = if config.topology.rolls() {
+        let created = databases.create_empty(&database).await?;
+        server::migrate(first, &db.url(&database)).await?;
+        created
+    } else {
+        databases.create(&database).await?
+    };
 
     let mut redis = Redis::start(config.topology.redis(), &config.out.join("redis")).await?;
     let key_prefix = format!("chaos:{run_id}");
@@ -183,7 +209,7 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
     let mut replicas = Vec::new();
     for i in 0..REPLICAS {
         let log = config.out.join(format!("replica-{i}.log"));
-        replicas.push(ServerProcess::start(&config.server, env.clone(), log).await?);
+        replicas.push(ServerProcess::start(first, env.clone(), log).await?);
     }
     let endpoints = Endpoints::new(&replicas.iter().map(ServerProcess::addr).collect::<Vec<_>>())?;
     let skus: Vec<String> = (0..config.skus)
@@ -239,12 +265,16 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
         recorder.clone(),
     );
     let planned = schedule::plan(config.seed, config.topology, config.duration, LEASE_TTL);
+    let database_url = db.url(&database);
     let mut targets = Targets {
         database: db,
         redis: &mut redis,
         replicas: &mut replicas,
         skus: &skus,
         key_prefix: &key_prefix,
+        current: &config.server,
+        previous: config.previous.as_deref(),
+        database_url,
     };
     let mut applied = Vec::new();
     let mut outages = Vec::new();
@@ -420,6 +450,23 @@ async fn apply(
         });
     }
     let down = match *fault {
+        Fault::MigrateSchema => {
+            let printed = server::migrate(t.current, &t.database_url).await?;
+            eprintln!(
+                "  {:>7.1} s  migrate: {}",
+                recorder.now_ms() / 1000.0,
+                printed.replace('\n', " | ")
+            );
+            None
+        }
+        Fault::ReplaceReplica { replica, release } => {
+            let binary = match release {
+                Release::Current => t.current,
+                Release::Previous => t.previous.context("no previous release")?,
+            };
+            t.replicas[replica].replace(binary, STOP_GRACE).await?;
+            None
+        }
         Fault::PauseReplica { replica, for_ms } => {
             t.replicas[replica].pause().await?;
             tokio::time::sleep(ms(for_ms)).await;

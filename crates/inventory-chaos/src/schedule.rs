@@ -50,7 +50,49 @@ pub enum Fault {
     PgPrimaryCut { after_ms: u64 },
     /// A planned switchover: the standby becomes the primary, the primary its standby.
     PgSwitchover,
+    /// A rollout's first step: the current release's `migrate` while the previous release
+    /// serves.
+    MigrateSchema,
+    /// A rollout's step: the replica stopped as a pod is (SIGTERM, the drain) and started
+    /// again as `release`.
+    ReplaceReplica { replica: usize, release: Release },
 }
+
+/// Which build a replica runs in a rolling upgrade.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Release {
+    /// The build under test.
+    Current,
+    /// The release before it.
+    Previous,
+}
+
+/// The steps of a rolling upgrade, in order: migrate, replace every replica, roll one back,
+/// and forward again.
+pub const ROLLOUT: [Fault; 6] = [
+    Fault::MigrateSchema,
+    Fault::ReplaceReplica {
+        replica: 0,
+        release: Release::Current,
+    },
+    Fault::ReplaceReplica {
+        replica: 1,
+        release: Release::Current,
+    },
+    Fault::ReplaceReplica {
+        replica: 2,
+        release: Release::Current,
+    },
+    Fault::ReplaceReplica {
+        replica: 1,
+        release: Release::Previous,
+    },
+    Fault::ReplaceReplica {
+        replica: 1,
+        release: Release::Current,
+    },
+];
 
 impl Fault {
     pub fn name(&self) -> &'static str {
@@ -70,6 +112,15 @@ impl Fault {
             Fault::PgPrimaryPause { .. } => "pg_primary_pause",
             Fault::PgPrimaryCut { .. } => "pg_primary_cut",
             Fault::PgSwitchover => "pg_switchover",
+            Fault::MigrateSchema => "migrate_schema",
+            Fault::ReplaceReplica {
+                release: Release::Current,
+                ..
+            } => "upgrade_replica",
+            Fault::ReplaceReplica {
+                release: Release::Previous,
+                ..
+            } => "rollback_replica",
         }
     }
 
@@ -135,7 +186,7 @@ fn kinds(topology: Topology) -> Vec<Kind> {
     match topology {
         // Only a single instance sits behind the proxy: Sentinel and Cluster hand out the
         // nodes' own addresses.
-        Topology::Single | Topology::PgFailover => {
+        Topology::Single | Topology::PgFailover | Topology::RollingUpgrade => {
             kinds.extend([Kind::RedisRestart, Kind::RedisCut, Kind::RedisSlow])
         }
         Topology::Sentinel => kinds.push(Kind::Failover),
@@ -175,62 +226,22 @@ pub fn plan(
     let mut at = 2_000;
     let mut round = Vec::new();
     let mut planned = Vec::new();
+    // A rolling upgrade's steps take turns with the faults, a step first.
+    let mut rollout: Vec<Fault> = if topology.rolls() {
+        ROLLOUT.iter().rev().cloned().collect()
+    } else {
+        Vec::new()
+    };
+    let mut step_next = true;
     loop {
         if round.is_empty() {
             round = shuffled_round(topology, &mut rng);
         }
-        let kind = round.pop().expect("a round is never empty");
-        let fault = match kind {
-            // Past the lease TTL, so another replica's holder takes over meanwhile.
-            Kind::Pause => Fault::PauseReplica {
-                replica: rng.random_range(0..3),
-                for_ms: rng.random_range(ttl + ttl / 2..=ttl * 3),
-            },
-            Kind::Kill => Fault::KillReplica {
-                replica: rng.random_range(0..3),
-                down_ms: rng.random_range(200..=1_500),
-            },
-            Kind::RedisPause => Fault::RedisPause {
-                node: rng.random_range(0..3),
-                for_ms: rng.random_range(500..=2_500),
-            },
-            Kind::RedisRestart => Fault::RedisRestartEmpty {
-                down_ms: rng.random_range(500..=2_000),
-            },
-            Kind::RedisCut => Fault::RedisCut {
-                for_ms: rng.random_range(500..=2_000),
-            },
-            Kind::RedisSlow => Fault::RedisSlow {
-                latency_ms: rng.random_range(20..=200),
-                for_ms: rng.random_range(1_000..=2_500),
-            },
-            Kind::Failover => Fault::SentinelFailover {
-                down_ms: rng.random_range(1_000..=3_000),
-            },
-            Kind::NodeKill => Fault::ClusterNodeKill {
-                node: rng.random_range(0..3),
-                down_ms: rng.random_range(500..=2_000),
-            },
-            Kind::PgRestart => Fault::PostgresRestart,
-            Kind::PgSlow => Fault::PostgresSlow {
-                latency_ms: rng.random_range(20..=200),
-                for_ms: rng.random_range(1_000..=2_500),
-            },
-            Kind::PgKill => Fault::PgPrimaryKill {
-                down_ms: rng.random_range(500..=3_000),
-            },
-            // Long enough past the promotion that the service must not wait for the old
-            // primary to come back.
-            Kind::PgPause => Fault::PgPrimaryPause {
-                after_ms: rng.random_range(1_000..=6_000),
-            },
-            Kind::PgPartition => Fault::PgPrimaryCut {
-                after_ms: rng.random_range(0..=2_000),
-            },
-            Kind::PgSwitchover => Fault::PgSwitchover,
-            Kind::PgCut => Fault::PostgresCut {
-                for_ms: rng.random_range(500..=2_000),
-            },
+        let step = if step_next { rollout.pop() } else { None };
+        step_next = !step_next;
+        let fault = match step {
+            Some(step) => step,
+            None => random_fault(round.pop().expect("a round is never empty"), ttl, &mut rng),
         };
         let length = nominal_length(&fault);
         if at + length > end {
@@ -240,6 +251,62 @@ pub fn plan(
         at += length + rng.random_range(1_000..=2_500);
     }
     planned
+}
+
+/// A fault of `kind`, its parameters drawn from `rng`.
+fn random_fault(kind: Kind, ttl: u64, rng: &mut StdRng) -> Fault {
+    match kind {
+        // Past the lease TTL, so another replica's holder takes over meanwhile.
+        Kind::Pause => Fault::PauseReplica {
+            replica: rng.random_range(0..3),
+            for_ms: rng.random_range(ttl + ttl / 2..=ttl * 3),
+        },
+        Kind::Kill => Fault::KillReplica {
+            replica: rng.random_range(0..3),
+            down_ms: rng.random_range(200..=1_500),
+        },
+        Kind::RedisPause => Fault::RedisPause {
+            node: rng.random_range(0..3),
+            for_ms: rng.random_range(500..=2_500),
+        },
+        Kind::RedisRestart => Fault::RedisRestartEmpty {
+            down_ms: rng.random_range(500..=2_000),
+        },
+        Kind::RedisCut => Fault::RedisCut {
+            for_ms: rng.random_range(500..=2_000),
+        },
+        Kind::RedisSlow => Fault::RedisSlow {
+            latency_ms: rng.random_range(20..=200),
+            for_ms: rng.random_range(1_000..=2_500),
+        },
+        Kind::Failover => Fault::SentinelFailover {
+            down_ms: rng.random_range(1_000..=3_000),
+        },
+        Kind::NodeKill => Fault::ClusterNodeKill {
+            node: rng.random_range(0..3),
+            down_ms: rng.random_range(500..=2_000),
+        },
+        Kind::PgRestart => Fault::PostgresRestart,
+        Kind::PgSlow => Fault::PostgresSlow {
+            latency_ms: rng.random_range(20..=200),
+            for_ms: rng.random_range(1_000..=2_500),
+        },
+        Kind::PgKill => Fault::PgPrimaryKill {
+            down_ms: rng.random_range(500..=3_000),
+        },
+        // Long enough past the promotion that the service must not wait for the old
+        // primary to come back.
+        Kind::PgPause => Fault::PgPrimaryPause {
+            after_ms: rng.random_range(1_000..=6_000),
+        },
+        Kind::PgPartition => Fault::PgPrimaryCut {
+            after_ms: rng.random_range(0..=2_000),
+        },
+        Kind::PgSwitchover => Fault::PgSwitchover,
+        Kind::PgCut => Fault::PostgresCut {
+            for_ms: rng.random_range(500..=2_000),
+        },
+    }
 }
 
 /// How long a PostgreSQL failover takes, from the fault to a formation with its standby back.
@@ -267,6 +334,8 @@ fn nominal_length(fault: &Fault) -> u64 {
             after_ms + FAILOVER_MS
         }
         Fault::PgSwitchover => 4_000,
+        // A drain of up to SHUTDOWN_GRACE and a start.
+        Fault::MigrateSchema | Fault::ReplaceReplica { .. } => 3_000,
     }
 }
 

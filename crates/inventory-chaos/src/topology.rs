@@ -17,9 +17,14 @@ pub enum Topology {
     /// PostgreSQL as a pg_auto_failover formation (a monitor, a primary, a synchronous
     /// standby), its primary killed, frozen, cut off and switched over; one Redis instance.
     PgFailover,
+    /// A rolling upgrade under the faults of `single`: three replicas of the previous release,
+    /// the current release's `migrate` while they serve, each replaced by the current build
+    /// in turn, one rolled back to the previous release and forward again.
+    RollingUpgrade,
 }
 
 impl Topology {
+    /// What `make chaos` runs by default: every topology that needs no second release.
     pub const ALL: [Topology; 4] = [
         Topology::Single,
         Topology::Sentinel,
@@ -33,12 +38,20 @@ impl Topology {
             Topology::Sentinel => "sentinel",
             Topology::Cluster => "cluster",
             Topology::PgFailover => "pg-failover",
+            Topology::RollingUpgrade => "rolling-upgrade",
         }
+    }
+
+    /// Whether the run rolls replicas from the previous release to this one.
+    pub fn rolls(self) -> bool {
+        self == Topology::RollingUpgrade
     }
 
     pub fn redis(self) -> redis::Topology {
         match self {
-            Topology::Single | Topology::PgFailover => redis::Topology::Single,
+            Topology::Single | Topology::PgFailover | Topology::RollingUpgrade => {
+                redis::Topology::Single
+            }
             Topology::Sentinel => redis::Topology::Sentinel,
             Topology::Cluster => redis::Topology::Cluster,
         }

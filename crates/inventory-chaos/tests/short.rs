@@ -54,6 +54,7 @@ async fn short_run(topology: Topology) {
         seed,
         duration: Duration::from_secs(if topology.fails_over() { 35 } else { 30 }),
         server,
+        previous: None,
         out: out.clone(),
         clients: 8,
         skus: 4,

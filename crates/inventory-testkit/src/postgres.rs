@@ -146,6 +146,19 @@ impl TemplateDatabases {
         Ok(self.config_of(name))
     }
 
+    /// Database `name` (dropped first if it exists) with no schema at all: for a release
+    /// other than this build to migrate.
+    pub async fn create_empty(&self, name: &str) -> anyhow::Result<PgConfig> {
+        let admin = connect(&self.admin).await?;
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await?;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await?;
+        Ok(self.config_of(name))
+    }
+
     /// A new database with no schema at all.
     pub async fn empty_database(&self) -> anyhow::Result<PgConfig> {
         let name = random_name();

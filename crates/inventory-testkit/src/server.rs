@@ -43,6 +43,21 @@ pub async fn ready(addr: &str) -> bool {
         .is_ok_and(|answer| answer.into_inner().status() == ServingStatus::Serving)
 }
 
+/// Runs `binary migrate` against `database_url`: what it printed, or an error with it.
+pub async fn migrate(binary: &Path, database_url: &str) -> anyhow::Result<String> {
+    let output = tokio::process::Command::new(binary)
+        .args(["migrate", "--database-url", database_url])
+        .output()
+        .await
+        .with_context(|| format!("run {} migrate", binary.display()))?;
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    if !output.status.success() {
+        bail!("{} migrate failed: {}", binary.display(), text.trim());
+    }
+    Ok(text.trim().to_owned())
+}
+
 /// Runs `binary verify` (every SKU recomputed from its ledger and live holds) against
 /// `database_url`: whether it found no drift, and what it printed.
 pub async fn verify(binary: &Path, database_url: &str) -> anyhow::Result<(bool, String)> {
@@ -152,6 +167,19 @@ impl ServerProcess {
     /// SIGKILL.
     pub async fn stop(&mut self, grace: Duration) {
         self.process.terminate(grace).await;
+    }
+
+    /// A rollout's step for this replica: stopped as [`Self::stop`] does, then `binary` (a
+    /// newer or an older release) started on the same port, and ready.
+    pub async fn replace(&mut self, binary: &Path, grace: Duration) -> anyhow::Result<()> {
+        self.stop(grace).await;
+        binary.clone_into(&mut self.binary);
+        self.spawn().await
+    }
+
+    /// The binary this replica runs.
+    pub fn binary(&self) -> &Path {
+        &self.binary
     }
 }
 

@@ -79,3 +79,27 @@ fn where_postgres_fails_over_a_failover_comes_first_and_every_other() {
         assert_eq!(kinds, 10);
     }
 }
+
+#[test]
+fn a_rolling_upgrade_takes_every_step_in_order_between_faults() {
+    let planned = plan(9, Topology::RollingUpgrade, Duration::from_secs(90), TTL);
+    let steps: Vec<&Fault> = planned
+        .iter()
+        .map(|p| &p.fault)
+        .filter(|f| matches!(f, Fault::MigrateSchema | Fault::ReplaceReplica { .. }))
+        .collect();
+    assert_eq!(steps, ROLLOUT.iter().collect::<Vec<_>>());
+    assert!(matches!(planned[0].fault, Fault::MigrateSchema));
+    // A fault between two steps, each one of `single`'s.
+    for pair in planned.windows(2) {
+        let step = |f: &Fault| matches!(f, Fault::MigrateSchema | Fault::ReplaceReplica { .. });
+        assert!(!(step(&pair[0].fault) && step(&pair[1].fault)), "{pair:?}");
+    }
+    assert!(planned.iter().all(|p| !p.fault.fails_over()));
+    // Only a rolling upgrade rolls.
+    assert!(
+        plan(9, Topology::Single, Duration::from_secs(90), TTL)
+            .iter()
+            .all(|p| !ROLLOUT.contains(&p.fault))
+    );
+}

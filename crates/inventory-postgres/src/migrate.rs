@@ -204,11 +204,7 @@ pub fn declared_floor() -> i32 {
 /// The floor the database records: the oldest release that may still write; `None` before
 /// the migration that records it.
 pub async fn floor(client: &tokio_postgres::Client) -> Result<Option<i32>, tokio_postgres::Error> {
-    let exists: bool = client
-        .query_one("SELECT to_regclass('schema_floor') IS NOT NULL", &[])
-        .await?
-        .get(0);
-    if !exists {
+    if !table_exists(client, "schema_floor").await? {
         return Ok(None);
     }
     client
@@ -221,20 +217,23 @@ pub async fn floor(client: &tokio_postgres::Client) -> Result<Option<i32>, tokio
 pub async fn applied_version(
     client: &tokio_postgres::Client,
 ) -> Result<Option<i32>, tokio_postgres::Error> {
-    let exists: bool = client
-        .query_one(
-            "SELECT to_regclass('refinery_schema_history') IS NOT NULL",
-            &[],
-        )
-        .await?
-        .get(0);
-    if !exists {
+    if !table_exists(client, "refinery_schema_history").await? {
         return Ok(None);
     }
     client
         .query_one("SELECT max(version) FROM refinery_schema_history", &[])
         .await?
         .try_get(0)
+}
+
+async fn table_exists(
+    client: &tokio_postgres::Client,
+    table: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await?
+        .get(0))
 }
 
 #[cfg(test)]

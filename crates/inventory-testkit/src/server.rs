@@ -45,27 +45,30 @@ pub async fn ready(addr: &str) -> bool {
 
 /// Runs `binary migrate` against `database_url`: what it printed, or an error with it.
 pub async fn migrate(binary: &Path, database_url: &str) -> anyhow::Result<String> {
-    let output = tokio::process::Command::new(binary)
-        .args(["migrate", "--database-url", database_url])
-        .output()
-        .await
-        .with_context(|| format!("run {} migrate", binary.display()))?;
-    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&output.stderr));
-    if !output.status.success() {
-        bail!("{} migrate failed: {}", binary.display(), text.trim());
+    let (succeeded, printed) = run_on_database(binary, "migrate", database_url).await?;
+    if !succeeded {
+        bail!("{} migrate failed: {printed}", binary.display());
     }
-    Ok(text.trim().to_owned())
+    Ok(printed)
 }
 
 /// Runs `binary verify` (every SKU recomputed from its ledger and live holds) against
 /// `database_url`: whether it found no drift, and what it printed.
 pub async fn verify(binary: &Path, database_url: &str) -> anyhow::Result<(bool, String)> {
+    run_on_database(binary, "verify", database_url).await
+}
+
+/// `binary <command> --database-url <database_url>`: whether it succeeded, and its output.
+async fn run_on_database(
+    binary: &Path,
+    command: &str,
+    database_url: &str,
+) -> anyhow::Result<(bool, String)> {
     let output = tokio::process::Command::new(binary)
-        .args(["verify", "--database-url", database_url])
+        .args([command, "--database-url", database_url])
         .output()
         .await
-        .with_context(|| format!("run {} verify", binary.display()))?;
+        .with_context(|| format!("run {} {command}", binary.display()))?;
     let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&output.stderr));
     Ok((output.status.success(), text.trim().to_owned()))

@@ -15,7 +15,17 @@ use crate::{
     reservations::{reserve, stock},
 };
 
+/// Watches from `after`, once the stream's head has reached it: a consumer's cursor is always
+/// a position it was sent, and a cursor past the head is refused (`CURSOR_NOT_IN_HISTORY`).
+/// Tests that skip events they know were committed wait for them to be positioned.
 pub async fn watch(app: &TestApp, after: i64) -> Streaming<Event> {
+    inventory_testkit::process::eventually(
+        "the stream's head reaches the cursor",
+        Duration::from_secs(20),
+        || async { app.count("SELECT head FROM event_stream").await >= after },
+    )
+    .await
+    .unwrap();
     app.client
         .clone()
         .watch_events(WatchEventsRequest {

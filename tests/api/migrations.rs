@@ -53,3 +53,41 @@ async fn the_schema_refuses_negative_availability_whatever_the_sql() {
         );
     }
 }
+
+/// The cluster's identity, which starts a stream epoch after a restore, reads as NULLs where
+/// the server does not let the user read it (so the sequencer goes on positioning), and as the
+/// system identifier and timeline where it does.
+#[tokio::test]
+async fn the_cluster_identity_is_null_where_the_user_may_not_read_it() {
+    let db = connect(&fresh_database().await).await;
+    let row = db
+        .query_one(
+            "SELECT system_identifier, timeline FROM inventory_cluster()",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (system, timeline): (Option<i64>, Option<i32>) = (row.get(0), row.get(1));
+    assert!(system.is_some() && timeline.is_some_and(|t| t >= 1));
+
+    let role = format!("plain_{}", uuid::Uuid::new_v4().simple());
+    db.batch_execute(&format!(
+        "CREATE ROLE {role};
+         REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC;
+         SET ROLE {role};"
+    ))
+    .await
+    .unwrap();
+    let row = db
+        .query_one(
+            "SELECT system_identifier, timeline FROM inventory_cluster()",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (system, timeline): (Option<i64>, Option<i32>) = (row.get(0), row.get(1));
+    assert_eq!((system, timeline), (None, None));
+    db.batch_execute(&format!("RESET ROLE; DROP ROLE {role};"))
+        .await
+        .unwrap();
+}

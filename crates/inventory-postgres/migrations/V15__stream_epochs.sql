@@ -26,3 +26,17 @@ CREATE TABLE stream_epochs (
 
 INSERT INTO stream_epochs (epoch, starts_after, reason)
 SELECT ('x' || substr(md5(gen_random_uuid()::text), 1, 15))::bit(60)::bigint + 1, 0, 'first';
+
+-- The cluster as it is now: its system identifier and the timeline of the WAL being written.
+-- NULLs where the server does not let this user read them (some managed services): the
+-- sequencer then positions as before and cannot see a cut by itself.
+CREATE FUNCTION inventory_cluster(OUT system_identifier bigint, OUT timeline integer)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT c.system_identifier INTO system_identifier FROM pg_control_system() c;
+    timeline := ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int;
+EXCEPTION WHEN OTHERS THEN
+    system_identifier := NULL;
+    timeline := NULL;
+END
+$$;

@@ -38,12 +38,11 @@ pub const POSITIONS_CHANNEL: &str = "inventory_events";
 /// head: the current epoch, what it recorded of the cluster and the cluster as it is now
 /// (system identifier, and the timeline of the WAL being written).
 const LOCK_STREAM: &str = "
-    SELECT s.head, e.epoch, e.system_identifier, e.timeline,
-           (SELECT system_identifier FROM pg_control_system()),
-           ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+    SELECT s.head, e.epoch, e.system_identifier, e.timeline, c.system_identifier, c.timeline
     FROM event_stream s,
          LATERAL (SELECT epoch, system_identifier, timeline FROM stream_epochs
-                  ORDER BY seq DESC LIMIT 1) e
+                  ORDER BY seq DESC LIMIT 1) e,
+         inventory_cluster() c
     WHERE s.id = 1 FOR UPDATE OF s SKIP LOCKED";
 
 /// The current epoch adopts the cluster it was first positioned on.
@@ -159,7 +158,17 @@ impl PgStore {
 async fn same_history(tx: &Transaction<'_>, row: &Row) -> Result<(), Error> {
     let epoch: i64 = row.get(1);
     let recorded: (Option<i64>, Option<i32>) = (row.get(2), row.get(3));
-    let now: (i64, i32) = (row.get(4), row.get(5));
+    let (Some(system), Some(timeline)) = (row.get::<_, Option<i64>>(4), row.get(5)) else {
+        if !CLUSTER_UNSEEN.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "PostgreSQL does not let this user read its system identifier or timeline: a \
+                 restore or a lossy failover will not start a new stream epoch by itself (run \
+                 `inventory-server new-stream-epoch` after one)"
+            );
+        }
+        return Ok(());
+    };
+    let now: (i64, i32) = (system, timeline);
     match recorded {
         (Some(system), Some(timeline)) if (system, timeline) == now => Ok(()),
         (None, _) | (_, None) => {
@@ -175,7 +184,7 @@ async fn same_history(tx: &Transaction<'_>, row: &Row) -> Result<(), Error> {
             } else {
                 format!("system {system} -> {}", now.0)
             };
-            let epoch = start_epoch(tx, now, &reason).await?;
+            let epoch = start_epoch(tx, (Some(now.0), Some(now.1)), &reason).await?;
             tracing::warn!(
                 %reason,
                 epoch = %epoch.id,
@@ -188,10 +197,13 @@ async fn same_history(tx: &Transaction<'_>, row: &Row) -> Result<(), Error> {
     }
 }
 
+/// Whether the sequencer already said it cannot see the cluster's identity.
+static CLUSTER_UNSEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Starts a new epoch after the current head. The caller holds the event stream's row lock.
 async fn start_epoch(
     tx: &tokio_postgres::Transaction<'_>,
-    cluster: (i64, i32),
+    cluster: (Option<i64>, Option<i32>),
     reason: &str,
 ) -> Result<Epoch, Error> {
     let id = new_epoch_id();
@@ -221,9 +233,8 @@ pub async fn new_stream_epoch(
     let tx = client.transaction().await.map_err(from_db)?;
     let row = tx
         .query_one(
-            "SELECT (SELECT system_identifier FROM pg_control_system()),
-                    ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
-             FROM event_stream WHERE id = 1 FOR UPDATE",
+            "SELECT c.system_identifier, c.timeline
+             FROM event_stream s, inventory_cluster() c WHERE s.id = 1 FOR UPDATE OF s",
             &[],
         )
         .await

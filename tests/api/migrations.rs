@@ -60,14 +60,17 @@ async fn the_schema_refuses_negative_availability_whatever_the_sql() {
 #[tokio::test]
 async fn the_cluster_identity_is_null_where_the_user_may_not_read_it() {
     let db = connect(&fresh_database().await).await;
-    let row = db
-        .query_one(
-            "SELECT system_identifier, timeline FROM inventory_cluster()",
-            &[],
-        )
-        .await
-        .unwrap();
-    let (system, timeline): (Option<i64>, Option<i32>) = (row.get(0), row.get(1));
+    let cluster = async || -> (Option<i64>, Option<i32>) {
+        let row = db
+            .query_one(
+                "SELECT system_identifier, timeline FROM inventory_cluster()",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    let (system, timeline) = cluster().await;
     assert!(system.is_some() && timeline.is_some_and(|t| t >= 1));
 
     let role = format!("plain_{}", uuid::Uuid::new_v4().simple());
@@ -78,15 +81,7 @@ async fn the_cluster_identity_is_null_where_the_user_may_not_read_it() {
     ))
     .await
     .unwrap();
-    let row = db
-        .query_one(
-            "SELECT system_identifier, timeline FROM inventory_cluster()",
-            &[],
-        )
-        .await
-        .unwrap();
-    let (system, timeline): (Option<i64>, Option<i32>) = (row.get(0), row.get(1));
-    assert_eq!((system, timeline), (None, None));
+    assert_eq!(cluster().await, (None, None));
     db.batch_execute(&format!("RESET ROLE; DROP ROLE {role};"))
         .await
         .unwrap();

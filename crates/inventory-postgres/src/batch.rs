@@ -288,12 +288,7 @@ async fn write_decisions(
     let moves: Vec<StockMove<'_>> = holds
         .iter()
         .flat_map(|h| &h.placements)
-        .map(|p| StockMove {
-            sku: &p.level.sku,
-            location: &p.location,
-            on_hand: 0,
-            reserved: p.units,
-        })
+        .map(StockMove::held)
         .collect();
     let mut fences: Vec<(&Sku, FenceToken)> = Vec::new();
     for h in holds {

@@ -113,16 +113,8 @@ impl ReservationStore for PgStore {
                                     (ReservationLine::new_hold(line, allocations), *fence)
                                 })
                                 .collect();
-                            let moves: Vec<StockMove<'_>> = placed
-                                .iter()
-                                .flatten()
-                                .map(|p| StockMove {
-                                    sku: &p.level.sku,
-                                    location: &p.location,
-                                    on_hand: 0,
-                                    reserved: p.units,
-                                })
-                                .collect();
+                            let moves: Vec<StockMove<'_>> =
+                                placed.iter().flatten().map(StockMove::held).collect();
                             let fences: Vec<(&Sku, FenceToken)> = lines
                                 .iter()
                                 .map(|(line, fence)| (&line.sku, *fence))

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use deadpool_postgres::{GenericClient, Transaction};
 use inventory_core::{
     Error,
-    allocation::SkuStock,
+    allocation::{Placement, SkuStock},
     domain::{FenceToken, LocationId, Sku, StockLevel},
 };
 use tokio_postgres::Row;
@@ -216,6 +216,18 @@ pub(crate) struct StockMove<'a> {
     pub location: &'a LocationId,
     pub on_hand: i64,
     pub reserved: i64,
+}
+
+impl<'a> StockMove<'a> {
+    /// The units a `Reserve` placed at a location, moved into `reserved`.
+    pub(crate) fn held(placement: &'a Placement) -> Self {
+        Self {
+            sku: &placement.level.sku,
+            location: &placement.location,
+            on_hand: 0,
+            reserved: placement.units,
+        }
+    }
 }
 
 /// The levels right after one movement: the location's and the SKU's total, both at the

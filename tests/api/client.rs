@@ -370,14 +370,7 @@ async fn an_event_cursor_resumes_and_after_a_cut_says_where_to_go_on() {
     cursor.advance(&event);
 
     // A restore back to position 1, on a new timeline; the history goes on from there.
-    app.db
-        .batch_execute(
-            "DELETE FROM outbox WHERE position > 1;
-             UPDATE event_stream SET head = 1;
-             UPDATE stream_epochs SET timeline = timeline + 100;",
-        )
-        .await
-        .unwrap();
+    crate::events::restore_stream_to(&app, 1).await;
     for i in 0..3 {
         app.hold(&format!("after-{i}"), &[("CURSOR", 1)]).await;
     }

@@ -436,6 +436,20 @@ async fn watch_in(
         .map(tonic::Response::into_inner)
 }
 
+/// Plays a restore of the stream to `head` on the test's database: the events after it are
+/// gone, and the timeline the current epoch recorded is not the cluster's any more (as after
+/// a point-in-time recovery, which ends on a new timeline).
+pub async fn restore_stream_to(app: &TestApp, head: i64) {
+    app.db
+        .batch_execute(&format!(
+            "DELETE FROM outbox WHERE position > {head};
+             UPDATE event_stream SET head = {head};
+             UPDATE stream_epochs SET timeline = timeline + 100;"
+        ))
+        .await
+        .unwrap();
+}
+
 /// A refusal of a cursor the stream's current history does not have, with what to do next.
 fn assert_not_in_history(status: &tonic::Status, epoch: &str, head: i64) {
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
@@ -450,9 +464,7 @@ fn assert_not_in_history(status: &tonic::Status, epoch: &str, head: i64) {
 /// A restore (or a failover that lost a tail) takes the stream back to an earlier head, and
 /// positions go on from there. A consumer past that head must hear that its history was cut,
 /// never take the new events at positions it already passed for the ones it saw. The restore
-/// is played on the test's database: the events after position 3 are gone, and the timeline
-/// the current epoch recorded is not the cluster's any more (as after a point-in-time
-/// recovery, which ends on a new timeline).
+/// to position 3 is played on the test's database (`restore_stream_to`).
 #[tokio::test]
 async fn a_cursor_past_a_cut_in_the_history_is_refused_and_one_before_it_resumes() {
     let app = spawn_app().await;
@@ -477,14 +489,7 @@ async fn a_cursor_past_a_cut_in_the_history_is_refused_and_one_before_it_resumes
     assert_eq!(violated_fields(&malformed), ["epoch"]);
 
     // The restore.
-    app.db
-        .batch_execute(
-            "DELETE FROM outbox WHERE position > 3;
-             UPDATE event_stream SET head = 3;
-             UPDATE stream_epochs SET timeline = timeline + 100;",
-        )
-        .await
-        .unwrap();
+    restore_stream_to(&app, 3).await;
     for i in 0..3 {
         app.hold(&format!("after-{i}"), &[("EPOCH", 1)]).await;
     }

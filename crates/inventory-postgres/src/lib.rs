@@ -7,54 +7,28 @@
 //! implements the `inventory-core` ports and depends on no other adapter.
 //!
 //! # Layout
-//! - [`connect`] — configuration parsing, the connection pool, the start-up probe.
-//! - [`tls`] — libpq's `sslmode` and `sslrootcert` over rustls.
-//! - [`migrate`] — the embedded, versioned schema and a lock so concurrent runs are safe.
-//! - `store` — [`PgStore`], the `StockStore` implementation, one transaction per use case.
-//! - [`events`] — positions for committed events, reading them back, retention, `LISTEN`.
-//! - `reserve`, `batch` — the reservation use cases (`Reserve` one request per transaction,
-//!   and coalesced: many single-line requests of several SKUs in one transaction; confirm,
-//!   release, read): read, let `inventory_core::rules` decide, write.
-//! - `outcome` — the stored outcome of each request, replayed for a retried key.
-//! - `expiry` — the sweeper's transaction: overdue holds expired, their stock returned.
-//! - `cancel` — `CancelOrder`: the order's tombstone under its lock, its live holds released.
-//! - `orders` — tombstones of cancelled orders and the order locks a cancel and a `Reserve`
-//!   exclude each other with.
-//! - `ledger` — the stock movements every level change writes, and the availability events.
-//! - [`verify`] — every SKU recomputed from its ledger and its live holds.
-//! - `stock`, `reservations`, `idempotency`, `outbox` — the SQL, one module per table, each
-//!   statement in the module of the table it writes.
-//! - [`retention`] — pruning events, idempotency keys and final reservations past retention.
-//! - `error` — driver errors classified as unavailable or internal.
+//! Three floors, each using only the ones below it:
+//! - `usecases` — [`PgStore`] and its use cases, one module per family (stock, reserve,
+//!   batch, cancel, expiry, events, retention, verify), each write through the one
+//!   `keyed` transaction shape: read, let `inventory_core::rules` decide, write.
+//! - `tables` — the SQL, one module per table (`stock`, `reservations`, `idempotency` with
+//!   the stored outcomes' format, `outbox`, `ledger`, `orders`, `locations`), each statement
+//!   in the module of the table it writes.
+//! - `plumbing` — connecting (configuration, hosts, TLS, the pool, the probe), the
+//!   migrations and the schema floor, errors, metrics, plan settings, durable answers.
+//!
+//! Where a new RPC's SQL goes: its statements in `tables/<table>.rs`, its transaction in
+//! `usecases/<family>.rs`, written as a `keyed` body if it changes anything.
 
-mod batch;
-mod cancel;
-pub mod connect;
-mod durable;
-mod error;
-pub mod events;
-mod expiry;
-mod hosts;
-pub use expiry::{HeldTotals, OVERDUE_GRACE};
-mod idempotency;
-mod ledger;
-mod locations;
-mod metrics;
-pub use metrics::init as init_metrics;
-pub mod migrate;
-mod orders;
-mod outbox;
-mod outcome;
-mod plans;
-mod reservations;
-mod reserve;
-pub mod retention;
-mod stock;
-mod store;
-pub mod tls;
-pub mod verify;
+mod plumbing;
+mod tables;
+mod usecases;
 
-pub use connect::{PgConfig, PoolSettings, ProbeError, UrlError, connect, parse_url, probe};
 pub use deadpool_postgres::Pool;
-pub use store::PgStore;
-pub use tls::{PgTls, SslMode};
+pub use plumbing::{
+    connect::{self, PgConfig, PoolSettings, ProbeError, UrlError, connect, parse_url, probe},
+    metrics::init as init_metrics,
+    migrate,
+    tls::{self, PgTls, SslMode},
+};
+pub use usecases::{HeldTotals, OVERDUE_GRACE, PgStore, events, retention, verify};

@@ -15,7 +15,9 @@ use inventory_core::{
     pause::{PausePoint, PausePoints},
 };
 
-use crate::error::from_db;
+use crate::plumbing::error::from_db;
+
+pub(crate) mod outcome;
 
 const CLAIM: &str = "
     INSERT INTO idempotency_keys (caller, key, operation, fingerprint)
@@ -73,7 +75,7 @@ impl Claim {
             Self::Claimed => Ok(None),
             Self::Replay(outcome) => serde_json::from_value(outcome)
                 .map(Some)
-                .map_err(crate::outcome::unreadable),
+                .map_err(crate::tables::idempotency::outcome::unreadable),
         }
     }
 }
@@ -120,16 +122,16 @@ pub(crate) async fn claim(
         }
     };
     let stored: Vec<u8> = row.try_get(0).map_err(Error::internal)?;
-    let metrics = crate::metrics::store();
+    let metrics = crate::plumbing::metrics::store();
     if stored != fingerprint {
         metrics
             .conflicts
-            .add(1, &crate::metrics::operation(operation));
+            .add(1, &crate::plumbing::metrics::operation(operation));
         return Err(Error::IdempotencyKeyReused);
     }
     metrics
         .replays
-        .add(1, &crate::metrics::operation(operation));
+        .add(1, &crate::plumbing::metrics::operation(operation));
     tracing::debug!(operation, "replaying stored outcome");
     // Another transaction sees the row only after it committed with its outcome set.
     Ok(Claim::Replay(row.try_get(1).map_err(Error::internal)?))

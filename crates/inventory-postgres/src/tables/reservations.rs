@@ -298,13 +298,13 @@ pub(crate) async fn header(
     let statement = client
         .prepare_cached(&sql)
         .await
-        .map_err(crate::error::from_db)?;
+        .map_err(crate::plumbing::error::from_db)?;
     let id = target.id;
     let owner = target.scope.owner().map(Caller::as_str);
     let row = client
         .query_opt(&statement, &[&id.as_uuid(), &owner])
         .await
-        .map_err(crate::error::from_db)?;
+        .map_err(crate::plumbing::error::from_db)?;
     row.map(|row| {
         Ok(Header {
             id,
@@ -326,11 +326,11 @@ pub(crate) async fn lines(
     let statement = client
         .prepare_cached(LINES)
         .await
-        .map_err(crate::error::from_db)?;
+        .map_err(crate::plumbing::error::from_db)?;
     let rows = client
         .query(&statement, &[&id.as_uuid()])
         .await
-        .map_err(crate::error::from_db)?;
+        .map_err(crate::plumbing::error::from_db)?;
     rows.iter().map(|row| line(row, 0)).collect()
 }
 
@@ -447,11 +447,11 @@ async fn read_reservations(
     let statement = client
         .prepare_cached(sql)
         .await
-        .map_err(crate::error::from_db)?;
+        .map_err(crate::plumbing::error::from_db)?;
     let rows = client
         .query(&statement, params)
         .await
-        .map_err(crate::error::from_db)?;
+        .map_err(crate::plumbing::error::from_db)?;
     let mut headers = Vec::with_capacity(rows.len());
     for row in &rows {
         let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
@@ -487,11 +487,11 @@ async fn lines_of_many(
     let statement = client
         .prepare_cached(LINES_OF_MANY)
         .await
-        .map_err(crate::error::from_db)?;
+        .map_err(crate::plumbing::error::from_db)?;
     let rows = client
         .query(&statement, &[&ids])
         .await
-        .map_err(crate::error::from_db)?;
+        .map_err(crate::plumbing::error::from_db)?;
     for row in &rows {
         let uuid: uuid::Uuid = row.try_get(0).map_err(Error::internal)?;
         if let Some(index) = ids.iter().position(|id| *id == uuid) {

@@ -21,7 +21,7 @@ use deadpool_postgres::Transaction;
 use inventory_core::{Error, domain::OrderId};
 use sha2::{Digest, Sha256};
 
-use crate::{error::from_db, plans};
+use crate::{plumbing::error::from_db, plumbing::plans};
 
 pub(crate) const LOCK_SHARED: &str = "SELECT pg_advisory_xact_lock_shared($1)";
 const LOCK_EXCLUSIVE: &str = "SELECT pg_advisory_xact_lock($1)";

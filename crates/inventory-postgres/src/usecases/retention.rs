@@ -12,7 +12,7 @@ use inventory_core::Error;
 
 use crate::{
     PgStore,
-    error::{from_db, from_pool},
+    plumbing::error::{from_db, from_pool},
 };
 
 /// How long each kind of row is kept.

@@ -114,9 +114,14 @@ pub fn init() {
 }
 
 pub(crate) fn reservation(outcome: &'static str) {
+    reservations(outcome, 1);
+}
+
+/// Counts `count` reservations that reached `outcome`.
+pub(crate) fn reservations(outcome: &'static str, count: u64) {
     store()
         .reservations
-        .add(1, &[KeyValue::new("outcome", outcome)]);
+        .add(count, &[KeyValue::new("outcome", outcome)]);
 }
 
 pub(crate) fn operation(name: &'static str) -> [KeyValue; 1] {

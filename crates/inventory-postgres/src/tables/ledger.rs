@@ -19,7 +19,7 @@ use inventory_core::{
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::stock::Moved;
+use crate::tables::stock::Moved;
 
 pub(crate) const APPEND: &str = "
     INSERT INTO stock_movements
@@ -256,17 +256,17 @@ pub(crate) async fn page(
     let statement = client
         .prepare_cached(PAGE)
         .await
-        .map_err(crate::error::from_db)?;
+        .map_err(crate::plumbing::error::from_db)?;
     let limit = i64::try_from(query.page_size + 1).unwrap_or(i64::MAX);
     let rows = client
         .query(&statement, &[&query.sku.as_str(), &query.cursor, &limit])
         .await
-        .map_err(crate::error::from_db)?;
+        .map_err(crate::plumbing::error::from_db)?;
     if rows.is_empty() {
         let exists = client
             .query_one(SKU_EXISTS, &[&query.sku.as_str()])
             .await
-            .map_err(crate::error::from_db)?;
+            .map_err(crate::plumbing::error::from_db)?;
         if !exists.get::<_, bool>(0) {
             return Err(Error::UnknownSkus(vec![query.sku.clone()]));
         }

@@ -20,7 +20,7 @@
 
 use inventory_core::Error;
 
-use crate::error::from_db;
+use crate::plumbing::error::from_db;
 
 /// A transactional message (it takes a transaction id, so its commit writes a record and waits
 /// for the synchronous standby, where a commit of reads alone would not). Logical decoding

@@ -1,279 +1,134 @@
-//! [`PgStore`]: each use case is one transaction that claims its idempotency key, makes its
-//! change with conditional statements, appends its outbox event and stores its outcome.
+//! The stock use cases of [`PgStore`]: adjust, count (one or a batch), transfer, read levels,
+//! list movements and locations. Each write is one keyed transaction that locks the SKU's
+//! row, lets the core decide and writes the decision under guards that repeat it.
 
-use std::{sync::Arc, time::Duration};
-
-use deadpool_postgres::Pool;
+use deadpool_postgres::Transaction;
 use inventory_core::{
-    Dependency, Error,
+    Error,
     command::{
         AdjustStock, BatchSetStock, GetStock, ListStockMovements, MovementPage, SetStock,
         StockLevels, TransferStock, Transferred,
     },
     domain::{Location, LocationId, MovementKind, Sku, StockLevel},
-    pause::PausePoints,
     ports::StockStore,
     rules,
 };
 use serde_json::json;
-use tokio::sync::Notify;
 
 use crate::{
-    durable,
-    error::{from_db, from_pool},
-    idempotency,
-    ledger::{self, Cause, NewMovement},
-    locations, outbox,
-    outcome::{
+    PgStore,
+    plumbing::error::{from_db, from_pool},
+    tables::idempotency::outcome::{
         ADJUST_STOCK, AdjustOutcome, BATCH_SET_STOCK, BatchSetOutcome, SET_STOCK, SetOutcome,
         TRANSFER_STOCK, TransferOutcome,
     },
-    stock::{self, Moved, StockMove},
+    tables::ledger::{self, Cause, NewMovement},
+    tables::locations,
+    tables::outbox,
+    tables::stock::{self, Moved, StockMove},
+    usecases::keyed::{Commit, Key},
 };
-
-#[derive(Clone, Debug)]
-pub struct PgStore {
-    pool: Pool,
-    /// Signalled after every commit that wrote an outbox event, to wake the sequencer.
-    pub(crate) outbox_written: Arc<Notify>,
-    /// Longest one use case may wait for PostgreSQL, all round trips together.
-    bound: Duration,
-    /// Shared with the core's (tests hold requests at these points).
-    pub(crate) pauses: PausePoints,
-}
-
-impl PgStore {
-    /// `bound`: how long one use case (a transaction, or a read) may wait for PostgreSQL
-    /// before it answers `UNAVAILABLE` (see [`PoolSettings::operation_bound`]).
-    ///
-    /// [`PoolSettings::operation_bound`]: crate::PoolSettings::operation_bound
-    pub fn new(pool: Pool, bound: Duration) -> Self {
-        Self {
-            pool,
-            outbox_written: Arc::new(Notify::new()),
-            bound,
-            pauses: PausePoints::default(),
-        }
-    }
-
-    /// The same store, reaching these pause points (the core's, so one test arms both).
-    pub fn with_pause_points(mut self, pauses: PausePoints) -> Self {
-        self.pauses = pauses;
-        self
-    }
-
-    pub fn pool(&self) -> &Pool {
-        &self.pool
-    }
-
-    /// How long one use case may wait for PostgreSQL.
-    pub fn bound(&self) -> Duration {
-        self.bound
-    }
-
-    /// Bounds a use case on the client side. PostgreSQL's own `statement_timeout` cannot help
-    /// when the answer never arrives (a hung server, a half-open connection, a network that
-    /// stopped forwarding, a commit waiting for a standby that is gone): this does. The
-    /// abandoned transaction is rolled back by the server once the session resumes or dies;
-    /// its outcome is unknown to the caller, who retries with the same idempotency key.
-    ///
-    /// The abandoned use case hands its connection back to the pool with its request still
-    /// on it, and every later request on that connection would queue behind the answer that
-    /// never comes: so the connections taken since it began are dropped from the pool
-    /// (healthy ones among them are simply opened again). A frozen old primary would
-    /// otherwise keep the service unavailable after its standby took over.
-    pub(crate) async fn bounded<T>(
-        &self,
-        work: impl Future<Output = Result<T, Error>>,
-    ) -> Result<T, Error> {
-        let started = std::time::Instant::now();
-        // The future, and the connection it holds, is dropped when `timeout` returns.
-        let outcome = tokio::time::timeout(self.bound, work).await;
-        match outcome {
-            Ok(result) => result,
-            Err(_) => {
-                // Kept: the connections last taken before this use case began.
-                let dropped = self
-                    .pool
-                    .retain(|_, used| used.recycled.unwrap_or(used.created) < started)
-                    .removed
-                    .len();
-                tracing::warn!(
-                    dropped,
-                    "no answer from PostgreSQL in time; recently used connections dropped"
-                );
-                Err(Error::unavailable(
-                    Dependency::Postgres,
-                    format!("no answer from PostgreSQL within {:?}", self.bound),
-                ))
-            }
-        }
-    }
-}
 
 impl StockStore for PgStore {
     #[tracing::instrument(name = "sql.adjust_stock", skip_all, fields(sku = %command.sku, delta = command.delta.get()))]
     async fn adjust_stock(&self, command: &AdjustStock) -> Result<StockLevel, Error> {
-        self.bounded(async {
-            let mut client = self.pool.get().await.map_err(from_pool)?;
-            let decided = async {
-                let tx = client.transaction().await.map_err(from_db)?;
-                if let Some(outcome) = idempotency::claim(
-                    &tx,
-                    &self.pauses,
-                    command.caller.as_str(),
-                    &command.idempotency_key,
-                    ADJUST_STOCK,
-                    &command.fingerprint(),
-                )
-                .await?
-                .stored::<AdjustOutcome>()?
-                {
-                    drop(tx);
-                    return durable::answer(&client, outcome.into_result(command)).await;
-                }
-                known_locations(&tx, [&command.location]).await?;
-                let result = apply_adjustment(&tx, command).await?;
-                if let Ok(moved) = &result {
-                    let cause = Cause::call(
+        let key = Key {
+            caller: command.caller.as_str(),
+            key: &command.idempotency_key,
+            operation: ADJUST_STOCK,
+            fingerprint: command.fingerprint(),
+        };
+        let replay = async |stored: AdjustOutcome, _: &Transaction<'_>| stored.into_result(command);
+        self.keyed(key, None, replay, async |tx| {
+            known_locations(tx, [&command.location]).await?;
+            let result = apply_adjustment(tx, command).await?;
+            if let Ok(moved) = &result {
+                let change = StockChange::new(
+                    MovementKind::Adjusted,
+                    moved,
+                    command.delta.get(),
+                    Cause::call(
                         command.caller.as_str(),
                         command.reason.as_str(),
                         Some(command.idempotency_key.as_str()),
-                    );
-                    let change =
-                        StockChange::new(MovementKind::Adjusted, moved, command.delta.get(), cause);
-                    record_changes(&tx, &[change]).await?;
-                }
-                let result = result.map(|moved| moved.total);
-                let outcome = AdjustOutcome::from_result(&result)
-                    .expect("apply_adjustment returns only storable outcomes");
-                idempotency::record(
-                    &tx,
-                    command.caller.as_str(),
-                    &command.idempotency_key,
-                    &outcome,
-                )
-                .await?;
-                tx.commit().await.map_err(from_db)?;
-                if result.is_ok() {
-                    self.outbox_written();
-                }
-                result
+                    ),
+                );
+                record_changes(tx, &[change]).await?;
             }
-            .await;
-            durable::refused_by_reads(&client, decided).await
+            let result = result.map(|moved| moved.total);
+            let outcome = AdjustOutcome::from_result(&result)
+                .expect("apply_adjustment returns only storable outcomes");
+            let wrote = result.is_ok();
+            Commit::storing(result, &outcome)?.wrote(wrote).step()
         })
         .await
     }
 
     #[tracing::instrument(name = "sql.set_stock", skip_all, fields(sku = %command.sku, on_hand = command.on_hand))]
     async fn set_stock(&self, command: &SetStock) -> Result<StockLevel, Error> {
-        self.bounded(async {
-            let mut client = self.pool.get().await.map_err(from_pool)?;
-            let decided = async {
-                let tx = client.transaction().await.map_err(from_db)?;
-                if let Some(outcome) = idempotency::claim(
-                    &tx,
-                    &self.pauses,
-                    command.caller.as_str(),
-                    &command.idempotency_key,
-                    SET_STOCK,
-                    &command.fingerprint(),
-                )
-                .await?
-                .stored::<SetOutcome>()?
-                {
-                    drop(tx);
-                    return durable::answer(&client, outcome.into_result(command)).await;
-                }
-                known_locations(&tx, [&command.location]).await?;
-                let result = apply_count(&tx, command).await?;
-                let changed = matches!(&result, Ok(Count { moved: Some(_), .. }));
-                if let Ok(Count {
-                    moved: Some(moved),
-                    delta,
-                    ..
-                }) = &result
-                {
-                    let cause = Cause::call(
+        let key = Key {
+            caller: command.caller.as_str(),
+            key: &command.idempotency_key,
+            operation: SET_STOCK,
+            fingerprint: command.fingerprint(),
+        };
+        let replay = async |stored: SetOutcome, _: &Transaction<'_>| stored.into_result(command);
+        self.keyed(key, None, replay, async |tx| {
+            known_locations(tx, [&command.location]).await?;
+            let result = apply_count(tx, command).await?;
+            let changed = matches!(&result, Ok(Count { moved: Some(_), .. }));
+            if let Ok(Count {
+                moved: Some(moved),
+                delta,
+                ..
+            }) = &result
+            {
+                let change = StockChange::new(
+                    MovementKind::Set,
+                    moved,
+                    *delta,
+                    Cause::call(
                         command.caller.as_str(),
                         command.reason.as_str(),
                         Some(command.idempotency_key.as_str()),
-                    );
-                    record_changes(
-                        &tx,
-                        &[StockChange::new(MovementKind::Set, moved, *delta, cause)],
-                    )
-                    .await?;
-                }
-                let result = result.map(|count| count.total);
-                let outcome = SetOutcome::from_result(&result)
-                    .expect("apply_count returns only storable outcomes");
-                idempotency::record(
-                    &tx,
-                    command.caller.as_str(),
-                    &command.idempotency_key,
-                    &outcome,
-                )
-                .await?;
-                tx.commit().await.map_err(from_db)?;
-                if changed {
-                    self.outbox_written();
-                }
-                result
+                    ),
+                );
+                record_changes(tx, &[change]).await?;
             }
-            .await;
-            durable::refused_by_reads(&client, decided).await
+            let result = result.map(|count| count.total);
+            let outcome = SetOutcome::from_result(&result)
+                .expect("apply_count returns only storable outcomes");
+            Commit::storing(result, &outcome)?.wrote(changed).step()
         })
         .await
     }
 
     #[tracing::instrument(name = "sql.batch_set_stock", skip_all, fields(counts = command.counts.len()))]
     async fn batch_set_stock(&self, command: &BatchSetStock) -> Result<Vec<StockLevel>, Error> {
-        self.bounded(async {
-            let mut client = self.pool.get().await.map_err(from_pool)?;
-            let decided = async {
-                let mut tx = client.transaction().await.map_err(from_db)?;
-                if let Some(outcome) = idempotency::claim(
-                    &tx,
-                    &self.pauses,
-                    command.caller.as_str(),
-                    &command.idempotency_key,
-                    BATCH_SET_STOCK,
-                    &command.fingerprint(),
-                )
-                .await?
-                .stored::<BatchSetOutcome>()?
-                {
-                    drop(tx);
-                    return durable::answer(&client, outcome.into_result(command)).await;
-                }
-                known_locations(&tx, command.counts.iter().map(|c| &c.location)).await?;
-                // Under a savepoint: a refusal undoes every row the batch wrote (SKUs it created
-                // included) but keeps the claim, so the refusal itself is stored and replayed.
-                let savepoint = tx.savepoint("counts").await.map_err(from_db)?;
-                let result = apply_counts(&savepoint, command).await?;
-                if result.is_ok() {
-                    savepoint.commit().await.map_err(from_db)?;
-                } else {
-                    savepoint.rollback().await.map_err(from_db)?;
-                }
-                let outcome = BatchSetOutcome::from_result(&result)
-                    .expect("apply_counts returns only storable outcomes");
-                let result = result.map_err(|(_, refusal)| refusal);
-                idempotency::record(
-                    &tx,
-                    command.caller.as_str(),
-                    &command.idempotency_key,
-                    &outcome,
-                )
-                .await?;
-                tx.commit().await.map_err(from_db)?;
-                self.outbox_written();
-                result
+        let key = Key {
+            caller: command.caller.as_str(),
+            key: &command.idempotency_key,
+            operation: BATCH_SET_STOCK,
+            fingerprint: command.fingerprint(),
+        };
+        let replay =
+            async |stored: BatchSetOutcome, _: &Transaction<'_>| stored.into_result(command);
+        self.keyed(key, None, replay, async |tx| {
+            known_locations(tx, command.counts.iter().map(|c| &c.location)).await?;
+            // Under a savepoint: a refusal undoes every row the batch wrote (SKUs it created
+            // included) but keeps the claim, so the refusal itself is stored and replayed.
+            let savepoint = tx.savepoint("counts").await.map_err(from_db)?;
+            let result = apply_counts(&savepoint, command).await?;
+            if result.is_ok() {
+                savepoint.commit().await.map_err(from_db)?;
+            } else {
+                savepoint.rollback().await.map_err(from_db)?;
             }
-            .await;
-            durable::refused_by_reads(&client, decided).await
+            let outcome = BatchSetOutcome::from_result(&result)
+                .expect("apply_counts returns only storable outcomes");
+            Commit::storing(result.map_err(|(_, refusal)| refusal), &outcome)?
+                .wrote(true)
+                .step()
         })
         .await
     }
@@ -338,42 +193,19 @@ impl StockStore for PgStore {
 
     #[tracing::instrument(name = "sql.transfer_stock", skip_all, fields(sku = %command.sku, quantity = command.quantity))]
     async fn transfer_stock(&self, command: &TransferStock) -> Result<Transferred, Error> {
-        self.bounded(async {
-            let mut client = self.pool.get().await.map_err(from_pool)?;
-            let decided = async {
-                let tx = client.transaction().await.map_err(from_db)?;
-                if let Some(outcome) = idempotency::claim(
-                    &tx,
-                    &self.pauses,
-                    command.caller.as_str(),
-                    &command.idempotency_key,
-                    TRANSFER_STOCK,
-                    &command.fingerprint(),
-                )
-                .await?
-                .stored::<TransferOutcome>()?
-                {
-                    drop(tx);
-                    return durable::answer(&client, outcome.into_result()).await;
-                }
-                known_locations(&tx, [&command.from, &command.to]).await?;
-                let result = apply_transfer(&tx, command).await?;
-                let outcome = TransferOutcome::of(&result);
-                idempotency::record(
-                    &tx,
-                    command.caller.as_str(),
-                    &command.idempotency_key,
-                    &outcome,
-                )
-                .await?;
-                tx.commit().await.map_err(from_db)?;
-                if result.is_ok() {
-                    self.outbox_written();
-                }
-                result
-            }
-            .await;
-            durable::refused_by_reads(&client, decided).await
+        let key = Key {
+            caller: command.caller.as_str(),
+            key: &command.idempotency_key,
+            operation: TRANSFER_STOCK,
+            fingerprint: command.fingerprint(),
+        };
+        let replay = async |stored: TransferOutcome, _: &Transaction<'_>| stored.into_result();
+        self.keyed(key, None, replay, async |tx| {
+            known_locations(tx, [&command.from, &command.to]).await?;
+            let result = apply_transfer(tx, command).await?;
+            let outcome = TransferOutcome::of(&result);
+            let wrote = result.is_ok();
+            Commit::storing(result, &outcome)?.wrote(wrote).step()
         })
         .await
     }

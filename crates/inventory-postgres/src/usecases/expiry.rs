@@ -13,10 +13,11 @@ use inventory_core::{
 
 use crate::{
     PgStore,
-    error::{from_db, from_pool},
-    ledger::{self, Cause, NewMovement},
-    outbox, reservations,
-    stock::{self, StockMove},
+    plumbing::error::{from_db, from_pool},
+    tables::ledger::{self, Cause, NewMovement},
+    tables::outbox,
+    tables::reservations,
+    tables::stock::{self, StockMove},
 };
 
 /// How long past its expiry an unswept hold may be before it counts as overdue: many sweep
@@ -61,7 +62,7 @@ impl PgStore {
                 })
             })
             .await?;
-        let metrics = crate::metrics::store();
+        let metrics = crate::plumbing::metrics::store();
         metrics
             .held_reservations
             .record(u64::try_from(totals.reservations).unwrap_or(0), &[]);
@@ -89,7 +90,7 @@ impl PgStore {
             end_holds(&tx, &mut due, ReservationState::Expired, Cause::default()).await?;
             tx.commit().await.map_err(from_db)?;
             self.outbox_written();
-            let metrics = crate::metrics::store();
+            let metrics = crate::plumbing::metrics::store();
             metrics.swept.add(due.len() as u64, &[]);
             metrics.reservations.add(
                 due.len() as u64,

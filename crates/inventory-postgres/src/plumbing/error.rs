@@ -15,7 +15,7 @@ pub(crate) fn from_db(error: tokio_postgres::Error) -> Error {
     {
         let floor = db.detail().and_then(|d| d.parse().ok()).unwrap_or(0);
         return Error::SchemaTooNew {
-            release: crate::migrate::RELEASE,
+            release: crate::plumbing::migrate::RELEASE,
             floor,
         };
     }

@@ -28,7 +28,7 @@ use tokio_postgres::{AsyncMessage, Row};
 
 use crate::{
     PgStore,
-    error::{from_db, from_pool},
+    plumbing::error::{from_db, from_pool},
 };
 
 /// The channel the sequencer notifies after it moved the head.
@@ -142,7 +142,7 @@ impl PgStore {
             let statement = tx.prepare_cached(UNPOSITIONED).await.map_err(from_db)?;
             let waiting: i64 = tx.query_one(&statement, &[]).await.map_err(from_db)?.get(0);
             tx.commit().await.map_err(from_db)?;
-            crate::metrics::store()
+            crate::plumbing::metrics::store()
                 .unpositioned
                 .record(u64::try_from(waiting).unwrap_or(0), &[]);
             Ok(Positioned::Moved(moved))
@@ -388,14 +388,14 @@ fn event(row: &Row) -> Result<Event, Error> {
         let sku: Option<&str> = row.try_get(4).map_err(Error::internal)?;
         Sku::parse(sku.unwrap_or_default()).map_err(invalid)
     };
-    let change = if event_type == crate::ledger::OUT_OF_STOCK
-        || event_type == crate::ledger::BACK_IN_STOCK
+    let change = if event_type == crate::tables::ledger::OUT_OF_STOCK
+        || event_type == crate::tables::ledger::BACK_IN_STOCK
     {
         let sku = sku()?;
         let payload: AvailabilityPayload =
             serde_json::from_value(payload).map_err(Error::internal)?;
         Change::Availability {
-            out_of_stock: event_type == crate::ledger::OUT_OF_STOCK,
+            out_of_stock: event_type == crate::tables::ledger::OUT_OF_STOCK,
             level: StockLevel::total(
                 sku.clone(),
                 payload.on_hand,
@@ -404,7 +404,7 @@ fn event(row: &Row) -> Result<Event, Error> {
             ),
             sku,
         }
-    } else if event_type == crate::outbox::STOCK_TRANSFERRED {
+    } else if event_type == crate::tables::outbox::STOCK_TRANSFERRED {
         let sku = sku()?;
         let payload: TransferPayload = serde_json::from_value(payload).map_err(Error::internal)?;
         Change::StockTransferred {
@@ -415,7 +415,7 @@ fn event(row: &Row) -> Result<Event, Error> {
             from: payload.from.level().map_err(invalid)?,
             to: payload.to.level().map_err(invalid)?,
         }
-    } else if event_type == crate::outbox::STOCK_ADJUSTED {
+    } else if event_type == crate::tables::outbox::STOCK_ADJUSTED {
         let sku = sku()?;
         let payload: StockPayload = serde_json::from_value(payload).map_err(Error::internal)?;
         Change::StockAdjusted {
@@ -483,8 +483,10 @@ fn event(row: &Row) -> Result<Event, Error> {
                 ReservationLine::from_allocations(sku, allocations).map_err(invalid)
             })
             .collect::<Result<_, Error>>()?;
-        let expires_at = payload.expires_at_micros.map(crate::outcome::from_micros);
-        if event_type == crate::outbox::RESERVATION_EXTENDED {
+        let expires_at = payload
+            .expires_at_micros
+            .map(crate::tables::idempotency::outcome::from_micros);
+        if event_type == crate::tables::outbox::RESERVATION_EXTENDED {
             Change::ReservationExtended {
                 reservation_id,
                 order_id,

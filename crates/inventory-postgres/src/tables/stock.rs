@@ -20,7 +20,7 @@ use inventory_core::{
 };
 use tokio_postgres::Row;
 
-use crate::{error::from_db, plans};
+use crate::{plumbing::error::from_db, plumbing::plans};
 
 const LOCK_ONE: &str = "SELECT on_hand, reserved, version FROM stock WHERE sku = $1 FOR UPDATE";
 
@@ -137,7 +137,7 @@ pub(crate) async fn create(
                 &sku.as_str(),
                 &location.as_str(),
                 &on_hand,
-                &crate::migrate::RELEASE,
+                &crate::plumbing::migrate::RELEASE,
             ],
         )
         .await?;
@@ -153,7 +153,11 @@ pub(crate) async fn add_location(
     let statement = tx.prepare_cached(ADD_LOCATION).await?;
     tx.execute(
         &statement,
-        &[&sku.as_str(), &location.as_str(), &crate::migrate::RELEASE],
+        &[
+            &sku.as_str(),
+            &location.as_str(),
+            &crate::plumbing::migrate::RELEASE,
+        ],
     )
     .await?;
     Ok(())
@@ -336,7 +340,7 @@ pub(crate) async fn apply(
         }
         tx.query(&lock, &[&t_skus]).await
     };
-    let release = crate::migrate::RELEASE;
+    let release = crate::plumbing::migrate::RELEASE;
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
         &t_skus,
         &t_on,

@@ -33,14 +33,17 @@ use inventory_core::{
 };
 
 use crate::{
-    PgStore, durable,
-    error::{from_db, from_pool},
-    idempotency::{self, Key, Stored},
-    ledger::{self, Cause, NewMovement},
-    locations, orders, outbox,
-    outcome::{RESERVE, ReserveOutcome},
-    reservations,
-    stock::{self, StockMove},
+    PgStore,
+    plumbing::durable,
+    plumbing::error::{from_db, from_pool},
+    tables::idempotency::outcome::{RESERVE, ReserveOutcome},
+    tables::idempotency::{self, Key, Stored},
+    tables::ledger::{self, Cause, NewMovement},
+    tables::locations,
+    tables::orders,
+    tables::outbox,
+    tables::reservations,
+    tables::stock::{self, StockMove},
 };
 
 /// A hold decided by the core, to be written.
@@ -67,18 +70,20 @@ fn earlier(
     stored: &mut HashMap<Key, Stored>,
 ) -> Result<Earlier, Error> {
     let key = key_of(command);
-    let metrics = crate::metrics::store();
+    let metrics = crate::plumbing::metrics::store();
     if let Some((fingerprint, outcome)) = stored.remove(&key) {
         if fingerprint != command.fingerprint().as_bytes() {
             metrics
                 .conflicts
-                .add(1, &crate::metrics::operation(RESERVE));
+                .add(1, &crate::plumbing::metrics::operation(RESERVE));
             return Ok(Earlier::KeyReused);
         }
-        metrics.replays.add(1, &crate::metrics::operation(RESERVE));
+        metrics
+            .replays
+            .add(1, &crate::plumbing::metrics::operation(RESERVE));
         // An outcome this release cannot read fails its own call, not the batch.
         let replayed = serde_json::from_value::<ReserveOutcome>(outcome)
-            .map_err(crate::outcome::unreadable)
+            .map_err(crate::tables::idempotency::outcome::unreadable)
             .and_then(ReserveOutcome::into_result)
             .unwrap_or_else(Err);
         return Ok(Earlier::Replay(replayed));
@@ -146,7 +151,7 @@ impl PgStore {
         };
 
         // Step 3: decide.
-        let metrics = crate::metrics::store();
+        let metrics = crate::plumbing::metrics::store();
         let mut outcomes: Vec<WriteOutcome<Answers>> = Vec::with_capacity(groups.len());
         let mut holds: Vec<Hold<'_>> = Vec::new();
         let mut unclaim: Vec<(&str, &str)> = Vec::new();
@@ -218,7 +223,7 @@ impl PgStore {
         self.pauses.reach(PausePoint::Committing).await;
         let commit_started = std::time::Instant::now();
         tx.commit().await.map_err(from_db)?;
-        crate::metrics::reserve_committed(true, started, commit_started);
+        crate::plumbing::metrics::reserve_committed(true, started, commit_started);
         // Only replays, decided by reads: confirmed before they are answered. A commit that
         // wrote was acknowledged with everything read before it.
         let answered = outcomes
@@ -238,7 +243,11 @@ impl PgStore {
             } = outcome
             {
                 for answer in answers {
-                    crate::metrics::reservation(if answer.is_ok() { "HELD" } else { "REFUSED" });
+                    crate::plumbing::metrics::reservation(if answer.is_ok() {
+                        "HELD"
+                    } else {
+                        "REFUSED"
+                    });
                 }
             }
         }

@@ -9,7 +9,7 @@ use inventory_core::{
     domain::{Location, LocationId},
 };
 
-use crate::error::from_db;
+use crate::plumbing::error::from_db;
 
 pub(crate) const ALL: &str = "
     SELECT location_id, priority, active FROM locations

@@ -9,8 +9,8 @@ use std::{
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 use crate::{
-    hosts::{self, Attempts, HostOrder},
-    tls::{PgTls, split_ssl_params},
+    plumbing::hosts::{self, Attempts, HostOrder},
+    plumbing::tls::{PgTls, split_ssl_params},
 };
 
 /// Where PostgreSQL is and how to reach it: the driver's settings and the TLS policy of
@@ -34,7 +34,7 @@ impl PgConfig {
     /// returned connection.
     ///
     /// With several hosts, each is tried alone, the host that answered last first, and each
-    /// but the last gets `connect_timeout` for the whole handshake (see [`crate::hosts`]): a
+    /// but the last gets `connect_timeout` for the whole handshake (see [`crate::plumbing::hosts`]): a
     /// frozen primary that still accepts TCP connects is passed over for the next host.
     pub async fn open(
         &self,
@@ -103,7 +103,7 @@ impl DerefMut for PgConfig {
 /// One connection, to be driven by whoever opened it.
 pub type Connection = tokio_postgres::Connection<
     tokio_postgres::Socket,
-    <crate::tls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
+    <crate::plumbing::tls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
         tokio_postgres::Socket,
     >>::Stream,
 >;

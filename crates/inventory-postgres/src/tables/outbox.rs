@@ -90,7 +90,9 @@ pub(crate) fn reservation_payload(
         "levels": levels.iter().map(level_payload).collect::<Vec<_>>(),
     });
     if reservation.state == ReservationState::Held {
-        payload["expires_at_micros"] = json!(crate::outcome::micros(reservation.expires_at));
+        payload["expires_at_micros"] = json!(crate::tables::idempotency::outcome::micros(
+            reservation.expires_at
+        ));
     }
     payload
 }

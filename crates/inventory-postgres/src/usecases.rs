@@ -1,0 +1,113 @@
+//! [`PgStore`] and its use cases, one module per family. Each write is one transaction that
+//! claims its idempotency key (see [`keyed`]), reads and locks what it decides on, lets
+//! `inventory_core::rules` decide, and writes the decision with conditional statements,
+//! together with its outbox event, its ledger movements and its stored outcome.
+//!
+//! - `stock` — adjust, count (one or a batch), transfer, levels, movements, locations.
+//! - `reserve` — `Reserve` one request per transaction; confirm, release, extend, read, list.
+//! - `batch` — coalesced `Reserve`s: many single-line requests of several SKUs in one
+//!   transaction.
+//! - `cancel` — `CancelOrder`: the order's tombstone under its lock, its live holds released.
+//! - `expiry` — the sweeper's transaction: overdue holds expired, their stock returned.
+//! - [`events`] — positions for committed events, reading them back, epochs, `LISTEN`.
+//! - [`retention`] — pruning events, idempotency keys and final reservations past retention.
+//! - [`verify`] — every SKU recomputed from its ledger and its live holds.
+//! - [`keyed`] — the shape every keyed write shares: claim or replay, body, record, commit.
+
+use std::{sync::Arc, time::Duration};
+
+use deadpool_postgres::Pool;
+use inventory_core::{Dependency, Error, pause::PausePoints};
+use tokio::sync::Notify;
+
+mod batch;
+mod cancel;
+pub mod events;
+mod expiry;
+pub(crate) mod keyed;
+mod reserve;
+pub mod retention;
+mod stock;
+pub mod verify;
+
+pub use expiry::{HeldTotals, OVERDUE_GRACE};
+
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pool: Pool,
+    /// Signalled after every commit that wrote an outbox event, to wake the sequencer.
+    pub(crate) outbox_written: Arc<Notify>,
+    /// Longest one use case may wait for PostgreSQL, all round trips together.
+    bound: Duration,
+    /// Shared with the core's (tests hold requests at these points).
+    pub(crate) pauses: PausePoints,
+}
+
+impl PgStore {
+    /// `bound`: how long one use case (a transaction, or a read) may wait for PostgreSQL
+    /// before it answers `UNAVAILABLE` (see [`PoolSettings::operation_bound`]).
+    ///
+    /// [`PoolSettings::operation_bound`]: crate::PoolSettings::operation_bound
+    pub fn new(pool: Pool, bound: Duration) -> Self {
+        Self {
+            pool,
+            outbox_written: Arc::new(Notify::new()),
+            bound,
+            pauses: PausePoints::default(),
+        }
+    }
+
+    /// The same store, reaching these pause points (the core's, so one test arms both).
+    pub fn with_pause_points(mut self, pauses: PausePoints) -> Self {
+        self.pauses = pauses;
+        self
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// How long one use case may wait for PostgreSQL.
+    pub fn bound(&self) -> Duration {
+        self.bound
+    }
+
+    /// Bounds a use case on the client side. PostgreSQL's own `statement_timeout` cannot help
+    /// when the answer never arrives (a hung server, a half-open connection, a network that
+    /// stopped forwarding, a commit waiting for a standby that is gone): this does. The
+    /// abandoned transaction is rolled back by the server once the session resumes or dies;
+    /// its outcome is unknown to the caller, who retries with the same idempotency key.
+    ///
+    /// The abandoned use case hands its connection back to the pool with its request still
+    /// on it, and every later request on that connection would queue behind the answer that
+    /// never comes: so the connections taken since it began are dropped from the pool
+    /// (healthy ones among them are simply opened again). A frozen old primary would
+    /// otherwise keep the service unavailable after its standby took over.
+    pub(crate) async fn bounded<T>(
+        &self,
+        work: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let started = std::time::Instant::now();
+        // The future, and the connection it holds, is dropped when `timeout` returns.
+        let outcome = tokio::time::timeout(self.bound, work).await;
+        match outcome {
+            Ok(result) => result,
+            Err(_) => {
+                // Kept: the connections last taken before this use case began.
+                let dropped = self
+                    .pool
+                    .retain(|_, used| used.recycled.unwrap_or(used.created) < started)
+                    .removed
+                    .len();
+                tracing::warn!(
+                    dropped,
+                    "no answer from PostgreSQL in time; recently used connections dropped"
+                );
+                Err(Error::unavailable(
+                    Dependency::Postgres,
+                    format!("no answer from PostgreSQL within {:?}", self.bound),
+                ))
+            }
+        }
+    }
+}

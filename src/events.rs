@@ -17,17 +17,13 @@ use std::{
 use inventory_core::{
     Error,
     command::WatchEvents,
-    events::{EpochId, Event, StreamBounds},
-    ports::EventStore as _,
-};
-use inventory_postgres::{
-    PgConfig, PgStore,
-    events::{PositionListener, Positioned},
+    events::{EpochId, Event, Positioned, StreamBounds},
+    ports::{HeadFeed, Subscription},
 };
 use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tonic::Status;
 
-use crate::{proto, status::to_status, wire::Encode as _};
+use crate::{Service, proto, status::to_status, wire::Encode as _};
 
 /// Events queued for one watcher before it stops reading (and so backs off to PostgreSQL).
 pub const WATCH_BUFFER: usize = 64;
@@ -69,7 +65,8 @@ impl WatcherCount {
 
 #[derive(Clone, Debug)]
 pub struct EventHub {
-    store: PgStore,
+    /// The event stream is read through the core, like every other call.
+    inventory: Arc<Service>,
     live: broadcast::Sender<Arc<Event>>,
     stopping: watch::Receiver<bool>,
     /// Senders of the open watchers, to count them and report how much they have queued.
@@ -79,9 +76,13 @@ pub struct EventHub {
 }
 
 impl EventHub {
-    pub fn new(store: PgStore, stopping: watch::Receiver<bool>, max_watchers: usize) -> Self {
+    pub fn new(
+        inventory: Arc<Service>,
+        stopping: watch::Receiver<bool>,
+        max_watchers: usize,
+    ) -> Self {
         Self {
-            store,
+            inventory,
             live: broadcast::channel(BROADCAST_RING).0,
             stopping,
             watchers: Arc::default(),
@@ -105,7 +106,7 @@ impl EventHub {
         if self.watching() >= self.max_watchers {
             return Err(Error::TooManyWatchers);
         }
-        let bounds = self.store.stream_bounds().await?;
+        let bounds = self.inventory.stream_bounds().await?;
         let (after, epoch) = match command.after {
             // From the oldest kept: whatever epoch the consumer had, it starts afresh.
             0 => (bounds.pruned_through, None),
@@ -160,7 +161,7 @@ impl EventHub {
         if !cursor.continues(&event) {
             // A new epoch began before positions this watcher already sent from the old one:
             // the history was cut behind the consumer (a restore, a failover that lost them).
-            let error = match self.store.stream_bounds().await {
+            let error = match self.inventory.stream_bounds().await {
                 Ok(bounds) => not_in_history(cursor.after, cursor.epoch, &bounds),
                 Err(error) => error,
             };
@@ -183,7 +184,7 @@ impl EventHub {
             // Subscribe before reading, so nothing broadcast meanwhile is missed.
             let mut live = self.live.subscribe();
             loop {
-                let page = match self.store.events_after(cursor.after, PAGE).await {
+                let page = match self.inventory.events_after(cursor.after, PAGE).await {
                     Ok(page) => page,
                     Err(error) => {
                         let _ = sender.send(Err(to_status(error))).await;
@@ -196,7 +197,7 @@ impl EventHub {
                 if page[0].position != cursor.after + 1 {
                     // Positions are dense: a jump means retention pruned events this watcher
                     // had not read yet. Say so rather than skip them.
-                    let error = match self.store.stream_bounds().await {
+                    let error = match self.inventory.stream_bounds().await {
                         Ok(bounds) => Error::CursorPruned {
                             requested: cursor.after,
                             pruned_through: bounds.pruned_through,
@@ -272,13 +273,13 @@ fn not_in_history(after: i64, epoch: Option<EpochId>, bounds: &StreamBounds) -> 
 }
 
 /// Positions committed events whenever this replica commits one, and on a slow tick.
-pub async fn run_sequencer(store: PgStore, mut stopping: watch::Receiver<bool>) {
+pub async fn run_sequencer(inventory: Arc<Service>, mut stopping: watch::Receiver<bool>) {
     let mut ticks = tokio::time::interval(SEQUENCER_TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_run: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
-            () = store.wait_outbox_written() => {}
+            () = inventory.written() => {}
             _ = ticks.tick() => {}
             _ = stopping.changed() => return,
         }
@@ -292,7 +293,7 @@ pub async fn run_sequencer(store: PgStore, mut stopping: watch::Receiver<bool>) 
         last_run = Some(tokio::time::Instant::now());
         let mut busy_retries = 0;
         loop {
-            match store.position_events(POSITION_BATCH).await {
+            match inventory.position_events(POSITION_BATCH).await {
                 Ok(Positioned::Moved(moved)) if moved as usize == POSITION_BATCH => {}
                 Ok(Positioned::Moved(_)) => break,
                 // Another replica is positioning; it may have looked before our commit.
@@ -311,25 +312,21 @@ pub async fn run_sequencer(store: PgStore, mut stopping: watch::Receiver<bool>) 
 }
 
 /// Reads each newly positioned event once and broadcasts it to this replica's watchers.
-pub async fn run_tailer(hub: EventHub, database: PgConfig, mut stopping: watch::Receiver<bool>) {
+pub async fn run_tailer<F: HeadFeed>(hub: EventHub, feed: F, mut stopping: watch::Receiver<bool>) {
     let wake = Arc::new(Notify::new());
-    let mut listener: Option<PositionListener> = None;
+    let mut listener: Option<F::Subscription> = None;
     let mut head = None;
     let mut ticks = tokio::time::interval(TAILER_TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        if !listener.as_ref().is_some_and(PositionListener::is_alive) {
-            let start = PositionListener::start(&database, Arc::clone(&wake));
-            match tokio::time::timeout(database.open_bound(hub.store.bound()), start).await {
-                Ok(Ok(started)) => listener = Some(started),
-                Ok(Err(error)) => {
-                    tracing::warn!(%error, "cannot listen for events; polling instead")
-                }
-                Err(_) => tracing::warn!("LISTEN got no answer in time; polling instead"),
+        if !listener.as_ref().is_some_and(Subscription::is_alive) {
+            match feed.subscribe(Arc::clone(&wake)).await {
+                Ok(started) => listener = Some(started),
+                Err(error) => tracing::warn!(%error, "cannot listen for events; polling instead"),
             }
         }
         let Some(mut position) = head else {
-            match hub.store.stream_bounds().await {
+            match hub.inventory.stream_bounds().await {
                 Ok(bounds) => head = Some(bounds.head),
                 Err(error) => {
                     tracing::warn!(%error, "cannot read the event stream head");
@@ -342,7 +339,7 @@ pub async fn run_tailer(hub: EventHub, database: PgConfig, mut stopping: watch::
             continue;
         };
         loop {
-            match hub.store.events_after(position, PAGE).await {
+            match hub.inventory.events_after(position, PAGE).await {
                 Ok(page) if page.is_empty() => break,
                 Ok(page) => {
                     for event in page {

@@ -58,12 +58,15 @@ async fn run(command: Command, registry: prometheus::Registry) -> anyhow::Result
         }
         Command::Verify(args) => {
             let config = parse_database_url(&args.database_url).map_err(anyhow::Error::msg)?;
-            let (mut client, connection) = config.open().await?;
-            let driver = tokio::spawn(connection);
+            // Through the store's upkeep port, on one connection.
+            let settings = inventory_postgres::PoolSettings {
+                max_size: 1,
+                ..Default::default()
+            };
+            let pool = inventory_postgres::connect(config, &settings)?;
+            let store = inventory_postgres::PgStore::new(pool, settings.operation_bound());
             let started = std::time::Instant::now();
-            let report = inventory_postgres::verify::verify(&mut client).await?;
-            drop(client);
-            let _ = driver.await;
+            let report = inventory_core::ports::Upkeep::verify(&store).await?;
             for drift in &report.drifts {
                 println!("drift {drift}");
             }

@@ -9,7 +9,7 @@ use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use inventory_core::{pause::PausePoints, service::Inventory};
-use inventory_postgres::{PgConfig, PgStore, Pool};
+use inventory_postgres::{PgConfig, PgStore, Pool, events::PgHeadFeed};
 use inventory_redis::{Redis, RedisLeases};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -166,7 +166,6 @@ impl Application {
         let store = PgStore::new(pool.clone(), database.pool.operation_bound())
             .with_pause_points(pauses.clone());
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
-        let events = EventHub::new(store.clone(), stopping_rx, server.max_watchers);
         let inventory = Arc::new(
             Inventory::new(
                 store.clone(),
@@ -175,6 +174,7 @@ impl Application {
             )
             .with_pause_points(pauses),
         );
+        let events = EventHub::new(Arc::clone(&inventory), stopping_rx, server.max_watchers);
         Ok(Self {
             listener,
             local_addr,
@@ -254,17 +254,16 @@ impl Application {
         let background = [
             tokio::spawn(upkeep::run(
                 Arc::clone(&self.inventory),
-                self.store.clone(),
                 self.upkeep,
                 self.stopping.subscribe(),
             )),
             tokio::spawn(events::run_sequencer(
-                self.store.clone(),
+                Arc::clone(&self.inventory),
                 self.stopping.subscribe(),
             )),
             tokio::spawn(events::run_tailer(
                 self.events.clone(),
-                self.database.clone(),
+                PgHeadFeed::new(self.database.clone(), self.store.bound()),
                 self.stopping.subscribe(),
             )),
             tokio::spawn(

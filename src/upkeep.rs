@@ -7,10 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use inventory_postgres::{
-    PgStore,
-    retention::{Pruned, Retention},
-};
+use inventory_core::upkeep::{Pruned, Retention};
 
 use crate::Service;
 
@@ -32,7 +29,6 @@ pub struct Upkeep {
 /// events and idempotency keys past their retention.
 pub async fn run(
     inventory: Arc<Service>,
-    store: PgStore,
     upkeep: Upkeep,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -66,7 +62,7 @@ pub async fn run(
         // not every round.
         if counted.is_none_or(|at| at.elapsed() >= HELD_GAUGES_EVERY) {
             counted = Some(Instant::now());
-            if let Err(error) = store.refresh_held_gauges().await {
+            if let Err(error) = inventory.count_held().await {
                 tracing::warn!(%error, "cannot count held reservations; the held gauges keep their last value");
             }
         }
@@ -77,12 +73,9 @@ pub async fn run(
         let budget = Instant::now() + interval / 2;
         let mut total = Pruned::default();
         loop {
-            match store.prune(&upkeep.retention, batch).await {
+            match inventory.prune(&upkeep.retention, batch).await {
                 Ok(pruned) => {
-                    total.events += pruned.events;
-                    total.idempotency_keys += pruned.idempotency_keys;
-                    total.reservations += pruned.reservations;
-                    total.cancelled_orders += pruned.cancelled_orders;
+                    total.add(pruned);
                     if !pruned.was_full(batch) || *stopped.borrow() || Instant::now() >= budget {
                         break;
                     }

@@ -143,6 +143,15 @@ impl ReservationEvent {
     }
 }
 
+/// What one sequencer run did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Positioned {
+    /// This many events got positions (possibly zero).
+    Moved(u64),
+    /// Another replica's sequencer was running; it will position what is ready.
+    Busy,
+}
+
 /// Where a consumer's cursor stands against what the stream still holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamBounds {

@@ -21,6 +21,7 @@
 //! - [`budget`] — the time a call has: the caller's deadline and the server's lease bound.
 //! - [`coalesce`] — the per-SKU queues that let one lease and one transaction serve many
 //!   `Reserve` calls for a hot SKU.
+//! - [`upkeep`] — retention, what pruning deleted, what is held, what a verification found.
 //! - [`metrics`] — the queue-depth histogram and the buckets every duration in seconds uses.
 
 pub mod allocation;
@@ -35,5 +36,6 @@ pub mod pause;
 pub mod ports;
 pub mod rules;
 pub mod service;
+pub mod upkeep;
 
 pub use error::{Dependency, Error, FieldViolation};

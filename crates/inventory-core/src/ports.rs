@@ -3,8 +3,11 @@
 
 use std::{
     future::Future,
+    sync::Arc,
     time::{Duration, Instant},
 };
+
+use tokio::sync::Notify;
 
 use crate::{
     command::{
@@ -14,7 +17,8 @@ use crate::{
     },
     domain::{FenceToken, Location, Reservation, Sku, StockLevel, Ttl},
     error::Error,
-    events::{Event, StreamBounds},
+    events::{Event, Positioned, StreamBounds},
+    upkeep::{HeldTotals, Pruned, Report, Retention},
 };
 
 /// The system of record for stock. Every method is one transaction: it either happens entirely
@@ -246,7 +250,7 @@ pub trait LeaseService: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
-/// The positioned event stream, read back from the outbox.
+/// The positioned event stream: events get positions in commit order, then are read back.
 pub trait EventStore: Send + Sync + 'static {
     /// Up to `limit` events with a position above `after`, in position order.
     fn events_after(
@@ -255,5 +259,53 @@ pub trait EventStore: Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<Event>, Error>> + Send;
 
+    /// The head, what retention removed and the stream's epochs, in one snapshot.
     fn stream_bounds(&self) -> impl Future<Output = Result<StreamBounds, Error>> + Send;
+
+    /// One sequencer run: positions up to `batch` committed events in commit order and moves
+    /// the head, in one transaction; [`Positioned::Busy`] while another replica's run holds
+    /// the stream. Safe to call from every replica.
+    fn position_events(
+        &self,
+        batch: usize,
+    ) -> impl Future<Output = Result<Positioned, Error>> + Send;
+
+    /// Completes once this replica has committed an event since the last call.
+    fn written(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// Tells when the stream's head moved, whichever replica moved it.
+pub trait HeadFeed: Send + Sync + 'static {
+    type Subscription: Subscription;
+
+    /// Starts telling: every head move from now on wakes `wake`, until the subscription is
+    /// dropped or dies (a lost connection).
+    fn subscribe(
+        &self,
+        wake: Arc<Notify>,
+    ) -> impl Future<Output = Result<Self::Subscription, Error>> + Send;
+}
+
+/// A [`HeadFeed`]'s subscription.
+pub trait Subscription: Send + 'static {
+    /// Whether head moves still arrive; a dead one is replaced.
+    fn is_alive(&self) -> bool;
+}
+
+/// Keeping the system of record small and checking it: pruning past retention, counting what
+/// is held, verifying the ledger. Safe to run from many replicas at once.
+pub trait Upkeep: Send + Sync + 'static {
+    /// One pruning pass: at most `batch` rows per table, oldest first.
+    fn prune(
+        &self,
+        retention: &Retention,
+        batch: usize,
+    ) -> impl Future<Output = Result<Pruned, Error>> + Send;
+
+    /// Counts what is held now (and records it in the held gauges).
+    fn count_held(&self) -> impl Future<Output = Result<HeldTotals, Error>> + Send;
+
+    /// Recomputes every SKU from its ledger and its live holds, in one snapshot, and names
+    /// every disagreement.
+    fn verify(&self) -> impl Future<Output = Result<Report, Error>> + Send;
 }

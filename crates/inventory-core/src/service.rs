@@ -22,11 +22,14 @@ use crate::{
     },
     domain::{FenceToken, Location, Reservation, Sku, StockLevel, Ttl},
     error::Error,
+    events::{Event, Positioned, StreamBounds},
     pause::{PausePoint, PausePoints},
     ports::{
-        Answers, Lease, LeaseService, ReservationStore, ReserveGroup, StockStore, WriteOutcome,
+        Answers, EventStore, Lease, LeaseService, ReservationStore, ReserveGroup, StockStore,
+        Upkeep, WriteOutcome,
     },
     rules,
+    upkeep::{HeldTotals, Pruned, Retention},
 };
 
 /// How many times one `Reserve` raises lagging fence counters and tries again before giving
@@ -607,5 +610,42 @@ where
                 }
             }
         }
+    }
+}
+
+/// The event stream, through the store's [`EventStore`] port: what `WatchEvents`, the
+/// sequencer and the tailer use.
+impl<S: EventStore, L> Inventory<S, L> {
+    /// Up to `limit` events above position `after`, in position order.
+    pub async fn events_after(&self, after: i64, limit: usize) -> Result<Vec<Event>, Error> {
+        self.store.events_after(after, limit).await
+    }
+
+    /// The head, what retention removed and the epochs, in one snapshot.
+    pub async fn stream_bounds(&self) -> Result<StreamBounds, Error> {
+        self.store.stream_bounds().await
+    }
+
+    /// One sequencer run (see [`EventStore::position_events`]).
+    pub async fn position_events(&self, batch: usize) -> Result<Positioned, Error> {
+        self.store.position_events(batch).await
+    }
+
+    /// Completes once this replica has committed an event since the last call.
+    pub async fn written(&self) {
+        self.store.written().await
+    }
+}
+
+/// Upkeep, through the store's [`Upkeep`] port: what the sweeper runs besides expiry.
+impl<S: Upkeep, L> Inventory<S, L> {
+    /// One pruning pass past `retention`, at most `batch` rows per table.
+    pub async fn prune(&self, retention: &Retention, batch: usize) -> Result<Pruned, Error> {
+        self.store.prune(retention, batch).await
+    }
+
+    /// Counts what is held now, for the held gauges.
+    pub async fn count_held(&self) -> Result<HeldTotals, Error> {
+        self.store.count_held().await
     }
 }

@@ -25,10 +25,11 @@ mod tables;
 mod usecases;
 
 pub use deadpool_postgres::Pool;
+pub use inventory_core::upkeep::HeldTotals;
 pub use plumbing::{
     connect::{self, PgConfig, PoolSettings, ProbeError, UrlError, connect, parse_url, probe},
     metrics::init as init_metrics,
     migrate,
     tls::{self, PgTls, SslMode},
 };
-pub use usecases::{HeldTotals, OVERDUE_GRACE, PgStore, events, retention, verify};
+pub use usecases::{OVERDUE_GRACE, PgStore, events, retention, verify};

@@ -17,8 +17,15 @@
 use std::{sync::Arc, time::Duration};
 
 use deadpool_postgres::Pool;
-use inventory_core::{Dependency, Error, pause::PausePoints};
+use inventory_core::{
+    Dependency, Error,
+    pause::PausePoints,
+    ports::Upkeep,
+    upkeep::{HeldTotals, Pruned, Report, Retention},
+};
 use tokio::sync::Notify;
+
+use crate::plumbing::error::{from_db, from_pool};
 
 mod batch;
 mod cancel;
@@ -30,7 +37,7 @@ pub mod retention;
 mod stock;
 pub mod verify;
 
-pub use expiry::{HeldTotals, OVERDUE_GRACE};
+pub use expiry::OVERDUE_GRACE;
 
 #[derive(Clone, Debug)]
 pub struct PgStore {
@@ -109,5 +116,21 @@ impl PgStore {
                 ))
             }
         }
+    }
+}
+
+impl Upkeep for PgStore {
+    async fn prune(&self, retention: &Retention, batch: usize) -> Result<Pruned, Error> {
+        PgStore::prune(self, retention, batch).await
+    }
+
+    async fn count_held(&self) -> Result<HeldTotals, Error> {
+        self.refresh_held_gauges().await
+    }
+
+    /// Not bounded like a call: it reads every table.
+    async fn verify(&self) -> Result<Report, Error> {
+        let mut client = self.pool.get().await.map_err(from_pool)?;
+        verify::verify(&mut client).await.map_err(from_db)
     }
 }

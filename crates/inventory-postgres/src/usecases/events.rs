@@ -20,7 +20,7 @@ use inventory_core::{
         ReservationState, Sku, StockLevel,
     },
     events::{Change, Epoch, EpochId, Event, ReservationEvent, StreamBounds},
-    ports::EventStore,
+    ports::{EventStore, HeadFeed, Subscription},
 };
 use serde::Deserialize;
 use tokio::sync::Notify;
@@ -88,14 +88,7 @@ const BOUNDS: &str = "
            (SELECT coalesce(array_agg(starts_after ORDER BY seq), '{}') FROM stream_epochs)
     FROM event_stream WHERE id = 1";
 
-/// What one sequencer run did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Positioned {
-    /// This many events got positions (possibly zero).
-    Moved(u64),
-    /// Another replica's sequencer was running; it will position what is ready.
-    Busy,
-}
+pub use inventory_core::events::Positioned;
 
 impl PgStore {
     /// Wakes the local sequencer; called after each commit that wrote an event.
@@ -280,6 +273,14 @@ impl EventStore for PgStore {
             })
         })
         .await
+    }
+
+    async fn position_events(&self, batch: usize) -> Result<Positioned, Error> {
+        PgStore::position_events(self, batch).await
+    }
+
+    async fn written(&self) {
+        self.wait_outbox_written().await
     }
 }
 
@@ -571,5 +572,44 @@ impl PositionListener {
 impl Drop for PositionListener {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+impl Subscription for PositionListener {
+    fn is_alive(&self) -> bool {
+        PositionListener::is_alive(self)
+    }
+}
+
+/// Head moves, from a [`PositionListener`] on its own connection to the database (a pooled
+/// connection cannot `LISTEN`: the pool drops its notifications).
+#[derive(Clone, Debug)]
+pub struct PgHeadFeed {
+    config: crate::PgConfig,
+    /// How long opening the connection and `LISTEN` may take, every host tried.
+    bound: std::time::Duration,
+}
+
+impl PgHeadFeed {
+    /// `bound`: how long one use case may wait for PostgreSQL ([`PgStore::bound`]).
+    pub fn new(config: crate::PgConfig, bound: std::time::Duration) -> Self {
+        let bound = config.open_bound(bound);
+        Self { config, bound }
+    }
+}
+
+impl HeadFeed for PgHeadFeed {
+    type Subscription = PositionListener;
+
+    async fn subscribe(&self, wake: Arc<Notify>) -> Result<PositionListener, Error> {
+        let start = PositionListener::start(&self.config, wake);
+        tokio::time::timeout(self.bound, start)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::unavailable(
+                    inventory_core::Dependency::Postgres,
+                    "LISTEN got no answer in time",
+                ))
+            })
     }
 }

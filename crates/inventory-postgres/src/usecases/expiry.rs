@@ -20,21 +20,7 @@ use crate::{
     tables::stock::{self, StockMove},
 };
 
-/// How long past its expiry an unswept hold may be before it counts as overdue: many sweep
-/// intervals, so a busy but healthy sweeper never shows any.
-pub const OVERDUE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// What is held across every SKU, for the saturation gauges.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HeldTotals {
-    /// Reservations in state `HELD` (overdue ones included until swept).
-    pub reservations: i64,
-    /// Of those, the ones more than [`OVERDUE_GRACE`] past their expiry that no sweep has
-    /// returned yet (a hold that expired since the last sweep is not overdue).
-    pub overdue: i64,
-    /// Units reserved across every SKU (`stock.reserved`).
-    pub units: i64,
-}
+pub use inventory_core::upkeep::{HeldTotals, OVERDUE_GRACE};
 
 impl PgStore {
     /// Counts what is held now and records it as `inventory_reservations_held`,

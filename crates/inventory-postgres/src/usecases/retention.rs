@@ -6,8 +6,6 @@
 //! with its lines, while its events (until their own retention) and the stored outcome of its
 //! key (likewise) keep what happened.
 
-use std::time::Duration;
-
 use inventory_core::Error;
 
 use crate::{
@@ -15,44 +13,7 @@ use crate::{
     plumbing::error::{from_db, from_pool},
 };
 
-/// How long each kind of row is kept.
-#[derive(Clone, Copy, Debug)]
-pub struct Retention {
-    pub events: Duration,
-    pub idempotency_keys: Duration,
-    /// Final reservations (confirmed, released, expired), from their last change.
-    pub reservations: Duration,
-    /// Stock movements; `None` keeps the ledger forever. A SKU's latest movement is always
-    /// kept.
-    pub ledger: Option<Duration>,
-}
-
-/// What one pass deleted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Pruned {
-    pub events: u64,
-    pub idempotency_keys: u64,
-    pub reservations: u64,
-    /// Tombstones of cancelled orders, kept as long as final reservations.
-    pub cancelled_orders: u64,
-    pub movements: u64,
-}
-
-impl Pruned {
-    /// Whether any table had a full batch: more may be waiting.
-    pub fn was_full(&self, batch: usize) -> bool {
-        let batch = batch as u64;
-        self.events >= batch
-            || self.idempotency_keys >= batch
-            || self.reservations >= batch
-            || self.cancelled_orders >= batch
-            || self.movements >= batch
-    }
-
-    pub fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
-}
+pub use inventory_core::upkeep::{Pruned, Retention};
 
 /// The oldest positioned events, as long as they are past retention: a contiguous prefix of the
 /// stream, so no hole is ever left below a kept event. `pruned_through` records the highest

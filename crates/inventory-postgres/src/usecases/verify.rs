@@ -13,10 +13,6 @@
 //! 3. each (SKU, location)'s `reserved` is exactly what `HELD` reservations still hold
 //!    there.
 
-use std::fmt;
-
-use serde::Serialize;
-
 /// Versions along each SKU, levels along each (SKU, location).
 const CHAIN: &str = "
     SELECT c.sku, version, kind, on_hand_delta, reserved_delta, on_hand, reserved,
@@ -89,26 +85,7 @@ const HELD: &str = "
 const COUNTS: &str = "
     SELECT (SELECT count(*) FROM stock), (SELECT count(*) FROM stock_movements)";
 
-/// One disagreement, named by SKU (and version, for a broken chain).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Drift {
-    pub sku: String,
-    pub problem: String,
-}
-
-impl fmt::Display for Drift {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.sku, self.problem)
-    }
-}
-
-/// What a verification examined and found.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Report {
-    pub skus: i64,
-    pub movements: i64,
-    pub drifts: Vec<Drift>,
-}
+pub use inventory_core::upkeep::{Drift, Report};
 
 /// Verifies every SKU, in one read-only snapshot.
 pub async fn verify(client: &mut tokio_postgres::Client) -> Result<Report, tokio_postgres::Error> {
@@ -118,6 +95,8 @@ pub async fn verify(client: &mut tokio_postgres::Client) -> Result<Report, tokio
         .read_only(true)
         .start()
         .await?;
+    // A scan of every table: not held to the pool's per-statement bound.
+    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
     let counts = tx.query_one(COUNTS, &[]).await?;
     let mut report = Report {
         skus: counts.get(0),

@@ -104,13 +104,14 @@ pub(crate) struct Timed {
 }
 
 impl PgStore {
-    /// Runs one write under `key`. A repeat of a request that committed answers `replay(stored,
-    /// tx)` (it may read in `tx`, which then rolls back); a different request with the same key
-    /// is refused with `ALREADY_EXISTS`. Otherwise `body` runs in the transaction and its
-    /// [`Step`] says what happens to it.
-    pub(crate) async fn keyed<S, T>(
+    /// Runs one write under `key` (if the request has one). A repeat of a request that
+    /// committed answers `replay(stored, tx)` (it may read in `tx`, which then rolls back); a
+    /// different request with the same key is refused with `ALREADY_EXISTS`. Otherwise `body`
+    /// runs in the transaction and its [`Step`] says what happens to it. `timed`: the commit
+    /// of a single-request `Reserve`, whose durations are recorded.
+    pub(crate) async fn keyed<'k, S, T>(
         &self,
-        key: Key<'_>,
+        key: impl Into<Option<Key<'k>>>,
         timed: Option<Timed>,
         replay: impl AsyncFnOnce(S, &Transaction<'_>) -> Result<T, Error>,
         body: impl AsyncFnOnce(&mut Transaction<'_>) -> Result<Step<T>, Error>,
@@ -118,32 +119,7 @@ impl PgStore {
     where
         S: DeserializeOwned,
     {
-        self.transaction(Some(key), timed, replay, body).await
-    }
-
-    /// Runs one write without a key: only a [`Commit`] that stores nothing, [`Step::Read`] and
-    /// [`Step::Abandon`] apply.
-    pub(crate) async fn unkeyed<T>(
-        &self,
-        body: impl AsyncFnOnce(&mut Transaction<'_>) -> Result<Step<T>, Error>,
-    ) -> Result<T, Error> {
-        let no_replay = async |_: IgnoredAny, _: &Transaction<'_>| -> Result<T, Error> {
-            unreachable!("a write without a key replays nothing")
-        };
-        self.transaction(None, None, no_replay, body).await
-    }
-
-    /// [`keyed`](Self::keyed) when the key is optional.
-    pub(crate) async fn transaction<S, T>(
-        &self,
-        key: Option<Key<'_>>,
-        timed: Option<Timed>,
-        replay: impl AsyncFnOnce(S, &Transaction<'_>) -> Result<T, Error>,
-        body: impl AsyncFnOnce(&mut Transaction<'_>) -> Result<Step<T>, Error>,
-    ) -> Result<T, Error>
-    where
-        S: DeserializeOwned,
-    {
+        let key = key.into();
         self.bounded(async {
             let mut client = self.pool().get().await.map_err(from_pool)?;
             let decided = async {
@@ -193,6 +169,17 @@ impl PgStore {
             durable::refused_by_reads(&client, decided).await
         })
         .await
+    }
+
+    /// Runs one write that has no key: a [`Commit`] stores nothing.
+    pub(crate) async fn unkeyed<T>(
+        &self,
+        body: impl AsyncFnOnce(&mut Transaction<'_>) -> Result<Step<T>, Error>,
+    ) -> Result<T, Error> {
+        let no_replay = async |_: Unread, _: &Transaction<'_>| -> Result<T, Error> {
+            unreachable!("a write without a key replays nothing")
+        };
+        self.keyed(None, None, no_replay, body).await
     }
 }
 

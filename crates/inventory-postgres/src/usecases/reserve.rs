@@ -7,6 +7,7 @@ use deadpool_postgres::Transaction;
 
 use inventory_core::{
     Error,
+    allocation::Placement,
     command::{
         CancelOrder, ExtendReservation, ListReservations, ReservationPage, ReservationRef, Reserve,
         Settle, SettleReservation,
@@ -101,95 +102,7 @@ impl ReservationStore for PgStore {
                         Err(error)
                     }
                     LinesVerdict::Held(placed) => {
-                        let held: Vec<(ReservationLine, FenceToken)> = lines
-                            .iter()
-                            .zip(&placed)
-                            .map(|((line, fence), placements)| {
-                                let allocations = rules::allocations(placements);
-                                (ReservationLine::new_hold(line, allocations), *fence)
-                            })
-                            .collect();
-                        let moves: Vec<StockMove<'_>> =
-                            placed.iter().flatten().map(StockMove::held).collect();
-                        let fences: Vec<(&Sku, FenceToken)> = lines
-                            .iter()
-                            .map(|(line, fence)| (&line.sku, *fence))
-                            .collect();
-                        let id = ReservationId::new_random();
-                        let rows: Vec<(&ReservationLine, FenceToken)> =
-                            held.iter().map(|(line, fence)| (line, *fence)).collect();
-                        let new = NewReservation {
-                            id,
-                            order_id: &command.order_id,
-                            caller: command.caller.as_str(),
-                            idempotency_key: command.idempotency_key.as_str(),
-                            ttl,
-                        };
-                        // The stock rows move and the reservation with its lines is written
-                        // in one round trip: the rows are locked and the decision is made.
-                        let (moved, (created_at, expires_at)) = tokio::try_join!(
-                            biased;
-                            stock::apply(tx, &moves, &fences, true),
-                            async {
-                                reservations::insert(tx, &new, &rows)
-                                    .await
-                                    .map_err(from_db)
-                            },
-                        )?;
-                        debug_assert!(
-                            moved
-                                .iter()
-                                .zip(placed.iter().flatten())
-                                .all(|(m, p)| m.level == p.level && m.total == p.total),
-                            "the stored levels are the decided ones"
-                        );
-                        let cause = Cause::call(
-                            command.caller.as_str(),
-                            "",
-                            Some(command.idempotency_key.as_str()),
-                        )
-                        .of_reservation(id, &command.order_id);
-                        let movements: Vec<NewMovement<'_>> = moved
-                            .iter()
-                            .zip(&moves)
-                            .map(|(m, units)| {
-                                NewMovement::of_units(MovementKind::Held, m, units.reserved)
-                                    .because(cause)
-                            })
-                            .collect();
-                        let reservation = Reservation {
-                            id,
-                            order_id: command.order_id.clone(),
-                            state: ReservationState::Held,
-                            lines: held.into_iter().map(|(line, _)| line).collect(),
-                            created_at,
-                            expires_at,
-                        };
-                        // Its event, then its movements (and any availability event after
-                        // the hold's), then the outcome stored on the key: one round trip.
-                        let levels = stock::levels_after(&moved);
-                        let outcome = ReserveOutcome::held(&reservation);
-                        tokio::try_join!(
-                            biased;
-                            async {
-                                outbox::append_reservation_event(
-                                    tx,
-                                    ReservationEvent::Held,
-                                    &reservation,
-                                    &levels,
-                                )
-                                .await
-                                .map_err(from_db)
-                            },
-                            async { ledger::append(tx, &movements).await.map_err(from_db) },
-                            idempotency::record(
-                                tx,
-                                command.caller.as_str(),
-                                &command.idempotency_key,
-                                &outcome,
-                            ),
-                        )?;
-                        Ok(reservation)
+                        Ok(write_hold(tx, command, ttl, &lines, &placed).await?)
                     }
                 }
             };
@@ -236,7 +149,7 @@ impl ReservationStore for PgStore {
                 Some(header) => Ok(header.with_lines(reservations::lines(tx, target.id).await?)),
                 None => Err(Error::UnknownReservation(target.id)),
             };
-        self.transaction(key, None, replay, async |tx| {
+        self.keyed(key, None, replay, async |tx| {
             self.settle_units(tx, command).await
         })
         .await
@@ -399,4 +312,103 @@ impl PgStore {
             .counting(counted, 1)
             .step()
     }
+}
+
+/// Writes the hold the core placed: the stock rows move under the lines' fences, the
+/// reservation and its lines are inserted, then its event, its movements and the outcome
+/// stored on the key, each group in one round trip.
+async fn write_hold(
+    tx: &Transaction<'_>,
+    command: &Reserve,
+    ttl: Ttl,
+    lines: &[(&Line, FenceToken)],
+    placed: &[Vec<Placement>],
+) -> Result<Reservation, Error> {
+    let held: Vec<(ReservationLine, FenceToken)> = lines
+        .iter()
+        .zip(placed)
+        .map(|((line, fence), placements)| {
+            let allocations = rules::allocations(placements);
+            (ReservationLine::new_hold(line, allocations), *fence)
+        })
+        .collect();
+    let moves: Vec<StockMove<'_>> = placed.iter().flatten().map(StockMove::held).collect();
+    let fences: Vec<(&Sku, FenceToken)> = lines
+        .iter()
+        .map(|(line, fence)| (&line.sku, *fence))
+        .collect();
+    let id = ReservationId::new_random();
+    let rows: Vec<(&ReservationLine, FenceToken)> =
+        held.iter().map(|(line, fence)| (line, *fence)).collect();
+    let new = NewReservation {
+        id,
+        order_id: &command.order_id,
+        caller: command.caller.as_str(),
+        idempotency_key: command.idempotency_key.as_str(),
+        ttl,
+    };
+    // The stock rows move and the reservation with its lines is written
+    // in one round trip: the rows are locked and the decision is made.
+    let (moved, (created_at, expires_at)) = tokio::try_join!(
+        biased;
+        stock::apply(tx, &moves, &fences, true),
+        async {
+            reservations::insert(tx, &new, &rows)
+                .await
+                .map_err(from_db)
+        },
+    )?;
+    debug_assert!(
+        moved
+            .iter()
+            .zip(placed.iter().flatten())
+            .all(|(m, p)| m.level == p.level && m.total == p.total),
+        "the stored levels are the decided ones"
+    );
+    let cause = Cause::call(
+        command.caller.as_str(),
+        "",
+        Some(command.idempotency_key.as_str()),
+    )
+    .of_reservation(id, &command.order_id);
+    let movements: Vec<NewMovement<'_>> = moved
+        .iter()
+        .zip(&moves)
+        .map(|(m, units)| {
+            NewMovement::of_units(MovementKind::Held, m, units.reserved).because(cause)
+        })
+        .collect();
+    let reservation = Reservation {
+        id,
+        order_id: command.order_id.clone(),
+        state: ReservationState::Held,
+        lines: held.into_iter().map(|(line, _)| line).collect(),
+        created_at,
+        expires_at,
+    };
+    // Its event, then its movements (and any availability event after
+    // the hold's), then the outcome stored on the key: one round trip.
+    let levels = stock::levels_after(&moved);
+    let outcome = ReserveOutcome::held(&reservation);
+    tokio::try_join!(
+        biased;
+        async {
+            outbox::append_reservation_event(
+                tx,
+                ReservationEvent::Held,
+                &reservation,
+                &levels,
+            )
+            .await
+            .map_err(from_db)
+        },
+        async { ledger::append(tx, &movements).await.map_err(from_db) },
+        idempotency::record(
+            tx,
+            command.caller.as_str(),
+            &command.idempotency_key,
+            &outcome,
+        ),
+    )?;
+    Ok(reservation)
 }

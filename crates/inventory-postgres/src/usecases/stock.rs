@@ -283,6 +283,45 @@ async fn move_on_hand(
     Ok(moved.remove(0))
 }
 
+/// A SKU's row, locked for a change at a location.
+enum Locked {
+    /// It existed: its total, locked.
+    Existing(StockLevel),
+    /// This change created it (the new row is locked): its level.
+    Created(StockLevel),
+    /// It did not exist, and the core refuses to create it with this change.
+    Refused(Error),
+}
+
+/// Locks the SKU's row, or creates it at `location` with the first level `first` decides.
+/// Created meanwhile by another transaction (committed: the insert waited for it), it is
+/// locked after all and the change is decided on it.
+async fn lock_or_create(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+    location: &LocationId,
+    first: impl FnOnce() -> Result<StockLevel, Error>,
+) -> Result<Locked, Error> {
+    if let Some(total) = stock::lock(tx, sku).await.map_err(from_db)? {
+        return Ok(Locked::Existing(total));
+    }
+    let first = match first() {
+        Ok(first) => first,
+        Err(refusal) => return Ok(Locked::Refused(refusal)),
+    };
+    if let Some(level) = stock::create(tx, sku, location, first.on_hand)
+        .await
+        .map_err(from_db)?
+    {
+        return Ok(Locked::Created(level));
+    }
+    let total = stock::lock(tx, sku)
+        .await
+        .map_err(from_db)?
+        .ok_or_else(|| Error::internal("a SKU vanished while it was created"))?;
+    Ok(Locked::Existing(total))
+}
+
 /// What a count came to: the SKU's total after it, the change of `on_hand`, and what was
 /// written (`None`: a count equal to what is stored writes nothing).
 struct Count {
@@ -299,25 +338,17 @@ async fn apply_count(
 ) -> Result<Result<Count, Error>, Error> {
     let sku = &command.sku;
     let location = &command.location;
-    let mut current = stock::lock(tx, sku).await.map_err(from_db)?;
-    if current.is_none() {
-        let created_level = match rules::set_stock(None, command) {
-            Err(refusal) => return Ok(Err(refusal)),
-            Ok(first) => stock::create(tx, sku, location, first.on_hand)
-                .await
-                .map_err(from_db)?,
-        };
-        if let Some(level) = created_level {
+    let total = match lock_or_create(tx, sku, location, || rules::set_stock(None, command)).await? {
+        Locked::Existing(total) => total,
+        Locked::Created(level) => {
             return Ok(Ok(Count {
                 total: level.clone(),
                 delta: level.on_hand,
                 moved: Some(created(level, location)),
             }));
         }
-        // Created meanwhile by another transaction (committed: the insert waited for it).
-        current = stock::lock(tx, sku).await.map_err(from_db)?;
-    }
-    let total = current.ok_or_else(|| Error::internal("a SKU vanished while it was created"))?;
+        Locked::Refused(refusal) => return Ok(Err(refusal)),
+    };
     let at = stock::read_at(tx, sku, location).await.map_err(from_db)?;
     let (total_after, at_after, delta) = match rules::set_at(&total, at.as_ref(), command) {
         Err(refusal) => return Ok(Err(refusal)),
@@ -631,22 +662,12 @@ async fn apply_adjustment(
 ) -> Result<Result<Moved, Error>, Error> {
     let sku = &command.sku;
     let location = &command.location;
-    let mut current = stock::lock(tx, sku).await.map_err(from_db)?;
-    if current.is_none() {
-        let created_level = match rules::adjust_stock(None, command) {
-            Err(refusal) => return Ok(Err(refusal)),
-            Ok(first) => stock::create(tx, sku, location, first.on_hand)
-                .await
-                .map_err(from_db)?,
-        };
-        if let Some(level) = created_level {
-            return Ok(Ok(created(level, location)));
-        }
-        // Another transaction created the SKU meanwhile (and committed: the insert waited
-        // for it). Its row exists now: lock it and decide again.
-        current = stock::lock(tx, sku).await.map_err(from_db)?;
-    }
-    let total = current.ok_or_else(|| Error::internal("a SKU vanished while it was created"))?;
+    let first = || rules::adjust_stock(None, command);
+    let total = match lock_or_create(tx, sku, location, first).await? {
+        Locked::Existing(total) => total,
+        Locked::Created(level) => return Ok(Ok(created(level, location))),
+        Locked::Refused(refusal) => return Ok(Err(refusal)),
+    };
     let at = stock::read_at(tx, sku, location).await.map_err(from_db)?;
     let (total_after, at_after) = match rules::adjust_at(&total, at.as_ref(), command) {
         Err(refusal) => return Ok(Err(refusal)),

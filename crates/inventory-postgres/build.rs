@@ -2,7 +2,7 @@
 //! cannot see: a new or changed file in `migrations/` must rebuild this crate.
 //!
 //! It also reads every migration's floor, the schema compatibility contract (see
-//! ARCHITECTURE.md, "Changing the schema"): each migration from
+//! docs/design.md, "Changing the schema"): each migration from
 //! [`FIRST_DECLARED`] on starts with a line `-- floor: N`, the oldest release (a release is
 //! known by the newest migration it carries) that may still write once the migration is
 //! applied. The build fails on a migration without one, on a floor above the migration's own

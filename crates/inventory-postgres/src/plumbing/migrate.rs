@@ -1,5 +1,5 @@
 //! The schema, as versioned migrations embedded in the binary, and its compatibility
-//! contract: the floor, the oldest release that may still write (see ARCHITECTURE.md,
+//! contract: the floor, the oldest release that may still write (see docs/design.md,
 //! "Changing the schema").
 //!
 //! refinery takes no lock of its own, so two replicas starting at once could both try to

@@ -33,12 +33,12 @@ struct CancelOutcome {
 impl PgStore {
     #[tracing::instrument(name = "sql.cancel_order", skip_all, fields(order_id = command.order_id.as_str()))]
     pub(crate) async fn cancel(&self, command: &CancelOrder) -> Result<Vec<Reservation>, Error> {
-        let key = Key {
-            caller: command.caller.as_str(),
-            key: &command.idempotency_key,
-            operation: CANCEL_ORDER,
-            fingerprint: command.fingerprint(),
-        };
+        let key = Key::new(
+            &command.caller,
+            &command.idempotency_key,
+            CANCEL_ORDER,
+            command.fingerprint(),
+        );
         let replay = async |stored: CancelOutcome, tx: &Transaction<'_>| {
             order_now(tx, command, &stored.callers).await
         };

@@ -10,7 +10,11 @@
 use std::time::Instant;
 
 use deadpool_postgres::Transaction;
-use inventory_core::{Error, command::Fingerprint, domain::IdempotencyKey};
+use inventory_core::{
+    Error,
+    command::Fingerprint,
+    domain::{Caller, IdempotencyKey},
+};
 use serde::{Serialize, de::DeserializeOwned, de::IgnoredAny};
 
 use crate::{
@@ -30,6 +34,22 @@ pub(crate) struct Key<'a> {
     pub key: &'a IdempotencyKey,
     pub operation: &'static str,
     pub fingerprint: Fingerprint,
+}
+
+impl<'a> Key<'a> {
+    pub(crate) fn new(
+        caller: &'a Caller,
+        key: &'a IdempotencyKey,
+        operation: &'static str,
+        fingerprint: Fingerprint,
+    ) -> Self {
+        Self {
+            caller: caller.as_str(),
+            key,
+            operation,
+            fingerprint,
+        }
+    }
 }
 
 /// What a use case's body decided.

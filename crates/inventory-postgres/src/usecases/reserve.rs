@@ -54,12 +54,12 @@ impl ReservationStore for PgStore {
             })
             .collect();
 
-        let key = Key {
-            caller: command.caller.as_str(),
-            key: &command.idempotency_key,
-            operation: RESERVE,
-            fingerprint: command.fingerprint(),
-        };
+        let key = Key::new(
+            &command.caller,
+            &command.idempotency_key,
+            RESERVE,
+            command.fingerprint(),
+        );
         let timed = Some(Timed {
             started: std::time::Instant::now(),
         });
@@ -135,11 +135,13 @@ impl ReservationStore for PgStore {
     )]
     async fn settle(&self, command: &SettleReservation) -> Result<Reservation, Error> {
         let target = &command.target;
-        let key = command.idempotency_key.as_ref().map(|key| Key {
-            caller: command.caller.as_str(),
-            key,
-            operation: command.operation(),
-            fingerprint: command.fingerprint(),
+        let key = command.idempotency_key.as_ref().map(|key| {
+            Key::new(
+                &command.caller,
+                key,
+                command.operation(),
+                command.fingerprint(),
+            )
         });
         // A repeat answers the reservation as it now is.
         let replay =

@@ -32,12 +32,12 @@ use crate::{
 impl StockStore for PgStore {
     #[tracing::instrument(name = "sql.adjust_stock", skip_all, fields(sku = %command.sku, delta = command.delta.get()))]
     async fn adjust_stock(&self, command: &AdjustStock) -> Result<StockLevel, Error> {
-        let key = Key {
-            caller: command.caller.as_str(),
-            key: &command.idempotency_key,
-            operation: ADJUST_STOCK,
-            fingerprint: command.fingerprint(),
-        };
+        let key = Key::new(
+            &command.caller,
+            &command.idempotency_key,
+            ADJUST_STOCK,
+            command.fingerprint(),
+        );
         let replay = async |stored: AdjustOutcome, _: &Transaction<'_>| stored.into_result(command);
         self.keyed(key, None, replay, async |tx| {
             known_locations(tx, [&command.location]).await?;
@@ -66,12 +66,12 @@ impl StockStore for PgStore {
 
     #[tracing::instrument(name = "sql.set_stock", skip_all, fields(sku = %command.sku, on_hand = command.on_hand))]
     async fn set_stock(&self, command: &SetStock) -> Result<StockLevel, Error> {
-        let key = Key {
-            caller: command.caller.as_str(),
-            key: &command.idempotency_key,
-            operation: SET_STOCK,
-            fingerprint: command.fingerprint(),
-        };
+        let key = Key::new(
+            &command.caller,
+            &command.idempotency_key,
+            SET_STOCK,
+            command.fingerprint(),
+        );
         let replay = async |stored: SetOutcome, _: &Transaction<'_>| stored.into_result(command);
         self.keyed(key, None, replay, async |tx| {
             known_locations(tx, [&command.location]).await?;
@@ -105,12 +105,12 @@ impl StockStore for PgStore {
 
     #[tracing::instrument(name = "sql.batch_set_stock", skip_all, fields(counts = command.counts.len()))]
     async fn batch_set_stock(&self, command: &BatchSetStock) -> Result<Vec<StockLevel>, Error> {
-        let key = Key {
-            caller: command.caller.as_str(),
-            key: &command.idempotency_key,
-            operation: BATCH_SET_STOCK,
-            fingerprint: command.fingerprint(),
-        };
+        let key = Key::new(
+            &command.caller,
+            &command.idempotency_key,
+            BATCH_SET_STOCK,
+            command.fingerprint(),
+        );
         let replay =
             async |stored: BatchSetOutcome, _: &Transaction<'_>| stored.into_result(command);
         self.keyed(key, None, replay, async |tx| {
@@ -193,12 +193,12 @@ impl StockStore for PgStore {
 
     #[tracing::instrument(name = "sql.transfer_stock", skip_all, fields(sku = %command.sku, quantity = command.quantity))]
     async fn transfer_stock(&self, command: &TransferStock) -> Result<Transferred, Error> {
-        let key = Key {
-            caller: command.caller.as_str(),
-            key: &command.idempotency_key,
-            operation: TRANSFER_STOCK,
-            fingerprint: command.fingerprint(),
-        };
+        let key = Key::new(
+            &command.caller,
+            &command.idempotency_key,
+            TRANSFER_STOCK,
+            command.fingerprint(),
+        );
         let replay = async |stored: TransferOutcome, _: &Transaction<'_>| stored.into_result();
         self.keyed(key, None, replay, async |tx| {
             known_locations(tx, [&command.from, &command.to]).await?;

@@ -371,13 +371,7 @@ impl AdjustOutcome {
                 on_hand,
                 reserved,
                 version,
-            } => Ok(StockLevel {
-                sku,
-                on_hand,
-                reserved,
-                version,
-                location: None,
-            }),
+            } => Ok(StockLevel::total(sku, on_hand, reserved, version)),
             Self::UnknownSku => Err(Error::UnknownSkus(vec![sku])),
             Self::BelowReserved { on_hand, reserved } => Err(Error::BelowReserved {
                 sku,
@@ -506,13 +500,7 @@ impl SetOutcome {
                 on_hand,
                 reserved,
                 version,
-            } => Ok(StockLevel {
-                sku,
-                on_hand,
-                reserved,
-                version,
-                location: None,
-            }),
+            } => Ok(StockLevel::total(sku, on_hand, reserved, version)),
             Self::BelowReserved { reserved } => Err(Error::CountBelowReserved {
                 sku,
                 requested: command.on_hand,

@@ -5,10 +5,7 @@ use inventory_server::proto::{GetStockRequest, ReservationLine, ReserveRequest};
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
-use crate::{
-    helpers::{error_reason, fresh_database, spawn_app_with, test_settings},
-    reservations::{reserve, stock},
-};
+use crate::helpers::{error_reason, fresh_database, reserve, spawn_app_with, stock, test_settings};
 
 #[tokio::test]
 async fn a_saturated_server_sheds_load_and_recovers() {

@@ -11,10 +11,7 @@ use inventory_server::{
 };
 use tonic::{Code, Request, Status, transport::Channel};
 
-use crate::{
-    helpers::{TestApp, fresh_database, spawn_app_with, test_settings},
-    reservations::reserve,
-};
+use crate::helpers::{TestApp, fresh_database, reserve, spawn_app_with, test_settings};
 
 const READER: &str = "reader-token";
 const RESERVER: &str = "reserver-token";

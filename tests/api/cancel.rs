@@ -11,10 +11,7 @@ use inventory_server::proto::{
 };
 use tonic::Code;
 
-use crate::{
-    helpers::{TestApp, error_reason, spawn_app, violated_fields},
-    reservations::{reserve, stock},
-};
+use crate::helpers::{TestApp, error_reason, reserve, spawn_app, stock, violated_fields};
 
 fn for_order(key: &str, order: &str, lines: &[(&str, i64)]) -> ReserveRequest {
     ReserveRequest {

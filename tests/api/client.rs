@@ -8,9 +8,8 @@ use inventory_client::{ClientConfig, Error, InventoryClient, RetryPolicy};
 use inventory_server::proto::{ReservationLine, ReservationState, ReserveRequest};
 use inventory_testkit::redis::RedisNode;
 
-use crate::{
-    helpers::{TestApp, fresh_database, spawn_app, spawn_app_with, test_settings_with_redis},
-    reservations::stock,
+use crate::helpers::{
+    TestApp, fresh_database, spawn_app, spawn_app_with, stock, test_settings_with_redis,
 };
 
 #[allow(dead_code)]

@@ -23,9 +23,9 @@ use tokio_stream::StreamExt as _;
 
 use crate::{
     helpers::{
-        Scratch, TestApp, redis_url, spawn_app_with, test_settings, test_settings_with_redis,
+        Scratch, TestApp, redis_url, reserve, spawn_app_with, test_settings,
+        test_settings_with_redis,
     },
-    reservations::reserve,
     tls::{ca, leaf},
 };
 

@@ -21,10 +21,7 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-use crate::{
-    helpers::{admin_url, connect, fresh_database, redis_url},
-    reservations::reserve,
-};
+use crate::helpers::{admin_url, connect, fresh_database, redis_url, reserve};
 
 fn read(relative: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)).unwrap()

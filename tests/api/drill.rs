@@ -14,9 +14,8 @@ use inventory_testkit::postgres::{Postgres, TemplateDatabases};
 use tokio_stream::StreamExt as _;
 use tonic::Code;
 
-use crate::{
-    helpers::{Scratch, TestApp, connect, error_reason, spawn_app_with, test_settings},
-    reservations::{reserve, stock},
+use crate::helpers::{
+    Scratch, TestApp, connect, error_reason, reserve, spawn_app_with, stock, test_settings,
 };
 
 /// Holds `count` single units of `sku` with keys `<prefix>-<i>`, each acknowledged.

@@ -5,8 +5,8 @@
 use std::time::{Duration, SystemTime};
 
 use inventory_server::proto::{
-    ConfirmReservationRequest, EventType, ExtendReservationRequest, GetReservationRequest,
-    ReleaseReservationRequest, Reservation, ReservationState, event,
+    ConfirmReservationRequest, EventType, ExtendReservationRequest, ReleaseReservationRequest,
+    Reservation, ReservationState, event,
 };
 use tonic::Code;
 use tonic_types::StatusExt as _;
@@ -14,10 +14,9 @@ use tonic_types::StatusExt as _;
 use crate::{
     events::{take, watch},
     helpers::{
-        TestApp, error_reason, fresh_database, spawn_app, spawn_app_with, test_settings,
-        violated_fields,
+        TestApp, error_reason, fresh_database, reserve, spawn_app, spawn_app_with, stock,
+        test_settings, violated_fields,
     },
-    reservations::{reserve, stock},
 };
 
 fn extend(id: &str, seconds: i64) -> ExtendReservationRequest {
@@ -38,17 +37,6 @@ async fn hold_for(app: &TestApp, key: &str, seconds: i64) -> Reservation {
     app.client
         .clone()
         .reserve(request)
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-async fn read(app: &TestApp, id: &str) -> Reservation {
-    app.client
-        .clone()
-        .get_reservation(GetReservationRequest {
-            reservation_id: id.into(),
-        })
         .await
         .unwrap()
         .into_inner()
@@ -81,7 +69,7 @@ async fn a_hold_is_extended_from_now_and_its_event_carries_the_new_expiry() {
         expires <= after_call + Duration::from_secs(3_601),
         "{expires:?}"
     );
-    assert_eq!(read(&app, &held.reservation_id).await, extended);
+    assert_eq!(app.reservation(&held.reservation_id).await, extended);
     assert_eq!(app.level("SKU-1").await, (5, 2), "no stock moved");
 
     let events = take(&mut watch(&app, 0).await, 3).await;
@@ -137,7 +125,7 @@ async fn an_extended_hold_outlives_its_old_expiry() {
     .await
     .unwrap();
     assert_eq!(
-        read(&app, &held.reservation_id).await.state(),
+        app.reservation(&held.reservation_id).await.state(),
         ReservationState::Held
     );
     assert_eq!(app.level("SKU-1").await, (5, 2), "the units are still held");
@@ -227,7 +215,7 @@ async fn a_hold_never_outlives_max_hold() {
         .extend_reservation(extend(&held.reservation_id, 3_500))
         .await
         .unwrap();
-    let before = read(&app, &held.reservation_id).await;
+    let before = app.reservation(&held.reservation_id).await;
     let refused = app
         .client
         .extend_reservation(extend(&held.reservation_id, 3_600))
@@ -249,7 +237,7 @@ async fn a_hold_never_outlives_max_hold() {
         "created_at + MAX_HOLD"
     );
     assert_eq!(
-        read(&app, &held.reservation_id).await,
+        app.reservation(&held.reservation_id).await,
         before,
         "nothing changed"
     );

@@ -11,15 +11,12 @@
 
 use std::time::Duration;
 
-use inventory_server::proto::{
-    AdjustStockRequest, ConfirmReservationRequest, GetReservationRequest,
-};
+use inventory_server::proto::{AdjustStockRequest, GetReservationRequest};
 use inventory_testkit::postgres::{Postgres, PostgresOptions, TemplateDatabases};
 use tonic::Code;
 
-use crate::{
-    helpers::{Scratch, TestClient, connect, spawn_app_with, test_settings},
-    reservations::reserve,
+use crate::helpers::{
+    Scratch, TestClient, confirm, connect, reserve, spawn_app_with, test_settings,
 };
 
 async fn standby_required(postgres: &Postgres, required: bool) {
@@ -45,13 +42,6 @@ fn adjust_at(location: &str) -> AdjustStockRequest {
         delta: 1,
         idempotency_key: format!("adjust-at-{location}"),
         location_id: location.into(),
-        ..Default::default()
-    }
-}
-
-fn confirm(id: &str) -> ConfirmReservationRequest {
-    ConfirmReservationRequest {
-        reservation_id: id.into(),
         ..Default::default()
     }
 }

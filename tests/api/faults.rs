@@ -15,12 +15,9 @@ use inventory_testkit::{
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
-use crate::{
-    helpers::{
-        TestApp, error_reason, fresh_database, spawn_app, spawn_app_with, test_settings,
-        test_settings_with_redis,
-    },
-    reservations::{reserve, stock},
+use crate::helpers::{
+    TestApp, error_reason, fresh_database, reserve, spawn_app, spawn_app_with, stock,
+    test_settings, test_settings_with_redis,
 };
 
 /// Waits until Redis has expired `key` by itself, after its TTL was cut to 1 ms.

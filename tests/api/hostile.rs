@@ -8,10 +8,7 @@ use inventory_server::{
 };
 use tonic::{Code, Request, metadata::MetadataValue};
 
-use crate::{
-    helpers::{TestApp, fresh_database, spawn_app_with, test_settings},
-    reservations::reserve,
-};
+use crate::helpers::{TestApp, fresh_database, reserve, spawn_app_with, test_settings};
 
 const ADMIN: &str = "hostile-admin";
 

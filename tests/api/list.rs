@@ -9,10 +9,7 @@ use inventory_server::proto::{
 };
 use tonic::Code;
 
-use crate::{
-    helpers::{TestApp, spawn_app, violated_fields},
-    reservations::{reserve, stock},
-};
+use crate::helpers::{TestApp, reserve, spawn_app, stock, violated_fields};
 
 fn list(order: &str, state: ReservationState, sku: &str) -> ListReservationsRequest {
     ListReservationsRequest {

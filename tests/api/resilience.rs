@@ -8,9 +8,8 @@ use inventory_server::proto::{ConfirmReservationRequest, ReserveRequest};
 use inventory_testkit::{eventually, process::eventually_ok, proxy::Proxy, redis::RedisNode};
 use tonic::{Code, Request};
 
-use crate::{
-    helpers::{TestApp, connect, fresh_database, spawn_app_with, test_settings},
-    reservations::{reserve, stock},
+use crate::helpers::{
+    TestApp, connect, fresh_database, reserve, spawn_app_with, stock, test_settings,
 };
 
 /// A second session on the test's database, to hold row locks the service must wait for.

@@ -201,7 +201,7 @@ async fn grpcurl_drives_the_server_through_reflection() {
 #[tokio::test]
 async fn grpcurl_confirms_part_of_a_hold_as_the_readme_shows() {
     let app = spawn_app().await;
-    crate::reservations::stock(&app, "DEMO-POSTER", 5).await;
+    crate::helpers::stock(&app, "DEMO-POSTER", 5).await;
     let addr = app.addr.to_string();
     let call = move |method: &str, body: String| {
         let (ok, out, err) = run_grpcurl(&[
@@ -563,7 +563,7 @@ async fn a_release_below_the_schema_floor_refuses_writes_and_is_not_ready() {
     let database = crate::helpers::fresh_database().await;
     let app = crate::helpers::spawn_app_with(test_settings(database.clone())).await;
     let mut client = app.client.clone();
-    crate::reservations::stock(&app, "FLOOR-1", 5).await;
+    crate::helpers::stock(&app, "FLOOR-1", 5).await;
     inventory_testkit::process::eventually("ready", Duration::from_secs(10), || async {
         readiness(&app).await.1 == ServingStatus::Serving
     })
@@ -598,7 +598,7 @@ async fn a_release_below_the_schema_floor_refuses_writes_and_is_not_ready() {
         idempotency_key: format!("adjust-{sku}"),
         ..Default::default()
     };
-    let reserve = crate::reservations::reserve("below-floor", &[("FLOOR-1", 1)]);
+    let reserve = crate::helpers::reserve("below-floor", &[("FLOOR-1", 1)]);
     for refused in [
         client.adjust_stock(adjust("FLOOR-1")).await.unwrap_err(),
         client.adjust_stock(adjust("FLOOR-NEW")).await.unwrap_err(),

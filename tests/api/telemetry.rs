@@ -21,8 +21,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::{
     coalescing::{hold_leader, queue},
-    helpers::{TestApp, fresh_database, spawn_app_exporting, spawn_app_with, test_settings},
-    reservations::{reserve, stock},
+    helpers::{
+        TestApp, fresh_database, reserve, spawn_app_exporting, spawn_app_with, stock, test_settings,
+    },
 };
 
 /// An OTLP trace collector that keeps what it receives.

@@ -227,7 +227,7 @@ async fn a_pinned_client_certificate_stands_in_for_a_token() {
     let channel = tls_channel(&app, &pki, Some(&pki.client)).await.unwrap();
     call(channel.clone()).await.expect("a reader may read");
     let status = InventoryServiceClient::new(channel)
-        .reserve(crate::reservations::reserve("k", &[("SKU-1", 1)]))
+        .reserve(crate::helpers::reserve("k", &[("SKU-1", 1)]))
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");

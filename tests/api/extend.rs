@@ -5,8 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use inventory_server::proto::{
-    ConfirmReservationRequest, EventType, ExtendReservationRequest, ReleaseReservationRequest,
-    Reservation, ReservationState, event,
+    EventType, ExtendReservationRequest, Reservation, ReservationState, event,
 };
 use tonic::Code;
 use tonic_types::StatusExt as _;
@@ -14,8 +13,8 @@ use tonic_types::StatusExt as _;
 use crate::{
     events::{take, watch},
     helpers::{
-        TestApp, error_reason, fresh_database, reserve, spawn_app, spawn_app_with, stock,
-        test_settings, violated_fields,
+        TestApp, confirm, error_reason, fresh_database, release, reserve, spawn_app,
+        spawn_app_with, stock, test_settings, violated_fields,
     },
 };
 
@@ -137,18 +136,12 @@ async fn only_a_live_hold_is_extended_and_a_refusal_changes_nothing() {
     stock(&app, "SKU-1", 10).await;
     let confirmed = hold_for(&app, "confirmed", 600).await;
     app.client
-        .confirm_reservation(ConfirmReservationRequest {
-            reservation_id: confirmed.reservation_id.clone(),
-            ..Default::default()
-        })
+        .confirm_reservation(confirm(&confirmed.reservation_id))
         .await
         .unwrap();
     let released = hold_for(&app, "released", 600).await;
     app.client
-        .release_reservation(ReleaseReservationRequest {
-            reservation_id: released.reservation_id.clone(),
-            ..Default::default()
-        })
+        .release_reservation(release(&released.reservation_id))
         .await
         .unwrap();
     let overdue = hold_for(&app, "overdue", 600).await;

@@ -4,15 +4,17 @@
 use futures::future::join_all;
 use inventory_server::proto::{
     AdjustStockRequest, BatchSetStockRequest, CancelOrderRequest, ConfirmReservationRequest,
-    EventType, ListStockMovementsRequest, MovementKind, ReleaseReservationRequest, ReservationLine,
-    SetStockRequest, StockMovement,
+    EventType, ListStockMovementsRequest, MovementKind, ReservationLine, SetStockRequest,
+    StockMovement,
 };
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
 use crate::{
     events::{take, watch},
-    helpers::{TestApp, error_reason, set_stock, spawn_app, stock, violated_fields},
+    helpers::{
+        TestApp, confirm, error_reason, release, set_stock, spawn_app, stock, violated_fields,
+    },
 };
 
 async fn movements(app: &TestApp, sku: &str) -> Vec<StockMovement> {
@@ -57,10 +59,7 @@ async fn every_change_of_a_level_is_one_movement_and_they_add_up_to_it() {
         .await
         .unwrap();
     app.client
-        .release_reservation(ReleaseReservationRequest {
-            reservation_id: held.reservation_id.clone(),
-            ..Default::default()
-        })
+        .release_reservation(release(&held.reservation_id))
         .await
         .unwrap();
     let second = app.hold("second", &[("MUG", 2)]).await;
@@ -339,17 +338,11 @@ async fn out_of_stock_and_back_in_stock_come_at_the_crossings_in_commit_order() 
     let first = app.hold("a", &[("LAST", 1)]).await;
     let second = app.hold("b", &[("LAST", 1)]).await;
     app.client
-        .release_reservation(ReleaseReservationRequest {
-            reservation_id: second.reservation_id.clone(),
-            ..Default::default()
-        })
+        .release_reservation(release(&second.reservation_id))
         .await
         .unwrap();
     app.client
-        .confirm_reservation(ConfirmReservationRequest {
-            reservation_id: first.reservation_id.clone(),
-            ..Default::default()
-        })
+        .confirm_reservation(confirm(&first.reservation_id))
         .await
         .unwrap();
     // Confirming a held unit changes no availability; counting to zero does.

@@ -16,8 +16,8 @@ use tonic_types::StatusExt as _;
 use crate::{
     events::{take, watch},
     helpers::{
-        TestApp, error_reason, line_at, location, reserve_with, spawn_app,
-        spawn_app_without_sweeper, stock_at, violated_fields,
+        TestApp, confirm, error_reason, get_reservation, get_stock, line_at, location,
+        reserve_with, spawn_app, spawn_app_without_sweeper, stock_at, violated_fields,
     },
 };
 
@@ -131,10 +131,7 @@ async fn stock_is_kept_per_location_and_the_totals_are_their_sums() {
     let plain = app
         .client
         .clone()
-        .get_stock(GetStockRequest {
-            skus: vec!["MUG".into()],
-            ..Default::default()
-        })
+        .get_stock(get_stock(&["MUG"]))
         .await
         .unwrap()
         .into_inner();
@@ -297,9 +294,7 @@ async fn split_fills_a_line_from_the_locations_in_strategy_order() {
     assert_eq!(allocations(&most), [("north".to_owned(), 4)]);
     // A read answers the same allocations.
     let read = client
-        .get_reservation(inventory_server::proto::GetReservationRequest {
-            reservation_id: held.reservation_id.clone(),
-        })
+        .get_reservation(get_reservation(&held.reservation_id))
         .await
         .unwrap()
         .into_inner();
@@ -456,10 +451,7 @@ async fn an_inactive_location_keeps_its_stock_and_holds_but_is_never_allocated_f
     assert_eq!(refused.code(), Code::FailedPrecondition);
     // Its hold is still confirmed from there.
     client
-        .confirm_reservation(ConfirmReservationRequest {
-            reservation_id: held.reservation_id,
-            ..Default::default()
-        })
+        .confirm_reservation(confirm(&held.reservation_id))
         .await
         .unwrap();
     assert_eq!(

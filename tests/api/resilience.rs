@@ -9,7 +9,7 @@ use inventory_testkit::{eventually, process::eventually_ok, proxy::Proxy, redis:
 use tonic::{Code, Request};
 
 use crate::helpers::{
-    TestApp, connect, fresh_database, reserve, spawn_app_with, stock, test_settings,
+    TestApp, connect, fresh_database, get_stock, reserve, spawn_app_with, stock, test_settings,
 };
 
 /// A second session on the test's database, to hold row locks the service must wait for.
@@ -466,10 +466,7 @@ async fn a_database_that_stops_answering_costs_each_call_a_bound_and_the_replica
     let read = app
         .client
         .clone()
-        .get_stock(inventory_server::proto::GetStockRequest {
-            skus: vec!["HUNG-B".into()],
-            ..Default::default()
-        })
+        .get_stock(get_stock(&["HUNG-B"]))
         .await
         .unwrap_err();
     assert_eq!(read.code(), Code::Unavailable, "{read:?}");

@@ -11,7 +11,7 @@ use tonic_health::pb::{
 };
 use tonic_types::StatusExt as _;
 
-use crate::helpers::{error_reason, grpcurl, spawn_app, test_settings};
+use crate::helpers::{adjust, error_reason, grpcurl, spawn_app, test_settings};
 
 const SERVICE: &str = "inventory.v1.InventoryService";
 
@@ -254,13 +254,7 @@ async fn postgres_down_is_unavailable_with_retry_advice() {
     let mut app = spawn_app_with_unreachable_database(settings).await;
     let status = app
         .client
-        .adjust_stock(AdjustStockRequest {
-            sku: "SKU-1".into(),
-            delta: 1,
-            idempotency_key: "k".into(),
-            reason: String::new(),
-            ..Default::default()
-        })
+        .adjust_stock(adjust("SKU-1", 1, "k"))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");

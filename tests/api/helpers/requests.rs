@@ -10,6 +10,8 @@ use inventory_server::proto::{
     SetStockRequest, StockLevel, UpsertLocationRequest,
 };
 
+use tonic::Request;
+
 use super::{TestApp, TestClient};
 
 /// A line of `quantity` units of `sku`, from any location.
@@ -155,6 +157,17 @@ pub fn level(sku: &str, on_hand: i64, reserved: i64, version: i64) -> StockLevel
         version,
         ..Default::default()
     }
+}
+
+/// `message` carrying `token` as its bearer credential (`None`: no credential at all).
+pub fn with_token<T>(message: T, token: Option<&str>) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    request
 }
 
 /// Adds `units` of `sku` (at the `default` location).

@@ -39,12 +39,17 @@ K8S_VERSION="1.32.0"
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
+# Fixed ports below 32768, where Linux's ephemeral range (32768-60999 by default,
+# net.ipv4.ip_local_port_range) and IANA's (49152-65535) begin: a port in either range can be
+# taken by an outgoing connection before the instance starts. 15432-15435 and 16379-16382 are
+# assigned to no standard service, and lie below the range inventory-testkit picks its own
+# processes' ports from (the 12,000 ports under the ephemeral range).
 profile_settings() {
   case "$1" in
-    run)  PG_PORT=54320; REDIS_PORT=63790 ;;
-    test) PG_PORT=54321; REDIS_PORT=63791 ;;
-    bench) PG_PORT=54322; REDIS_PORT=63792 ;;
-    lab) PG_PORT=54323; REDIS_PORT=63793 ;;
+    run)  PG_PORT=15432; REDIS_PORT=16379 ;;
+    test) PG_PORT=15433; REDIS_PORT=16380 ;;
+    bench) PG_PORT=15434; REDIS_PORT=16381 ;;
+    lab) PG_PORT=15435; REDIS_PORT=16382 ;;
     *) die "unknown profile '$1' (run, test, bench or lab)" ;;
   esac
   PG_PORT=${LOCAL_PG_PORT:-$PG_PORT}

@@ -1,13 +1,12 @@
 //! Admission control: load shedding, the per-SKU waiter cap, message size limits.
 
 use inventory_core::pause::PausePoint;
-use inventory_server::proto::{GetStockRequest, ReservationLine, ReserveRequest};
+use inventory_server::proto::{ReservationLine, ReserveRequest};
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
-use crate::{
-    helpers::{error_reason, fresh_database, spawn_app_with, test_settings},
-    reservations::{reserve, stock},
+use crate::helpers::{
+    error_reason, fresh_database, get_stock, reserve, spawn_app_with, stock, test_settings,
 };
 
 #[tokio::test]
@@ -25,14 +24,7 @@ async fn a_saturated_server_sheds_load_and_recovers() {
 
     let read = || {
         let mut client = app.client.clone();
-        async move {
-            client
-                .get_stock(GetStockRequest {
-                    skus: vec!["SKU-1".into()],
-                    ..Default::default()
-                })
-                .await
-        }
+        async move { client.get_stock(get_stock(&["SKU-1"])).await }
     };
     let status = read().await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");

@@ -3,17 +3,16 @@
 use inventory_server::{
     auth::{Authenticator, digest_hex},
     proto::{
-        AdjustStockRequest, CancelOrderRequest, ConfirmReservationRequest,
-        ExtendReservationRequest, GetReservationRequest, GetStockRequest, ListReservationsRequest,
-        ListStockMovementsRequest, ReleaseReservationRequest, SetStockRequest, WatchEventsRequest,
+        CancelOrderRequest, ExtendReservationRequest, ListReservationsRequest,
+        ListStockMovementsRequest, WatchEventsRequest,
         inventory_service_client::InventoryServiceClient,
     },
 };
 use tonic::{Code, Request, Status, transport::Channel};
 
-use crate::{
-    helpers::{TestApp, fresh_database, spawn_app_with, test_settings},
-    reservations::reserve,
+use crate::helpers::{
+    TestApp, adjust, confirm, fresh_database, get_reservation, get_stock, release, reserve,
+    set_stock, spawn_app_with, test_settings, with_token,
 };
 
 const READER: &str = "reader-token";
@@ -40,16 +39,6 @@ async fn spawn_secured_app() -> TestApp {
     spawn_app_with(settings).await
 }
 
-fn with_token<T>(message: T, token: Option<&str>) -> Request<T> {
-    let mut request = Request::new(message);
-    if let Some(token) = token {
-        request
-            .metadata_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    }
-    request
-}
-
 /// Every RPC, made with `token`; the codes it got, in a fixed order.
 async fn codes(
     client: &mut InventoryServiceClient<Channel>,
@@ -66,25 +55,13 @@ async fn codes(
     };
     let adjust = client
         .adjust_stock(with_token(
-            AdjustStockRequest {
-                sku: "SKU-1".into(),
-                delta: 1,
-                idempotency_key: format!("adjust-{}", uuid::Uuid::new_v4()),
-                reason: String::new(),
-                ..Default::default()
-            },
+            adjust("SKU-1", 1, &format!("adjust-{}", uuid::Uuid::new_v4())),
             token,
         ))
         .await
         .map(|_| ());
     let get_stock = client
-        .get_stock(with_token(
-            GetStockRequest {
-                skus: vec!["SKU-1".into()],
-                ..Default::default()
-            },
-            token,
-        ))
+        .get_stock(with_token(get_stock(&["SKU-1"]), token))
         .await
         .map(|_| ());
     let reserve_call = client
@@ -95,12 +72,7 @@ async fn codes(
         .await
         .map(|_| ());
     let get = client
-        .get_reservation(with_token(
-            GetReservationRequest {
-                reservation_id: reservation.into(),
-            },
-            token,
-        ))
+        .get_reservation(with_token(get_reservation(reservation), token))
         .await
         .map(|_| ());
     let extend = client
@@ -117,23 +89,11 @@ async fn codes(
         .await
         .map(|_| ());
     let release = client
-        .release_reservation(with_token(
-            ReleaseReservationRequest {
-                reservation_id: reservation.into(),
-                ..Default::default()
-            },
-            token,
-        ))
+        .release_reservation(with_token(release(reservation), token))
         .await
         .map(|_| ());
     let confirm = client
-        .confirm_reservation(with_token(
-            ConfirmReservationRequest {
-                reservation_id: reservation.into(),
-                ..Default::default()
-            },
-            token,
-        ))
+        .confirm_reservation(with_token(confirm(reservation), token))
         .await
         .map(|_| ());
     let list = client
@@ -163,12 +123,7 @@ async fn codes(
         .map(|_| ());
     let set = client
         .set_stock(with_token(
-            SetStockRequest {
-                sku: "SKU-1".into(),
-                on_hand: 100,
-                idempotency_key: format!("set-{}", uuid::Uuid::new_v4()),
-                ..Default::default()
-            },
+            set_stock("SKU-1", 100, None, &format!("set-{}", uuid::Uuid::new_v4())),
             token,
         ))
         .await
@@ -206,16 +161,7 @@ async fn codes(
 async fn each_role_may_make_exactly_its_calls_and_refusals_change_nothing() {
     let mut app = spawn_secured_app().await;
     app.client
-        .adjust_stock(with_token(
-            AdjustStockRequest {
-                sku: "SKU-1".into(),
-                delta: 100,
-                idempotency_key: "seed".into(),
-                reason: String::new(),
-                ..Default::default()
-            },
-            Some(ADMIN),
-        ))
+        .adjust_stock(with_token(adjust("SKU-1", 100, "seed"), Some(ADMIN)))
         .await
         .unwrap();
     let held = app
@@ -277,16 +223,7 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
     let app = spawn_secured_app().await;
     let mut client = app.client.clone();
     client
-        .adjust_stock(with_token(
-            AdjustStockRequest {
-                sku: "LAST-ONE".into(),
-                delta: 1,
-                idempotency_key: "seed".into(),
-                reason: String::new(),
-                ..Default::default()
-            },
-            Some(ADMIN),
-        ))
+        .adjust_stock(with_token(adjust("LAST-ONE", 1, "seed"), Some(ADMIN)))
         .await
         .unwrap();
     let hold = client
@@ -319,9 +256,7 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
     // gets, word for word, so B cannot even learn that it exists.
     for token in [OTHER_RESERVER, READER] {
         for target in [&id, &missing] {
-            let get = GetReservationRequest {
-                reservation_id: target.clone(),
-            };
+            let get = get_reservation(target);
             let answer = masked(
                 client.get_reservation(with_token(get, Some(token))).await,
                 target,
@@ -332,12 +267,7 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
             }
             let expected = masked(
                 client
-                    .get_reservation(with_token(
-                        GetReservationRequest {
-                            reservation_id: missing.clone(),
-                        },
-                        Some(token),
-                    ))
+                    .get_reservation(with_token(get_reservation(&missing), Some(token)))
                     .await,
                 &missing,
             );
@@ -346,22 +276,10 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
     }
     for target in [&id, &missing] {
         let release = client
-            .release_reservation(with_token(
-                ReleaseReservationRequest {
-                    reservation_id: target.clone(),
-                    ..Default::default()
-                },
-                Some(OTHER_RESERVER),
-            ))
+            .release_reservation(with_token(release(target), Some(OTHER_RESERVER)))
             .await;
         let confirm = client
-            .confirm_reservation(with_token(
-                ConfirmReservationRequest {
-                    reservation_id: target.clone(),
-                    ..Default::default()
-                },
-                Some(OTHER_RESERVER),
-            ))
+            .confirm_reservation(with_token(confirm(target), Some(OTHER_RESERVER)))
             .await;
         let extend = client
             .extend_reservation(with_token(
@@ -382,25 +300,13 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
     assert_eq!(
         masked(
             client
-                .release_reservation(with_token(
-                    ReleaseReservationRequest {
-                        reservation_id: id.clone(),
-                        ..Default::default()
-                    },
-                    Some(OTHER_RESERVER),
-                ))
+                .release_reservation(with_token(release(&id), Some(OTHER_RESERVER),))
                 .await,
             &id
         ),
         masked(
             client
-                .release_reservation(with_token(
-                    ReleaseReservationRequest {
-                        reservation_id: missing.clone(),
-                        ..Default::default()
-                    },
-                    Some(OTHER_RESERVER),
-                ))
+                .release_reservation(with_token(release(&missing), Some(OTHER_RESERVER),))
                 .await,
             &missing
         ),
@@ -423,12 +329,7 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
 
     // A watcher follows every order, so it may read A's hold, but not change it.
     let seen = client
-        .get_reservation(with_token(
-            GetReservationRequest {
-                reservation_id: id.clone(),
-            },
-            Some(WATCHER),
-        ))
+        .get_reservation(with_token(get_reservation(&id), Some(WATCHER)))
         .await
         .unwrap()
         .into_inner();
@@ -436,13 +337,7 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
 
     // An operator may act on any reservation.
     let released = client
-        .release_reservation(with_token(
-            ReleaseReservationRequest {
-                reservation_id: id.clone(),
-                ..Default::default()
-            },
-            Some(ADMIN),
-        ))
+        .release_reservation(with_token(release(&id), Some(ADMIN)))
         .await
         .unwrap()
         .into_inner();
@@ -452,12 +347,7 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
     );
     assert_eq!(app.level("LAST-ONE").await, (1, 0));
     let own = client
-        .get_reservation(with_token(
-            GetReservationRequest {
-                reservation_id: id.clone(),
-            },
-            Some(RESERVER),
-        ))
+        .get_reservation(with_token(get_reservation(&id), Some(RESERVER)))
         .await
         .unwrap()
         .into_inner();
@@ -467,10 +357,7 @@ async fn another_callers_reservation_is_not_found_and_untouched_until_admin_rele
 #[tokio::test]
 async fn a_malformed_authorization_header_is_unauthenticated_and_not_echoed() {
     let app = spawn_secured_app().await;
-    let mut request = Request::new(GetStockRequest {
-        skus: vec!["SKU-1".into()],
-        ..Default::default()
-    });
+    let mut request = Request::new(get_stock(&["SKU-1"]));
     request
         .metadata_mut()
         .insert("authorization", "Basic c2VjcmV0LXZhbHVl".parse().unwrap());
@@ -483,16 +370,7 @@ async fn a_malformed_authorization_header_is_unauthenticated_and_not_echoed() {
 async fn idempotency_keys_are_scoped_to_the_caller() {
     let mut app = spawn_secured_app().await;
     app.client
-        .adjust_stock(with_token(
-            AdjustStockRequest {
-                sku: "SKU-1".into(),
-                delta: 10,
-                idempotency_key: "seed".into(),
-                reason: String::new(),
-                ..Default::default()
-            },
-            Some(ADMIN),
-        ))
+        .adjust_stock(with_token(adjust("SKU-1", 10, "seed"), Some(ADMIN)))
         .await
         .unwrap();
     // Two clients pick the same key for different requests: neither sees the other's.
@@ -622,16 +500,7 @@ async fn a_cancel_stops_only_the_cancelling_callers_order_unless_the_admin_cance
     let app = spawn_secured_app().await;
     let mut client = app.client.clone();
     client
-        .adjust_stock(with_token(
-            AdjustStockRequest {
-                sku: "SKU-1".into(),
-                delta: 10,
-                idempotency_key: "seed".into(),
-                reason: String::new(),
-                ..Default::default()
-            },
-            Some(ADMIN),
-        ))
+        .adjust_stock(with_token(adjust("SKU-1", 10, "seed"), Some(ADMIN)))
         .await
         .unwrap();
     let mut request = reserve("a-1", &[("SKU-1", 2)]);

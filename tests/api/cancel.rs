@@ -6,15 +6,10 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use inventory_core::pause::PausePoint;
-use inventory_server::proto::{
-    CancelOrderRequest, ConfirmReservationRequest, Reservation, ReservationState, ReserveRequest,
-};
+use inventory_server::proto::{CancelOrderRequest, Reservation, ReservationState, ReserveRequest};
 use tonic::Code;
 
-use crate::{
-    helpers::{TestApp, error_reason, spawn_app, violated_fields},
-    reservations::{reserve, stock},
-};
+use crate::helpers::{TestApp, confirm, error_reason, reserve, spawn_app, stock, violated_fields};
 
 fn for_order(key: &str, order: &str, lines: &[(&str, i64)]) -> ReserveRequest {
     ReserveRequest {
@@ -55,10 +50,7 @@ async fn a_cancel_releases_what_is_held_keeps_what_is_confirmed_and_refuses_late
     let held = hold(&app, for_order("h", "order-x", &[("MUG", 2), ("CAP", 1)])).await;
     let shipped = hold(&app, for_order("s", "order-x", &[("MUG", 3)])).await;
     app.client
-        .confirm_reservation(ConfirmReservationRequest {
-            reservation_id: shipped.reservation_id.clone(),
-            ..Default::default()
-        })
+        .confirm_reservation(confirm(&shipped.reservation_id))
         .await
         .unwrap();
     let other = hold(&app, for_order("o", "order-y", &[("MUG", 1)])).await;

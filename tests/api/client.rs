@@ -8,9 +8,9 @@ use inventory_client::{ClientConfig, Error, InventoryClient, RetryPolicy};
 use inventory_server::proto::{ReservationLine, ReservationState, ReserveRequest};
 use inventory_testkit::redis::RedisNode;
 
-use crate::{
-    helpers::{TestApp, fresh_database, spawn_app, spawn_app_with, test_settings_with_redis},
-    reservations::stock,
+use crate::helpers::{
+    TestApp, fresh_database, get_reservation, get_stock, spawn_app, spawn_app_with, stock,
+    test_settings_with_redis,
 };
 
 #[allow(dead_code)]
@@ -149,9 +149,7 @@ async fn refusals_and_invalid_requests_are_answered_at_once_and_say_why() {
         other => panic!("expected Invalid, got {other:?}"),
     }
     let unknown = client
-        .get_reservation(inventory_server::proto::GetReservationRequest {
-            reservation_id: uuid::Uuid::new_v4().to_string(),
-        })
+        .get_reservation(get_reservation(&uuid::Uuid::new_v4().to_string()))
         .await
         .unwrap_err();
     assert_eq!(
@@ -316,13 +314,7 @@ async fn an_attempt_that_hangs_is_given_up_and_retried_with_the_same_key() {
         ..ClientConfig::default()
     })
     .unwrap();
-    client
-        .get_stock(inventory_server::proto::GetStockRequest {
-            skus: vec!["SKU-1".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    client.get_stock(get_stock(&["SKU-1"])).await.unwrap();
 
     // The link hangs: every attempt times out after 500 ms, and the client tries again.
     proxy.set_stalled(true);

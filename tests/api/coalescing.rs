@@ -12,8 +12,11 @@ use tokio::task::JoinHandle;
 use tonic::Code;
 
 use crate::{
-    helpers::{TestApp, error_reason, fresh_database, spawn_app, spawn_app_with, test_settings},
-    reservations::{race, reserve, stock},
+    helpers::{
+        TestApp, error_reason, fresh_database, reserve, spawn_app, spawn_app_with, stock,
+        test_settings,
+    },
+    reservations::race,
 };
 
 type Call = JoinHandle<Result<tonic::Response<Reservation>, tonic::Status>>;

@@ -10,10 +10,7 @@ use std::{
 
 use fred::prelude::{ClientLike as _, KeysInterface as _};
 use inventory_postgres::PgConfig;
-use inventory_server::{
-    proto::{AdjustStockRequest, WatchEventsRequest},
-    startup::Application,
-};
+use inventory_server::{proto::WatchEventsRequest, startup::Application};
 use inventory_testkit::{
     free_port,
     postgres::{Postgres, PostgresOptions},
@@ -23,9 +20,9 @@ use tokio_stream::StreamExt as _;
 
 use crate::{
     helpers::{
-        Scratch, TestApp, redis_url, spawn_app_with, test_settings, test_settings_with_redis,
+        Scratch, TestApp, adjust, redis_url, reserve, spawn_app_with, test_settings,
+        test_settings_with_redis,
     },
-    reservations::reserve,
     tls::{ca, leaf},
 };
 
@@ -169,13 +166,7 @@ async fn verify_full_postgres_migrates_reserves_and_streams_while_weaker_setting
     let app = spawn_app_with(test_settings(database.clone())).await;
     let mut client = app.client.clone();
     client
-        .adjust_stock(AdjustStockRequest {
-            sku: "TLS-1".into(),
-            delta: 3,
-            idempotency_key: "seed".into(),
-            reason: String::new(),
-            ..Default::default()
-        })
+        .adjust_stock(adjust("TLS-1", 3, "seed"))
         .await
         .unwrap();
     let hold = app.hold("k-1", &[("TLS-1", 2)]).await;
@@ -397,13 +388,7 @@ async fn rediss_with_an_acl_user_serves_reserve_and_a_wrong_ca_fails_at_start_up
     let app: TestApp = spawn_app_with(settings).await;
     app.client
         .clone()
-        .adjust_stock(AdjustStockRequest {
-            sku: "ACL-1".into(),
-            delta: 2,
-            idempotency_key: "seed".into(),
-            reason: String::new(),
-            ..Default::default()
-        })
+        .adjust_stock(adjust("ACL-1", 2, "seed"))
         .await
         .unwrap();
     let hold = app
@@ -472,13 +457,7 @@ async fn a_redis_that_demands_client_certificates_gets_one_from_the_settings() {
     let app = spawn_app_with(settings).await;
     app.client
         .clone()
-        .adjust_stock(AdjustStockRequest {
-            sku: "MTLS-1".into(),
-            delta: 1,
-            idempotency_key: "seed".into(),
-            reason: String::new(),
-            ..Default::default()
-        })
+        .adjust_stock(adjust("MTLS-1", 1, "seed"))
         .await
         .unwrap();
     app.hold("k-1", &[("MTLS-1", 1)]).await;

@@ -13,7 +13,7 @@ use std::{
 };
 
 use inventory_server::proto::{
-    AdjustStockRequest, WatchEventsRequest, inventory_service_client::InventoryServiceClient,
+    WatchEventsRequest, inventory_service_client::InventoryServiceClient,
 };
 use inventory_testkit::{free_port, process::eventually_ok};
 use tokio_stream::StreamExt as _;
@@ -21,10 +21,7 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-use crate::{
-    helpers::{admin_url, connect, fresh_database, redis_url},
-    reservations::reserve,
-};
+use crate::helpers::{adjust, admin_url, connect, fresh_database, redis_url, reserve};
 
 fn read(relative: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)).unwrap()
@@ -184,13 +181,7 @@ async fn sigterm_drains_in_flight_calls_and_exits_cleanly_with_a_stream_open() {
         .unwrap();
     client
         .clone()
-        .adjust_stock(AdjustStockRequest {
-            sku: "SKU-1".into(),
-            delta: 1_000_000,
-            idempotency_key: "seed".into(),
-            reason: String::new(),
-            ..Default::default()
-        })
+        .adjust_stock(adjust("SKU-1", 1_000_000, "seed"))
         .await
         .unwrap();
     let mut events = client

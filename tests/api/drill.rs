@@ -7,16 +7,14 @@
 use std::time::Duration;
 
 use inventory_client::{ClientConfig, InventoryClient};
-use inventory_server::proto::{
-    ConfirmReservationRequest, GetReservationRequest, Reservation, WatchEventsRequest,
-};
+use inventory_server::proto::{Reservation, WatchEventsRequest};
 use inventory_testkit::postgres::{Postgres, TemplateDatabases};
 use tokio_stream::StreamExt as _;
 use tonic::Code;
 
-use crate::{
-    helpers::{Scratch, TestApp, connect, error_reason, spawn_app_with, test_settings},
-    reservations::{reserve, stock},
+use crate::helpers::{
+    Scratch, TestApp, confirm, connect, error_reason, get_reservation, reserve, spawn_app_with,
+    stock, test_settings,
 };
 
 /// Holds `count` single units of `sku` with keys `<prefix>-<i>`, each acknowledged.
@@ -67,10 +65,7 @@ async fn a_point_in_time_restore_keeps_what_was_acknowledged_before_the_point_an
     let confirmed = &before[0].1;
     app.client
         .clone()
-        .confirm_reservation(ConfirmReservationRequest {
-            reservation_id: confirmed.reservation_id.clone(),
-            ..Default::default()
-        })
+        .confirm_reservation(confirm(&confirmed.reservation_id))
         .await
         .unwrap();
     assert!(before.len() > 6, "the load made holds during the backup");
@@ -131,9 +126,7 @@ async fn a_point_in_time_restore_keeps_what_was_acknowledged_before_the_point_an
         assert_eq!(replay.reservation_id, held.reservation_id, "{key}");
     }
     let read = client
-        .get_reservation(GetReservationRequest {
-            reservation_id: confirmed.reservation_id.clone(),
-        })
+        .get_reservation(get_reservation(&confirmed.reservation_id))
         .await
         .unwrap()
         .into_inner();
@@ -151,9 +144,7 @@ async fn a_point_in_time_restore_keeps_what_was_acknowledged_before_the_point_an
     .unwrap();
     for (key, lost) in &after {
         let missing = client
-            .get_reservation(GetReservationRequest {
-                reservation_id: lost.reservation_id.clone(),
-            })
+            .get_reservation(get_reservation(&lost.reservation_id))
             .await
             .unwrap_err();
         assert_eq!(missing.code(), Code::NotFound, "{key}");

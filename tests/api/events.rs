@@ -10,10 +10,7 @@ use inventory_server::{
 use tokio_stream::StreamExt as _;
 use tonic::{Code, Streaming};
 
-use crate::{
-    helpers::{TestApp, connect, error_reason, spawn_app, violated_fields},
-    reservations::{reserve, stock},
-};
+use crate::helpers::{TestApp, connect, error_reason, reserve, spawn_app, stock, violated_fields};
 
 /// Watches from `after`, once the stream's head has reached it: a consumer's cursor is always
 /// a position it was sent, and a cursor past the head is refused (`CURSOR_NOT_IN_HISTORY`).

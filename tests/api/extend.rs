@@ -5,8 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use inventory_server::proto::{
-    ConfirmReservationRequest, EventType, ExtendReservationRequest, GetReservationRequest,
-    ReleaseReservationRequest, Reservation, ReservationState, event,
+    EventType, ExtendReservationRequest, Reservation, ReservationState, event,
 };
 use tonic::Code;
 use tonic_types::StatusExt as _;
@@ -14,10 +13,9 @@ use tonic_types::StatusExt as _;
 use crate::{
     events::{take, watch},
     helpers::{
-        TestApp, error_reason, fresh_database, spawn_app, spawn_app_with, test_settings,
-        violated_fields,
+        TestApp, confirm, error_reason, fresh_database, release, reserve, spawn_app,
+        spawn_app_with, stock, test_settings, violated_fields,
     },
-    reservations::{reserve, stock},
 };
 
 fn extend(id: &str, seconds: i64) -> ExtendReservationRequest {
@@ -38,17 +36,6 @@ async fn hold_for(app: &TestApp, key: &str, seconds: i64) -> Reservation {
     app.client
         .clone()
         .reserve(request)
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-async fn read(app: &TestApp, id: &str) -> Reservation {
-    app.client
-        .clone()
-        .get_reservation(GetReservationRequest {
-            reservation_id: id.into(),
-        })
         .await
         .unwrap()
         .into_inner()
@@ -81,7 +68,7 @@ async fn a_hold_is_extended_from_now_and_its_event_carries_the_new_expiry() {
         expires <= after_call + Duration::from_secs(3_601),
         "{expires:?}"
     );
-    assert_eq!(read(&app, &held.reservation_id).await, extended);
+    assert_eq!(app.reservation(&held.reservation_id).await, extended);
     assert_eq!(app.level("SKU-1").await, (5, 2), "no stock moved");
 
     let events = take(&mut watch(&app, 0).await, 3).await;
@@ -137,7 +124,7 @@ async fn an_extended_hold_outlives_its_old_expiry() {
     .await
     .unwrap();
     assert_eq!(
-        read(&app, &held.reservation_id).await.state(),
+        app.reservation(&held.reservation_id).await.state(),
         ReservationState::Held
     );
     assert_eq!(app.level("SKU-1").await, (5, 2), "the units are still held");
@@ -149,18 +136,12 @@ async fn only_a_live_hold_is_extended_and_a_refusal_changes_nothing() {
     stock(&app, "SKU-1", 10).await;
     let confirmed = hold_for(&app, "confirmed", 600).await;
     app.client
-        .confirm_reservation(ConfirmReservationRequest {
-            reservation_id: confirmed.reservation_id.clone(),
-            ..Default::default()
-        })
+        .confirm_reservation(confirm(&confirmed.reservation_id))
         .await
         .unwrap();
     let released = hold_for(&app, "released", 600).await;
     app.client
-        .release_reservation(ReleaseReservationRequest {
-            reservation_id: released.reservation_id.clone(),
-            ..Default::default()
-        })
+        .release_reservation(release(&released.reservation_id))
         .await
         .unwrap();
     let overdue = hold_for(&app, "overdue", 600).await;
@@ -227,7 +208,7 @@ async fn a_hold_never_outlives_max_hold() {
         .extend_reservation(extend(&held.reservation_id, 3_500))
         .await
         .unwrap();
-    let before = read(&app, &held.reservation_id).await;
+    let before = app.reservation(&held.reservation_id).await;
     let refused = app
         .client
         .extend_reservation(extend(&held.reservation_id, 3_600))
@@ -249,7 +230,7 @@ async fn a_hold_never_outlives_max_hold() {
         "created_at + MAX_HOLD"
     );
     assert_eq!(
-        read(&app, &held.reservation_id).await,
+        app.reservation(&held.reservation_id).await,
         before,
         "nothing changed"
     );

@@ -11,15 +11,12 @@
 
 use std::time::Duration;
 
-use inventory_server::proto::{
-    AdjustStockRequest, ConfirmReservationRequest, GetReservationRequest,
-};
+use inventory_server::proto::AdjustStockRequest;
 use inventory_testkit::postgres::{Postgres, PostgresOptions, TemplateDatabases};
 use tonic::Code;
 
-use crate::{
-    helpers::{Scratch, TestClient, connect, spawn_app_with, test_settings},
-    reservations::reserve,
+use crate::helpers::{
+    Scratch, TestClient, confirm, connect, get_reservation, reserve, spawn_app_with, test_settings,
 };
 
 async fn standby_required(postgres: &Postgres, required: bool) {
@@ -45,13 +42,6 @@ fn adjust_at(location: &str) -> AdjustStockRequest {
         delta: 1,
         idempotency_key: format!("adjust-at-{location}"),
         location_id: location.into(),
-        ..Default::default()
-    }
-}
-
-fn confirm(id: &str) -> ConfirmReservationRequest {
-    ConfirmReservationRequest {
-        reservation_id: id.into(),
         ..Default::default()
     }
 }
@@ -106,9 +96,7 @@ async fn without_its_synchronous_standby_a_primary_answers_nothing_a_failover_co
     // A plain read is answered (it may lag, and nothing is decided by it), on a connection
     // of its own: the ones whose requests never got an answer were dropped from the pool.
     let read = client
-        .get_reservation(GetReservationRequest {
-            reservation_id: held.reservation_id.clone(),
-        })
+        .get_reservation(get_reservation(&held.reservation_id))
         .await
         .expect("a read on a fresh connection")
         .into_inner();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use fred::prelude::{ClientLike as _, KeysInterface as _};
 use inventory_core::{domain::Sku, pause::PausePoint, ports::LeaseService as _};
 use inventory_redis::{LeaseSettings, RedisLeases};
-use inventory_server::proto::{GetStockRequest, ReservationState};
+use inventory_server::proto::ReservationState;
 use inventory_testkit::{
     process::{eventually, eventually_ok},
     redis::RedisNode,
@@ -15,12 +15,9 @@ use inventory_testkit::{
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
-use crate::{
-    helpers::{
-        TestApp, error_reason, fresh_database, spawn_app, spawn_app_with, test_settings,
-        test_settings_with_redis,
-    },
-    reservations::{reserve, stock},
+use crate::helpers::{
+    TestApp, confirm, error_reason, fresh_database, get_stock, release, reserve, spawn_app,
+    spawn_app_with, stock, test_settings, test_settings_with_redis,
 };
 
 /// Waits until Redis has expired `key` by itself, after its TTL was cut to 1 ms.
@@ -416,29 +413,20 @@ async fn with_redis_down_reserve_fails_closed_and_everything_else_works() {
     // None of these can oversell, so none needs Redis.
     let levels = app
         .client
-        .get_stock(GetStockRequest {
-            skus: vec!["SKU-1".into()],
-            ..Default::default()
-        })
+        .get_stock(get_stock(&["SKU-1"]))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(levels.levels[0].reserved, 5);
     let confirmed = app
         .client
-        .confirm_reservation(inventory_server::proto::ConfirmReservationRequest {
-            reservation_id: to_confirm.reservation_id.clone(),
-            ..Default::default()
-        })
+        .confirm_reservation(confirm(&to_confirm.reservation_id))
         .await
         .unwrap();
     assert_eq!(confirmed.into_inner().state(), ReservationState::Confirmed);
     let released = app
         .client
-        .release_reservation(inventory_server::proto::ReleaseReservationRequest {
-            reservation_id: to_release.reservation_id.clone(),
-            ..Default::default()
-        })
+        .release_reservation(release(&to_release.reservation_id))
         .await
         .unwrap();
     assert_eq!(released.into_inner().state(), ReservationState::Released);

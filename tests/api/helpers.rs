@@ -1,4 +1,5 @@
-//! The harness: [`spawn_app`] gives a test a freshly migrated database and a running server.
+//! The harness: [`spawn_app`] gives a test a freshly migrated database and a running server;
+//! [`requests`] builds the requests the tests send and sets up their stock.
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
@@ -17,6 +18,9 @@ pub use inventory_testkit::Scratch;
 use inventory_testkit::postgres::TemplateDatabases;
 use tokio::{sync::oneshot, task::JoinHandle};
 use tonic::transport::Channel;
+
+mod requests;
+pub use requests::*;
 
 pub fn admin_url() -> String {
     std::env::var("DATABASE_URL").expect(
@@ -319,7 +323,7 @@ impl TestApp {
     ) -> inventory_server::proto::Reservation {
         self.client
             .clone()
-            .reserve(crate::reservations::reserve(key, lines))
+            .reserve(reserve(key, lines))
             .await
             .unwrap()
             .into_inner()
@@ -356,22 +360,6 @@ impl TestApp {
 /// A client of a server the harness did not spawn itself.
 #[derive(Debug)]
 pub struct TestClient(pub InventoryServiceClient<Channel>);
-
-impl TestClient {
-    pub async fn stock(&self, sku: &str, units: i64) {
-        self.0
-            .clone()
-            .adjust_stock(inventory_server::proto::AdjustStockRequest {
-                sku: sku.into(),
-                delta: units,
-                idempotency_key: format!("stock-{sku}-{}", uuid::Uuid::new_v4()),
-                reason: "test stock".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
-}
 
 impl TestApp {
     /// Connection settings of the test's own database, for a session of the test's own.

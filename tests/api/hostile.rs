@@ -4,13 +4,12 @@
 use fred::prelude::KeysInterface as _;
 use inventory_server::{
     auth::{Authenticator, digest_hex},
-    proto::{AdjustStockRequest, GetStockRequest, ReservationLine, ReserveRequest},
+    proto::{AdjustStockRequest, ReservationLine, ReserveRequest},
 };
 use tonic::{Code, Request, metadata::MetadataValue};
 
-use crate::{
-    helpers::{TestApp, fresh_database, spawn_app_with, test_settings},
-    reservations::reserve,
+use crate::helpers::{
+    TestApp, adjust, fresh_database, get_stock, reserve, spawn_app_with, test_settings,
 };
 
 const ADMIN: &str = "hostile-admin";
@@ -46,13 +45,7 @@ async fn malformed_requests_get_their_code_and_change_nothing() {
     let app = spawn_app_with(settings).await;
     let mut client = app.client.clone();
     client
-        .adjust_stock(authed(AdjustStockRequest {
-            sku: "SKU-1".into(),
-            delta: 10,
-            idempotency_key: "seed".into(),
-            reason: String::new(),
-            ..Default::default()
-        }))
+        .adjust_stock(authed(adjust("SKU-1", 10, "seed")))
         .await
         .unwrap();
     client
@@ -130,10 +123,7 @@ async fn malformed_requests_get_their_code_and_change_nothing() {
     }
 
     // Credentials that are not even text.
-    let mut request = Request::new(GetStockRequest {
-        skus: vec!["SKU-1".into()],
-        ..Default::default()
-    });
+    let mut request = Request::new(get_stock(&["SKU-1"]));
     // "Bearer " followed by bytes that are not UTF-8 (allowed in HTTP as obs-text).
     let mut raw = b"Bearer ".to_vec();
     raw.extend([0xff, 0xfe, 0xc3]);

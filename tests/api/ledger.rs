@@ -1,33 +1,21 @@
 //! Stock control: the ledger every level change writes, `verify` finding drift made behind the
 //! service's back, compare-and-set counts and adjustments, and the availability events.
 
-use std::process::Command;
-
 use futures::future::join_all;
 use inventory_server::proto::{
     AdjustStockRequest, BatchSetStockRequest, CancelOrderRequest, ConfirmReservationRequest,
-    EventType, ListStockMovementsRequest, MovementKind, ReleaseReservationRequest, ReservationLine,
-    SetStockRequest, StockMovement,
+    EventType, ListStockMovementsRequest, MovementKind, ReservationLine, SetStockRequest,
+    StockMovement,
 };
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
 use crate::{
     events::{take, watch},
-    helpers::{TestApp, error_reason, spawn_app, violated_fields},
-    reservations::stock,
+    helpers::{
+        TestApp, confirm, error_reason, release, set_stock, spawn_app, stock, violated_fields,
+    },
 };
-
-fn set(sku: &str, on_hand: i64, expected: Option<i64>, key: &str) -> SetStockRequest {
-    SetStockRequest {
-        sku: sku.into(),
-        on_hand,
-        expected_version: expected,
-        idempotency_key: key.into(),
-        reason: "cycle count".into(),
-        ..Default::default()
-    }
-}
 
 async fn movements(app: &TestApp, sku: &str) -> Vec<StockMovement> {
     let mut all = Vec::new();
@@ -53,23 +41,6 @@ async fn movements(app: &TestApp, sku: &str) -> Vec<StockMovement> {
     }
 }
 
-/// Runs `inventory-server verify` against the test's database: (success, stdout).
-async fn verify(app: &TestApp) -> (bool, String) {
-    let url = app.database_url().await;
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_inventory-server"))
-            .args(["verify", "--database-url", &url])
-            .output()
-            .expect("run inventory-server verify")
-    })
-    .await
-    .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-    )
-}
-
 #[tokio::test]
 async fn every_change_of_a_level_is_one_movement_and_they_add_up_to_it() {
     let mut app = spawn_app().await;
@@ -88,10 +59,7 @@ async fn every_change_of_a_level_is_one_movement_and_they_add_up_to_it() {
         .await
         .unwrap();
     app.client
-        .release_reservation(ReleaseReservationRequest {
-            reservation_id: held.reservation_id.clone(),
-            ..Default::default()
-        })
+        .release_reservation(release(&held.reservation_id))
         .await
         .unwrap();
     let second = app.hold("second", &[("MUG", 2)]).await;
@@ -104,7 +72,7 @@ async fn every_change_of_a_level_is_one_movement_and_they_add_up_to_it() {
         .await
         .unwrap();
     app.client
-        .set_stock(set("MUG", 20, Some(6), "count-1"))
+        .set_stock(set_stock("MUG", 20, Some(6), "count-1"))
         .await
         .unwrap();
 
@@ -112,7 +80,7 @@ async fn every_change_of_a_level_is_one_movement_and_they_add_up_to_it() {
     let events = app.count("SELECT count(*) FROM outbox").await;
     let same = app
         .client
-        .set_stock(set("MUG", 20, None, "count-2"))
+        .set_stock(set_stock("MUG", 20, None, "count-2"))
         .await
         .unwrap()
         .into_inner();
@@ -207,7 +175,7 @@ async fn every_change_of_a_level_is_one_movement_and_they_add_up_to_it() {
         .unwrap_err();
     assert_eq!(unknown.code(), Code::NotFound);
 
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(ok, "{out}");
     assert!(out.contains("0 drift(s)"), "{out}");
 }
@@ -220,7 +188,7 @@ async fn verify_names_every_drift_made_behind_the_services_back() {
     }
     app.hold("k", &[("C", 2)]).await;
     app.hold("l", &[("D", 1)]).await;
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(
         ok && out.contains("verified 4 SKUs and 6 movements"),
         "{out}"
@@ -237,7 +205,7 @@ async fn verify_names_every_drift_made_behind_the_services_back() {
         )
         .await
         .unwrap();
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(!ok, "drift fails the command: {out}");
     for expected in [
         "drift A: the total says 6/0 at version 1; its locations sum to 5/0 and its last \
@@ -261,7 +229,7 @@ async fn a_count_or_adjustment_at_a_stale_version_changes_nothing() {
     // Creating with expected version 0 (no such SKU yet).
     let created = app
         .client
-        .set_stock(set("MUG", 10, Some(0), "count-0"))
+        .set_stock(set_stock("MUG", 10, Some(0), "count-0"))
         .await
         .unwrap()
         .into_inner();
@@ -272,7 +240,12 @@ async fn a_count_or_adjustment_at_a_stale_version_changes_nothing() {
         let mut client = app.client.clone();
         async move {
             client
-                .set_stock(set("MUG", 20 + i, Some(1), &format!("count-{}", i + 1)))
+                .set_stock(set_stock(
+                    "MUG",
+                    20 + i,
+                    Some(1),
+                    &format!("count-{}", i + 1),
+                ))
                 .await
         }
     });
@@ -290,7 +263,7 @@ async fn a_count_or_adjustment_at_a_stale_version_changes_nothing() {
     let key = format!("count-{}", winner.on_hand - 19);
     let replay = app
         .client
-        .set_stock(set("MUG", winner.on_hand, Some(1), &key))
+        .set_stock(set_stock("MUG", winner.on_hand, Some(1), &key))
         .await
         .unwrap()
         .into_inner();
@@ -330,7 +303,7 @@ async fn a_count_or_adjustment_at_a_stale_version_changes_nothing() {
     app.hold("k", &[("MUG", 4)]).await;
     let below = app
         .client
-        .set_stock(set("MUG", 3, None, "count-low"))
+        .set_stock(set_stock("MUG", 3, None, "count-low"))
         .await
         .unwrap_err();
     assert_eq!(below.code(), Code::FailedPrecondition);
@@ -344,7 +317,7 @@ async fn a_count_or_adjustment_at_a_stale_version_changes_nothing() {
         .set_stock(SetStockRequest {
             on_hand: -1,
             expected_version: Some(-2),
-            ..set("bad sku", 0, None, "")
+            ..set_stock("bad sku", 0, None, "")
         })
         .await
         .unwrap_err();
@@ -353,7 +326,7 @@ async fn a_count_or_adjustment_at_a_stale_version_changes_nothing() {
         ["idempotency_key", "sku", "on_hand", "expected_version"]
     );
     assert_eq!(app.level("MUG").await, (winner.on_hand + 5, 4));
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(ok, "{out}");
 }
 
@@ -365,22 +338,16 @@ async fn out_of_stock_and_back_in_stock_come_at_the_crossings_in_commit_order() 
     let first = app.hold("a", &[("LAST", 1)]).await;
     let second = app.hold("b", &[("LAST", 1)]).await;
     app.client
-        .release_reservation(ReleaseReservationRequest {
-            reservation_id: second.reservation_id.clone(),
-            ..Default::default()
-        })
+        .release_reservation(release(&second.reservation_id))
         .await
         .unwrap();
     app.client
-        .confirm_reservation(ConfirmReservationRequest {
-            reservation_id: first.reservation_id.clone(),
-            ..Default::default()
-        })
+        .confirm_reservation(confirm(&first.reservation_id))
         .await
         .unwrap();
     // Confirming a held unit changes no availability; counting to zero does.
     app.client
-        .set_stock(set("LAST", 0, None, "count"))
+        .set_stock(set_stock("LAST", 0, None, "count"))
         .await
         .unwrap();
     let events = take(&mut stream, 8).await;
@@ -529,7 +496,7 @@ async fn a_batch_of_counts_is_all_or_nothing_with_one_event_and_movement_per_cha
             "requests[3].expected_version"
         ]
     );
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(ok, "{out}");
 }
 
@@ -548,7 +515,7 @@ async fn a_pruned_ledger_keeps_each_skus_latest_movement_and_still_verifies() {
     let kept = movements(&app, "OLD").await;
     assert_eq!(kept.len(), 1);
     assert_eq!(kept[0].version, 3);
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(ok, "{out}");
 
     // A movement lost after pruning is still told from a pruned one.
@@ -560,7 +527,7 @@ async fn a_pruned_ledger_keeps_each_skus_latest_movement_and_still_verifies() {
         )
         .await
         .unwrap();
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(!ok);
     assert!(
         out.contains("drift OLD: pruned through version 2, yet the ledger resumes at version 4"),
@@ -605,6 +572,6 @@ async fn batches_racing_to_create_a_sku_leave_nothing_of_the_refused_one() {
             "the refused batch created nothing"
         );
     }
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(ok, "{out}");
 }

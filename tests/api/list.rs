@@ -4,15 +4,11 @@
 use std::collections::HashSet;
 
 use inventory_server::proto::{
-    ConfirmReservationRequest, ListReservationsRequest, ListReservationsResponse,
-    ReleaseReservationRequest, Reservation, ReservationState,
+    ListReservationsRequest, ListReservationsResponse, Reservation, ReservationState,
 };
 use tonic::Code;
 
-use crate::{
-    helpers::{TestApp, spawn_app, violated_fields},
-    reservations::{reserve, stock},
-};
+use crate::helpers::{TestApp, confirm, release, reserve, spawn_app, stock, violated_fields};
 
 fn list(order: &str, state: ReservationState, sku: &str) -> ListReservationsRequest {
     ListReservationsRequest {
@@ -65,18 +61,12 @@ async fn filters_combine_and_states_read_as_every_reader_sees_them() {
     let b1 = hold(&app, "b1", "order-b", &[("MUG", 3)]).await;
     app.client
         .clone()
-        .confirm_reservation(ConfirmReservationRequest {
-            reservation_id: a2.reservation_id.clone(),
-            ..Default::default()
-        })
+        .confirm_reservation(confirm(&a2.reservation_id))
         .await
         .unwrap();
     app.client
         .clone()
-        .release_reservation(ReleaseReservationRequest {
-            reservation_id: a3.reservation_id.clone(),
-            ..Default::default()
-        })
+        .release_reservation(release(&a3.reservation_id))
         .await
         .unwrap();
     // Overdue: reads as EXPIRED whether or not the sweeper got to it.

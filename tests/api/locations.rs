@@ -2,51 +2,24 @@
 //! split lines, inactive locations, transfers, and the guarantees (no oversell, fencing,
 //! ledger, events) per (SKU, location).
 
-use std::process::Command;
-
 use futures::future::join_all;
 use inventory_core::pause::PausePoint;
 use inventory_server::proto::{
     AdjustStockRequest, AllocationStrategy, ConfirmReservationRequest, EventType, GetStockRequest,
     ListLocationsRequest, ListStockMovementsRequest, MovementKind, ReleaseReservationRequest,
-    Reservation, ReservationLine, ReservationState, ReserveRequest, SetStockRequest, StockLevel,
-    TransferStockRequest, UpsertLocationRequest, event,
+    Reservation, ReservationState, SetStockRequest, StockLevel, TransferStockRequest,
+    UpsertLocationRequest, event,
 };
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
 use crate::{
     events::{take, watch},
-    helpers::{TestApp, error_reason, spawn_app, spawn_app_without_sweeper, violated_fields},
+    helpers::{
+        TestApp, confirm, error_reason, get_reservation, get_stock, line_at, location,
+        reserve_with, spawn_app, spawn_app_without_sweeper, stock_at, violated_fields,
+    },
 };
-
-async fn location(app: &TestApp, id: &str, priority: i32, active: bool) {
-    app.client
-        .clone()
-        .upsert_location(UpsertLocationRequest {
-            location_id: id.into(),
-            priority,
-            active,
-        })
-        .await
-        .unwrap();
-}
-
-/// Adds `units` of `sku` at `at` (empty: `default`).
-async fn stock_at(app: &TestApp, sku: &str, at: &str, units: i64) {
-    app.client
-        .clone()
-        .adjust_stock(AdjustStockRequest {
-            sku: sku.into(),
-            delta: units,
-            idempotency_key: format!("stock-{sku}-{at}-{}", uuid::Uuid::new_v4()),
-            reason: "test stock".into(),
-            location_id: at.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-}
 
 /// Three locations, `east` (priority 1), `west` (priority 2), `north` (priority 3), and
 /// `default` (priority 0) without stock.
@@ -54,31 +27,6 @@ async fn three_locations(app: &TestApp) {
     location(app, "east", 1, true).await;
     location(app, "west", 2, true).await;
     location(app, "north", 3, true).await;
-}
-
-fn line(sku: &str, quantity: i64, pin: &str) -> ReservationLine {
-    ReservationLine {
-        sku: sku.into(),
-        quantity,
-        location_id: pin.into(),
-        ..Default::default()
-    }
-}
-
-fn reserve_with(
-    key: &str,
-    lines: Vec<ReservationLine>,
-    strategy: AllocationStrategy,
-    allow_split: bool,
-) -> ReserveRequest {
-    ReserveRequest {
-        idempotency_key: key.into(),
-        order_id: format!("order-{key}"),
-        lines,
-        strategy: strategy.into(),
-        allow_split,
-        ..Default::default()
-    }
 }
 
 /// `(location, quantity)` of each allocation of a reservation's first line.
@@ -107,23 +55,6 @@ async fn at_locations(app: &TestApp, sku: &str) -> Vec<(String, i64, i64)> {
 
 fn triple(location: &str, on_hand: i64, reserved: i64) -> (String, i64, i64) {
     (location.to_owned(), on_hand, reserved)
-}
-
-/// `inventory-server verify` over the test's database: `(clean, report)`.
-async fn verify(app: &TestApp) -> (bool, String) {
-    let url = app.database_url().await;
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_inventory-server"))
-            .args(["verify", "--database-url", &url])
-            .output()
-            .expect("run inventory-server verify")
-    })
-    .await
-    .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-    )
 }
 
 #[tokio::test]
@@ -200,10 +131,7 @@ async fn stock_is_kept_per_location_and_the_totals_are_their_sums() {
     let plain = app
         .client
         .clone()
-        .get_stock(GetStockRequest {
-            skus: vec!["MUG".into()],
-            ..Default::default()
-        })
+        .get_stock(get_stock(&["MUG"]))
         .await
         .unwrap()
         .into_inner();
@@ -264,7 +192,7 @@ async fn stock_is_kept_per_location_and_the_totals_are_their_sums() {
             triple("west", 10, 0),
         ]
     );
-    let (clean, report) = verify(&app).await;
+    let (clean, report) = app.verify().await;
     assert!(clean, "{report}");
 }
 
@@ -282,7 +210,7 @@ async fn priority_serves_each_line_whole_from_the_first_location_that_can() {
         let held = client
             .reserve(reserve_with(
                 &format!("p{i}"),
-                vec![line("MUG", units, "")],
+                vec![line_at("MUG", units, "")],
                 AllocationStrategy::Unspecified,
                 false,
             ))
@@ -300,7 +228,7 @@ async fn priority_serves_each_line_whole_from_the_first_location_that_can() {
     let refused = client
         .reserve(reserve_with(
             "p3",
-            vec![line("MUG", 3, "")],
+            vec![line_at("MUG", 3, "")],
             AllocationStrategy::Priority,
             false,
         ))
@@ -334,7 +262,7 @@ async fn split_fills_a_line_from_the_locations_in_strategy_order() {
     let held = client
         .reserve(reserve_with(
             "split",
-            vec![line("MUG", 10, "")],
+            vec![line_at("MUG", 10, "")],
             AllocationStrategy::Priority,
             true,
         ))
@@ -356,7 +284,7 @@ async fn split_fills_a_line_from_the_locations_in_strategy_order() {
     let most = client
         .reserve(reserve_with(
             "most",
-            vec![line("MUG", 4, "")],
+            vec![line_at("MUG", 4, "")],
             AllocationStrategy::MostAvailable,
             true,
         ))
@@ -366,9 +294,7 @@ async fn split_fills_a_line_from_the_locations_in_strategy_order() {
     assert_eq!(allocations(&most), [("north".to_owned(), 4)]);
     // A read answers the same allocations.
     let read = client
-        .get_reservation(inventory_server::proto::GetReservationRequest {
-            reservation_id: held.reservation_id.clone(),
-        })
+        .get_reservation(get_reservation(&held.reservation_id))
         .await
         .unwrap()
         .into_inner();
@@ -377,7 +303,7 @@ async fn split_fills_a_line_from_the_locations_in_strategy_order() {
     let refused = client
         .reserve(reserve_with(
             "too-many",
-            vec![line("MUG", 3, "")],
+            vec![line_at("MUG", 3, "")],
             AllocationStrategy::Priority,
             true,
         ))
@@ -421,7 +347,7 @@ async fn split_fills_a_line_from_the_locations_in_strategy_order() {
             (7, "north", 4, 7),
         ]
     );
-    let (clean, report) = verify(&app).await;
+    let (clean, report) = app.verify().await;
     assert!(clean, "{report}");
 }
 
@@ -435,7 +361,7 @@ async fn a_pinned_line_is_served_only_where_it_points() {
     let held = client
         .reserve(reserve_with(
             "pin",
-            vec![line("MUG", 3, "north")],
+            vec![line_at("MUG", 3, "north")],
             AllocationStrategy::Priority,
             true,
         ))
@@ -447,7 +373,7 @@ async fn a_pinned_line_is_served_only_where_it_points() {
     let refused = client
         .reserve(reserve_with(
             "pin-2",
-            vec![line("MUG", 3, "north")],
+            vec![line_at("MUG", 3, "north")],
             AllocationStrategy::Priority,
             true,
         ))
@@ -463,7 +389,7 @@ async fn a_pinned_line_is_served_only_where_it_points() {
         let unknown = client
             .reserve(reserve_with(
                 "pin-3",
-                vec![line("MUG", 1, "mars")],
+                vec![line_at("MUG", 1, "mars")],
                 AllocationStrategy::Priority,
                 false,
             ))
@@ -476,7 +402,7 @@ async fn a_pinned_line_is_served_only_where_it_points() {
     let reused = client
         .reserve(reserve_with(
             "pin-3",
-            vec![line("MUG", 1, "east")],
+            vec![line_at("MUG", 1, "east")],
             AllocationStrategy::Priority,
             false,
         ))
@@ -501,7 +427,7 @@ async fn an_inactive_location_keeps_its_stock_and_holds_but_is_never_allocated_f
     let refused = client
         .reserve(reserve_with(
             "pinned-shut",
-            vec![line("MUG", 1, "east")],
+            vec![line_at("MUG", 1, "east")],
             AllocationStrategy::Priority,
             false,
         ))
@@ -516,7 +442,7 @@ async fn an_inactive_location_keeps_its_stock_and_holds_but_is_never_allocated_f
     let refused = client
         .reserve(reserve_with(
             "too-many",
-            vec![line("MUG", 4, "")],
+            vec![line_at("MUG", 4, "")],
             AllocationStrategy::MostAvailable,
             true,
         ))
@@ -525,10 +451,7 @@ async fn an_inactive_location_keeps_its_stock_and_holds_but_is_never_allocated_f
     assert_eq!(refused.code(), Code::FailedPrecondition);
     // Its hold is still confirmed from there.
     client
-        .confirm_reservation(ConfirmReservationRequest {
-            reservation_id: held.reservation_id,
-            ..Default::default()
-        })
+        .confirm_reservation(confirm(&held.reservation_id))
         .await
         .unwrap();
     assert_eq!(
@@ -548,7 +471,7 @@ async fn partial_confirm_and_release_may_name_a_location() {
     let held = client
         .reserve(reserve_with(
             "split",
-            vec![line("MUG", 6, "")],
+            vec![line_at("MUG", 6, "")],
             AllocationStrategy::Priority,
             true,
         ))
@@ -560,7 +483,7 @@ async fn partial_confirm_and_release_may_name_a_location() {
     let confirmed = client
         .confirm_reservation(ConfirmReservationRequest {
             reservation_id: id.clone(),
-            lines: vec![line("MUG", 3, "west")],
+            lines: vec![line_at("MUG", 3, "west")],
             idempotency_key: "ship-west".into(),
         })
         .await
@@ -579,7 +502,7 @@ async fn partial_confirm_and_release_may_name_a_location() {
     let refused = client
         .release_reservation(ReleaseReservationRequest {
             reservation_id: id.clone(),
-            lines: vec![line("MUG", 2, "west")],
+            lines: vec![line_at("MUG", 2, "west")],
             idempotency_key: "too-much".into(),
         })
         .await
@@ -589,7 +512,7 @@ async fn partial_confirm_and_release_may_name_a_location() {
     let released = client
         .release_reservation(ReleaseReservationRequest {
             reservation_id: id.clone(),
-            lines: vec![line("MUG", 2, "")],
+            lines: vec![line_at("MUG", 2, "")],
             idempotency_key: "release-two".into(),
         })
         .await
@@ -615,7 +538,7 @@ async fn partial_confirm_and_release_may_name_a_location() {
         at_locations(&app, "MUG").await,
         [triple("east", 2, 0), triple("west", 2, 0)]
     );
-    let (clean, report) = verify(&app).await;
+    let (clean, report) = app.verify().await;
     assert!(clean, "{report}");
 }
 
@@ -726,7 +649,7 @@ async fn a_transfer_moves_available_units_only_with_a_movement_per_side_and_one_
     nothing.sku = "NOPE".into();
     let nothing = client.transfer_stock(nothing).await.unwrap_err();
     assert_eq!(error_reason(&nothing), "SKU_NOT_FOUND");
-    let (clean, report) = verify(&app).await;
+    let (clean, report) = app.verify().await;
     assert!(clean, "{report}");
 }
 
@@ -741,7 +664,7 @@ async fn a_held_event_carries_the_levels_of_every_location_it_moved() {
         .clone()
         .reserve(reserve_with(
             "split",
-            vec![line("MUG", 2, "")],
+            vec![line_at("MUG", 2, "")],
             AllocationStrategy::Priority,
             true,
         ))
@@ -792,7 +715,7 @@ async fn racing_carts_never_oversell_any_location() {
             client
                 .reserve(reserve_with(
                     &format!("race-{i}"),
-                    vec![line("HOT", 1 + i % 3, "")],
+                    vec![line_at("HOT", 1 + i % 3, "")],
                     strategy,
                     i % 4 < 2,
                 ))
@@ -819,7 +742,7 @@ async fn racing_carts_never_oversell_any_location() {
     );
     assert!(held >= 13, "the carts used up the stock: {held} of 15");
     assert_eq!(app.level("HOT").await, (15, held));
-    let (clean, report) = verify(&app).await;
+    let (clean, report) = app.verify().await;
     assert!(clean, "{report}");
 }
 
@@ -839,7 +762,7 @@ async fn a_holder_paused_past_its_lease_writes_nothing_at_any_location() {
         client_a
             .reserve(reserve_with(
                 "a",
-                vec![line("SKU-1", 150, "")],
+                vec![line_at("SKU-1", 150, "")],
                 AllocationStrategy::Priority,
                 true,
             ))
@@ -862,7 +785,7 @@ async fn a_holder_paused_past_its_lease_writes_nothing_at_any_location() {
         .clone()
         .reserve(reserve_with(
             "b",
-            vec![line("SKU-1", 120, "")],
+            vec![line_at("SKU-1", 120, "")],
             AllocationStrategy::Priority,
             true,
         ))
@@ -901,7 +824,7 @@ async fn a_holder_paused_past_its_lease_writes_nothing_at_any_location() {
             .await,
         0
     );
-    let (clean, report) = verify(&app).await;
+    let (clean, report) = app.verify().await;
     assert!(clean, "{report}");
 }
 
@@ -936,7 +859,7 @@ async fn an_idle_location_never_holds_back_ledger_pruning() {
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     assert_eq!(kept, [(4, "east".to_owned())]);
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(ok, "{out}");
 
     // The pruned location's row still has to add up with the others to the total.
@@ -947,7 +870,7 @@ async fn an_idle_location_never_holds_back_ledger_pruning() {
         )
         .await
         .unwrap();
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(!ok, "{out}");
     assert!(out.contains("its locations sum to 8/0"), "{out}");
 }
@@ -963,7 +886,7 @@ async fn verify_names_a_hold_at_a_location_without_a_stock_row() {
         .clone()
         .reserve(reserve_with(
             "g1",
-            vec![line("GHOST", 1, "east")],
+            vec![line_at("GHOST", 1, "east")],
             AllocationStrategy::Priority,
             false,
         ))
@@ -971,7 +894,7 @@ async fn verify_names_a_hold_at_a_location_without_a_stock_row() {
         .unwrap()
         .into_inner();
     assert_eq!(allocations(&held), [("east".to_owned(), 1)]);
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(ok, "{out}");
     // Behind the service's back: the line claims to hold at west, where GHOST never was.
     app.db
@@ -981,7 +904,7 @@ async fn verify_names_a_hold_at_a_location_without_a_stock_row() {
         )
         .await
         .unwrap();
-    let (ok, out) = verify(&app).await;
+    let (ok, out) = app.verify().await;
     assert!(!ok, "{out}");
     assert!(out.contains("west"), "{out}");
 }

@@ -6,45 +6,17 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use inventory_server::proto::{
-    CancelOrderRequest, ConfirmReservationRequest, EventType, GetReservationRequest,
-    ListReservationsRequest, ReleaseReservationRequest, Reservation, ReservationLine,
-    ReservationState, event,
+    CancelOrderRequest, EventType, ListReservationsRequest, Reservation, ReservationState, event,
 };
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
 use crate::{
     events::{take, watch},
-    helpers::{TestApp, error_reason, spawn_app, violated_fields},
-    reservations::stock,
+    helpers::{
+        TestApp, confirm_part, error_reason, release_part, spawn_app, stock, violated_fields,
+    },
 };
-
-fn units(lines: &[(&str, i64)]) -> Vec<ReservationLine> {
-    lines
-        .iter()
-        .map(|(sku, quantity)| ReservationLine {
-            sku: sku.to_string(),
-            quantity: *quantity,
-            ..Default::default()
-        })
-        .collect()
-}
-
-fn confirm(id: &str, key: &str, lines: &[(&str, i64)]) -> ConfirmReservationRequest {
-    ConfirmReservationRequest {
-        reservation_id: id.into(),
-        lines: units(lines),
-        idempotency_key: key.into(),
-    }
-}
-
-fn release(id: &str, key: &str, lines: &[(&str, i64)]) -> ReleaseReservationRequest {
-    ReleaseReservationRequest {
-        reservation_id: id.into(),
-        lines: units(lines),
-        idempotency_key: key.into(),
-    }
-}
 
 /// `(sku, quantity, held, confirmed, released)` of every line, checking each adds up.
 fn counts(reservation: &Reservation) -> Vec<(String, i64, i64, i64, i64)> {
@@ -70,17 +42,6 @@ fn line(
     released: i64,
 ) -> (String, i64, i64, i64, i64) {
     (sku.into(), quantity, held, confirmed, released)
-}
-
-async fn read(app: &TestApp, id: &str) -> Reservation {
-    app.client
-        .clone()
-        .get_reservation(GetReservationRequest {
-            reservation_id: id.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
 }
 
 /// Each SKU's `reserved` is what its live holds still hold: the levels and the line counts
@@ -123,7 +84,7 @@ async fn partial_confirm_partial_release_and_expiry_of_the_rest_add_up_at_every_
     // Two mugs ship.
     let shipped = app
         .client
-        .confirm_reservation(confirm(&id, "ship-1", &[("MUG", 2)]))
+        .confirm_reservation(confirm_part(&id, "ship-1", &[("MUG", 2)]))
         .await
         .unwrap()
         .into_inner();
@@ -132,7 +93,7 @@ async fn partial_confirm_partial_release_and_expiry_of_the_rest_add_up_at_every_
         counts(&shipped),
         [line("CAP", 3, 3, 0, 0), line("MUG", 5, 3, 2, 0)]
     );
-    assert_eq!(read(&app, &id).await, shipped);
+    assert_eq!(app.reservation(&id).await, shipped);
     assert_eq!(app.level("MUG").await, (8, 3), "two mugs left the stock");
     assert_eq!(app.level("CAP").await, (10, 3));
     assert_levels_match_holds(&app).await;
@@ -140,7 +101,7 @@ async fn partial_confirm_partial_release_and_expiry_of_the_rest_add_up_at_every_
     // One mug and a cap are dropped from the order.
     let dropped = app
         .client
-        .release_reservation(release(&id, "drop-1", &[("CAP", 1), ("MUG", 1)]))
+        .release_reservation(release_part(&id, "drop-1", &[("CAP", 1), ("MUG", 1)]))
         .await
         .unwrap()
         .into_inner();
@@ -155,7 +116,7 @@ async fn partial_confirm_partial_release_and_expiry_of_the_rest_add_up_at_every_
 
     // The rest expires: swept or not, it reads the same, CONFIRMED since mugs shipped.
     overdue(&app, &id).await;
-    let expired = read(&app, &id).await;
+    let expired = app.reservation(&id).await;
     assert_eq!(expired.state(), ReservationState::Confirmed);
     assert_eq!(
         counts(&expired),
@@ -187,7 +148,11 @@ async fn partial_confirm_partial_release_and_expiry_of_the_rest_add_up_at_every_
     )
     .await
     .unwrap();
-    assert_eq!(read(&app, &id).await, expired, "swept, it reads the same");
+    assert_eq!(
+        app.reservation(&id).await,
+        expired,
+        "swept, it reads the same"
+    );
     assert_levels_match_holds(&app).await;
 
     // One event per change, with the counts after it.
@@ -233,21 +198,21 @@ async fn a_partial_call_needs_a_key_and_acts_once_however_often_it_is_sent() {
 
     let keyless = app
         .client
-        .confirm_reservation(confirm(&id, "", &[("MUG", 1)]))
+        .confirm_reservation(confirm_part(&id, "", &[("MUG", 1)]))
         .await
         .unwrap_err();
     assert_eq!(violated_fields(&keyless), ["idempotency_key"]);
 
     let first = app
         .client
-        .confirm_reservation(confirm(&id, "ship-1", &[("MUG", 2)]))
+        .confirm_reservation(confirm_part(&id, "ship-1", &[("MUG", 2)]))
         .await
         .unwrap()
         .into_inner();
     for _ in 0..3 {
         let again = app
             .client
-            .confirm_reservation(confirm(&id, "ship-1", &[("MUG", 2)]))
+            .confirm_reservation(confirm_part(&id, "ship-1", &[("MUG", 2)]))
             .await
             .unwrap()
             .into_inner();
@@ -256,14 +221,14 @@ async fn a_partial_call_needs_a_key_and_acts_once_however_often_it_is_sent() {
     assert_eq!(app.level("MUG").await, (8, 3));
     let reused = app
         .client
-        .confirm_reservation(confirm(&id, "ship-1", &[("MUG", 1)]))
+        .confirm_reservation(confirm_part(&id, "ship-1", &[("MUG", 1)]))
         .await
         .unwrap_err();
     assert_eq!(reused.code(), Code::AlreadyExists, "{reused:?}");
     // The same key for a release is another request.
     let reused = app
         .client
-        .release_reservation(release(&id, "ship-1", &[("MUG", 2)]))
+        .release_reservation(release_part(&id, "ship-1", &[("MUG", 2)]))
         .await
         .unwrap_err();
     assert_eq!(reused.code(), Code::AlreadyExists, "{reused:?}");
@@ -279,7 +244,7 @@ async fn a_partial_call_needs_a_key_and_acts_once_however_often_it_is_sent() {
     // serialises them, and exactly one is refused.
     let calls = (0..2).map(|i| {
         let mut client = app.client.clone();
-        let request = confirm(&id, &format!("race-{i}"), &[("MUG", 2)]);
+        let request = confirm_part(&id, &format!("race-{i}"), &[("MUG", 2)]);
         async move { client.confirm_reservation(request).await }
     });
     let results = join_all(calls).await;
@@ -304,7 +269,11 @@ async fn lines_not_held_are_refused_by_name_and_change_nothing() {
 
     let refused = app
         .client
-        .release_reservation(release(&id, "r1", &[("MUG", 3), ("CAP", 1), ("HAT", 1)]))
+        .release_reservation(release_part(
+            &id,
+            "r1",
+            &[("MUG", 3), ("CAP", 1), ("HAT", 1)],
+        ))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
@@ -335,7 +304,7 @@ async fn lines_not_held_are_refused_by_name_and_change_nothing() {
     // The refusal did not use the key up: corrected, the call goes through.
     let fixed = app
         .client
-        .release_reservation(release(&id, "r1", &[("MUG", 2)]))
+        .release_reservation(release_part(&id, "r1", &[("MUG", 2)]))
         .await
         .unwrap()
         .into_inner();
@@ -346,12 +315,12 @@ async fn lines_not_held_are_refused_by_name_and_change_nothing() {
 
     // Lines on a reservation that holds nothing any more: its state, not the lines.
     app.client
-        .release_reservation(release(&id, "", &[]))
+        .release_reservation(release_part(&id, "", &[]))
         .await
         .unwrap();
     let late = app
         .client
-        .confirm_reservation(confirm(&id, "c1", &[("CAP", 1)]))
+        .confirm_reservation(confirm_part(&id, "c1", &[("CAP", 1)]))
         .await
         .unwrap_err();
     assert_eq!(error_reason(&late), "INVALID_RESERVATION_STATE");
@@ -364,12 +333,12 @@ async fn releasing_the_rest_of_a_partly_confirmed_hold_leaves_it_confirmed_and_r
     stock(&app, "MUG", 10).await;
     let id = app.hold("order", &[("MUG", 4)]).await.reservation_id;
     app.client
-        .confirm_reservation(confirm(&id, "ship-1", &[("MUG", 1)]))
+        .confirm_reservation(confirm_part(&id, "ship-1", &[("MUG", 1)]))
         .await
         .unwrap();
     let rest = app
         .client
-        .release_reservation(release(&id, "", &[]))
+        .release_reservation(release_part(&id, "", &[]))
         .await
         .unwrap()
         .into_inner();
@@ -381,14 +350,14 @@ async fn releasing_the_rest_of_a_partly_confirmed_hold_leaves_it_confirmed_and_r
     for _ in 0..2 {
         let again = app
             .client
-            .release_reservation(release(&id, "", &[]))
+            .release_reservation(release_part(&id, "", &[]))
             .await
             .unwrap()
             .into_inner();
         assert_eq!(again, rest);
         let refused = app
             .client
-            .confirm_reservation(confirm(&id, "", &[]))
+            .confirm_reservation(confirm_part(&id, "", &[]))
             .await
             .unwrap_err();
         assert_eq!(refused.code(), Code::FailedPrecondition);
@@ -415,12 +384,12 @@ async fn releasing_the_rest_of_a_partly_confirmed_hold_leaves_it_confirmed_and_r
     let whole = app.hold("whole", &[("MUG", 2)]).await.reservation_id;
     let confirmed = app
         .client
-        .confirm_reservation(confirm(&whole, "", &[]))
+        .confirm_reservation(confirm_part(&whole, "", &[]))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(counts(&confirmed), [line("MUG", 2, 0, 2, 0)]);
-    assert_eq!(read(&app, &whole).await, confirmed);
+    assert_eq!(app.reservation(&whole).await, confirmed);
     assert_eq!(
         app.count(&format!(
             "SELECT count(*) FROM reservation_lines
@@ -446,17 +415,17 @@ async fn a_whole_confirm_after_a_partial_confirm_and_an_expiry_is_refused_with_t
         .await
         .reservation_id;
     app.client
-        .confirm_reservation(confirm(&id, "ship-1", &[("MUG", 1)]))
+        .confirm_reservation(confirm_part(&id, "ship-1", &[("MUG", 1)]))
         .await
         .unwrap();
     overdue(&app, &id).await;
-    let expired = read(&app, &id).await;
+    let expired = app.reservation(&id).await;
     assert_eq!(expired.state(), ReservationState::Confirmed);
 
     for key in ["", "confirm-all"] {
         let refused = app
             .client
-            .confirm_reservation(confirm(&id, key, &[]))
+            .confirm_reservation(confirm_part(&id, key, &[]))
             .await
             .unwrap_err();
         assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
@@ -487,7 +456,7 @@ async fn a_whole_confirm_after_a_partial_confirm_and_an_expiry_is_refused_with_t
             ]
         );
     }
-    assert_eq!(read(&app, &id).await, expired, "nothing changed");
+    assert_eq!(app.reservation(&id).await, expired, "nothing changed");
     // The refusal was not stored: the key is still free for another request.
     assert_eq!(
         app.count("SELECT count(*) FROM idempotency_keys WHERE key = 'confirm-all'")
@@ -500,14 +469,14 @@ async fn a_whole_confirm_after_a_partial_confirm_and_an_expiry_is_refused_with_t
     let whole = app.hold("whole", &[("MUG", 2)]).await.reservation_id;
     let confirmed = app
         .client
-        .confirm_reservation(confirm(&whole, "all-of-it", &[]))
+        .confirm_reservation(confirm_part(&whole, "all-of-it", &[]))
         .await
         .unwrap()
         .into_inner();
     for key in ["", "all-of-it"] {
         let again = app
             .client
-            .confirm_reservation(confirm(&whole, key, &[]))
+            .confirm_reservation(confirm_part(&whole, key, &[]))
             .await
             .unwrap()
             .into_inner();
@@ -526,7 +495,7 @@ async fn a_cancel_releases_only_what_is_still_held() {
         .await
         .reservation_id;
     app.client
-        .confirm_reservation(confirm(&id, "ship-1", &[("MUG", 3), ("CAP", 1)]))
+        .confirm_reservation(confirm_part(&id, "ship-1", &[("MUG", 3), ("CAP", 1)]))
         .await
         .unwrap();
     let cancelled = app
@@ -548,6 +517,6 @@ async fn a_cancel_releases_only_what_is_still_held() {
     );
     assert_eq!(app.level("MUG").await, (7, 0));
     assert_eq!(app.level("CAP").await, (9, 0));
-    assert_eq!(&read(&app, &id).await, after);
+    assert_eq!(&app.reservation(&id).await, after);
     assert_levels_match_holds(&app).await;
 }

@@ -4,68 +4,14 @@
 use std::{collections::HashSet, time::Duration};
 
 use futures::future::join_all;
-use inventory_server::proto::{
-    AdjustStockRequest, ConfirmReservationRequest, GetReservationRequest,
-    ReleaseReservationRequest, Reservation, ReservationLine, ReservationState, ReserveRequest,
-};
+use inventory_server::proto::{Reservation, ReservationState, ReserveRequest};
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
 use crate::helpers::{
-    TestApp, error_reason, spawn_app, spawn_app_with, spawn_app_without_sweeper, test_settings,
-    violated_fields,
+    TestApp, confirm, error_reason, get_reservation, release, reserve, spawn_app, spawn_app_with,
+    spawn_app_without_sweeper, stock, test_settings, violated_fields,
 };
-
-pub fn reserve(key: &str, lines: &[(&str, i64)]) -> ReserveRequest {
-    ReserveRequest {
-        idempotency_key: key.into(),
-        order_id: format!("order-{key}"),
-        lines: lines
-            .iter()
-            .map(|(sku, quantity)| ReservationLine {
-                sku: sku.to_string(),
-                quantity: *quantity,
-                ..Default::default()
-            })
-            .collect(),
-        ttl: None,
-        ..Default::default()
-    }
-}
-
-pub async fn stock(app: &TestApp, sku: &str, units: i64) {
-    app.client
-        .clone()
-        .adjust_stock(AdjustStockRequest {
-            sku: sku.into(),
-            delta: units,
-            idempotency_key: format!("stock-{sku}-{units}-{}", uuid::Uuid::new_v4()),
-            reason: "test stock".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-}
-
-fn confirm(id: &str) -> ConfirmReservationRequest {
-    ConfirmReservationRequest {
-        reservation_id: id.into(),
-        ..Default::default()
-    }
-}
-
-fn release(id: &str) -> ReleaseReservationRequest {
-    ReleaseReservationRequest {
-        reservation_id: id.into(),
-        ..Default::default()
-    }
-}
-
-fn get(id: &str) -> GetReservationRequest {
-    GetReservationRequest {
-        reservation_id: id.into(),
-    }
-}
 
 /// `(event_type, reservation_id)` of every reservation event, in sequence order.
 pub async fn reservation_events(app: &TestApp) -> Vec<(String, String)> {
@@ -164,7 +110,7 @@ async fn a_reservation_moves_through_its_lifecycle() {
     assert_eq!(app.level("SKU-1").await, (10, 3));
     let read = app
         .client
-        .get_reservation(get(&held.reservation_id))
+        .get_reservation(get_reservation(&held.reservation_id))
         .await
         .unwrap();
     assert_eq!(read.into_inner(), held);
@@ -245,7 +191,10 @@ async fn unknown_skus_and_reservations_are_not_found() {
 
     let unknown = uuid::Uuid::new_v4().to_string();
     for status in [
-        app.client.get_reservation(get(&unknown)).await.unwrap_err(),
+        app.client
+            .get_reservation(get_reservation(&unknown))
+            .await
+            .unwrap_err(),
         app.client
             .confirm_reservation(confirm(&unknown))
             .await
@@ -562,7 +511,10 @@ async fn malformed_reservation_requests_are_invalid_argument_and_change_nothing(
 
     for bad in ["", "not-a-uuid", "0b7e5a4c3f1d4a9e9c2b6d8f0e1a2b3c"] {
         let statuses = [
-            app.client.get_reservation(get(bad)).await.unwrap_err(),
+            app.client
+                .get_reservation(get_reservation(bad))
+                .await
+                .unwrap_err(),
             app.client
                 .confirm_reservation(confirm(bad))
                 .await
@@ -615,7 +567,7 @@ async fn a_one_second_hold_expires_and_returns_its_stock() {
     .unwrap();
     let read = app
         .client
-        .get_reservation(get(&held.reservation_id))
+        .get_reservation(get_reservation(&held.reservation_id))
         .await
         .unwrap();
     assert_eq!(read.into_inner().state(), ReservationState::Expired);
@@ -636,7 +588,7 @@ async fn a_hold_past_its_expiry_is_expired_for_every_reader_before_any_sweep() {
 
     let read = app
         .client
-        .get_reservation(get(&held.reservation_id))
+        .get_reservation(get_reservation(&held.reservation_id))
         .await
         .unwrap();
     assert_eq!(read.into_inner().state(), ReservationState::Expired);
@@ -768,7 +720,7 @@ async fn lines_come_in_byte_order_even_where_the_database_sorts_linguistically()
     let read = app
         .client
         .clone()
-        .get_reservation(get(&held.reservation_id))
+        .get_reservation(get_reservation(&held.reservation_id))
         .await
         .unwrap()
         .into_inner();

@@ -8,9 +8,8 @@ use inventory_server::proto::{ConfirmReservationRequest, ReserveRequest};
 use inventory_testkit::{eventually, process::eventually_ok, proxy::Proxy, redis::RedisNode};
 use tonic::{Code, Request};
 
-use crate::{
-    helpers::{TestApp, connect, fresh_database, spawn_app_with, test_settings},
-    reservations::{reserve, stock},
+use crate::helpers::{
+    TestApp, connect, fresh_database, get_stock, reserve, spawn_app_with, stock, test_settings,
 };
 
 /// A second session on the test's database, to hold row locks the service must wait for.
@@ -467,10 +466,7 @@ async fn a_database_that_stops_answering_costs_each_call_a_bound_and_the_replica
     let read = app
         .client
         .clone()
-        .get_stock(inventory_server::proto::GetStockRequest {
-            skus: vec!["HUNG-B".into()],
-            ..Default::default()
-        })
+        .get_stock(get_stock(&["HUNG-B"]))
         .await
         .unwrap_err();
     assert_eq!(read.code(), Code::Unavailable, "{read:?}");

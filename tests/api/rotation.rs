@@ -9,19 +9,18 @@ use std::{
 use inventory_server::{
     auth::{Authenticator, digest_hex},
     config::TlsFiles,
-    proto::{
-        AdjustStockRequest, GetStockRequest, WatchEventsRequest,
-        inventory_service_client::InventoryServiceClient,
-    },
+    proto::{WatchEventsRequest, inventory_service_client::InventoryServiceClient},
 };
 use tokio_stream::StreamExt as _;
 use tonic::{
-    Code, Request,
+    Code,
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
 };
 
 use crate::{
-    helpers::{Scratch, fresh_database, spawn_app_with, test_settings},
+    helpers::{
+        Scratch, adjust, fresh_database, get_stock, spawn_app_with, test_settings, with_token,
+    },
     tls::{ca, leaf},
 };
 
@@ -44,22 +43,8 @@ fn credentials(lines: &[(&str, &str, &str)]) -> String {
         .collect()
 }
 
-fn with_token<T>(message: T, token: &str) -> Request<T> {
-    let mut request = Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    request
-}
-
 async fn read_code(client: &mut InventoryServiceClient<Channel>, token: &str) -> Code {
-    let request = with_token(
-        GetStockRequest {
-            skus: vec!["ROT-1".into()],
-            ..Default::default()
-        },
-        token,
-    );
+    let request = with_token(get_stock(&["ROT-1"]), Some(token));
     match client.get_stock(request).await {
         Ok(_) => Code::Ok,
         Err(status) => status.code(),
@@ -92,7 +77,7 @@ async fn a_rotated_token_file_takes_effect_within_a_second_and_open_streams_go_o
                 after_sequence: 0,
                 ..Default::default()
             },
-            "old-feed",
+            Some("old-feed"),
         ))
         .await
         .unwrap()
@@ -122,14 +107,8 @@ async fn a_rotated_token_file_takes_effect_within_a_second_and_open_streams_go_o
     // The stream opened before the change still delivers.
     client
         .adjust_stock(with_token(
-            AdjustStockRequest {
-                sku: "ROT-1".into(),
-                delta: 1,
-                idempotency_key: "after-rotation".into(),
-                reason: String::new(),
-                ..Default::default()
-            },
-            "new-admin",
+            adjust("ROT-1", 1, "after-rotation"),
+            Some("new-admin"),
         ))
         .await
         .unwrap();
@@ -201,10 +180,7 @@ async fn connect_tls(addr: std::net::SocketAddr, ca_pem: &str) -> Result<Channel
 
 async fn reaches_service(channel: Channel) -> bool {
     let answer = InventoryServiceClient::new(channel)
-        .get_stock(GetStockRequest {
-            skus: vec!["ROT-1".into()],
-            ..Default::default()
-        })
+        .get_stock(get_stock(&["ROT-1"]))
         .await;
     matches!(answer, Err(status) if status.code() == Code::NotFound)
 }

@@ -11,7 +11,7 @@ use tonic_health::pb::{
 };
 use tonic_types::StatusExt as _;
 
-use crate::helpers::{error_reason, grpcurl, spawn_app, test_settings};
+use crate::helpers::{adjust, error_reason, grpcurl, spawn_app, test_settings};
 
 const SERVICE: &str = "inventory.v1.InventoryService";
 
@@ -201,7 +201,7 @@ async fn grpcurl_drives_the_server_through_reflection() {
 #[tokio::test]
 async fn grpcurl_confirms_part_of_a_hold_as_the_readme_shows() {
     let app = spawn_app().await;
-    crate::reservations::stock(&app, "DEMO-POSTER", 5).await;
+    crate::helpers::stock(&app, "DEMO-POSTER", 5).await;
     let addr = app.addr.to_string();
     let call = move |method: &str, body: String| {
         let (ok, out, err) = run_grpcurl(&[
@@ -254,13 +254,7 @@ async fn postgres_down_is_unavailable_with_retry_advice() {
     let mut app = spawn_app_with_unreachable_database(settings).await;
     let status = app
         .client
-        .adjust_stock(AdjustStockRequest {
-            sku: "SKU-1".into(),
-            delta: 1,
-            idempotency_key: "k".into(),
-            reason: String::new(),
-            ..Default::default()
-        })
+        .adjust_stock(adjust("SKU-1", 1, "k"))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
@@ -563,7 +557,7 @@ async fn a_release_below_the_schema_floor_refuses_writes_and_is_not_ready() {
     let database = crate::helpers::fresh_database().await;
     let app = crate::helpers::spawn_app_with(test_settings(database.clone())).await;
     let mut client = app.client.clone();
-    crate::reservations::stock(&app, "FLOOR-1", 5).await;
+    crate::helpers::stock(&app, "FLOOR-1", 5).await;
     inventory_testkit::process::eventually("ready", Duration::from_secs(10), || async {
         readiness(&app).await.1 == ServingStatus::Serving
     })
@@ -598,7 +592,7 @@ async fn a_release_below_the_schema_floor_refuses_writes_and_is_not_ready() {
         idempotency_key: format!("adjust-{sku}"),
         ..Default::default()
     };
-    let reserve = crate::reservations::reserve("below-floor", &[("FLOOR-1", 1)]);
+    let reserve = crate::helpers::reserve("below-floor", &[("FLOOR-1", 1)]);
     for refused in [
         client.adjust_stock(adjust("FLOOR-1")).await.unwrap_err(),
         client.adjust_stock(adjust("FLOOR-NEW")).await.unwrap_err(),

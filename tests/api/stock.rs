@@ -1,40 +1,11 @@
 //! `AdjustStock` and `GetStock`: levels, idempotency, validation and status codes.
 
 use futures::future::join_all;
-use inventory_server::proto::{AdjustStockRequest, GetStockRequest, StockLevel};
+use inventory_server::proto::{AdjustStockRequest, GetStockRequest};
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
-use crate::helpers::{TestApp, error_reason, spawn_app, violated_fields};
-
-fn adjust(sku: &str, delta: i64, key: &str) -> AdjustStockRequest {
-    AdjustStockRequest {
-        sku: sku.into(),
-        delta,
-        idempotency_key: key.into(),
-        reason: "test".into(),
-        ..Default::default()
-    }
-}
-
-fn get(skus: &[&str]) -> GetStockRequest {
-    GetStockRequest {
-        skus: skus.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-/// A level as the API reports it; `version` counts the changes made to the SKU so far.
-fn level(sku: &str, on_hand: i64, reserved: i64, version: i64) -> StockLevel {
-    StockLevel {
-        sku: sku.into(),
-        on_hand,
-        reserved,
-        available: on_hand - reserved,
-        version,
-        ..Default::default()
-    }
-}
+use crate::helpers::{TestApp, adjust, error_reason, get_stock, level, spawn_app, violated_fields};
 
 async fn outbox_events(app: &TestApp, sku: &str) -> Vec<serde_json::Value> {
     app.db
@@ -61,7 +32,7 @@ async fn first_positive_adjustment_creates_the_sku_and_get_stock_reads_it() {
 
     let read = app
         .client
-        .get_stock(get(&["SKU-1"]))
+        .get_stock(get_stock(&["SKU-1"]))
         .await
         .unwrap()
         .into_inner();
@@ -107,7 +78,7 @@ async fn get_stock_answers_in_request_order() {
     }
     let read = app
         .client
-        .get_stock(get(&["C", "A", "B"]))
+        .get_stock(get_stock(&["C", "A", "B"]))
         .await
         .unwrap()
         .into_inner();
@@ -130,7 +101,7 @@ async fn get_stock_of_unknown_skus_is_not_found_naming_them() {
         .unwrap();
     let status = app
         .client
-        .get_stock(get(&["GHOST-1", "KNOWN", "GHOST-2"]))
+        .get_stock(get_stock(&["GHOST-1", "KNOWN", "GHOST-2"]))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
@@ -239,7 +210,7 @@ async fn a_replayed_key_returns_the_stored_level_and_moves_stock_once() {
     assert_eq!(replay.into_inner(), first.into_inner());
     let now = app
         .client
-        .get_stock(get(&["SKU-1"]))
+        .get_stock(get_stock(&["SKU-1"]))
         .await
         .unwrap()
         .into_inner();
@@ -269,7 +240,7 @@ async fn a_replayed_failure_is_returned_as_stored() {
     assert_eq!(replay.code(), Code::NotFound);
     let now = app
         .client
-        .get_stock(get(&["LATER"]))
+        .get_stock(get_stock(&["LATER"]))
         .await
         .unwrap()
         .into_inner();
@@ -297,7 +268,7 @@ async fn a_key_reused_for_a_different_request_is_already_exists_and_changes_noth
     assert_eq!(app.row_counts().await, before);
     let now = app
         .client
-        .get_stock(get(&["SKU-1"]))
+        .get_stock(get_stock(&["SKU-1"]))
         .await
         .unwrap()
         .into_inner();
@@ -336,7 +307,7 @@ async fn concurrent_adjustments_with_distinct_keys_all_apply() {
     }
     let mut client = app.client.clone();
     let now = client
-        .get_stock(get(&["SKU-1"]))
+        .get_stock(get_stock(&["SKU-1"]))
         .await
         .unwrap()
         .into_inner();
@@ -392,7 +363,7 @@ async fn malformed_reads_are_invalid_argument() {
     let mut app = spawn_app().await;
     let too_many: Vec<String> = (0..101).map(|i| format!("S{i}")).collect();
     let cases: Vec<(GetStockRequest, Vec<&str>)> = vec![
-        (get(&[]), vec!["skus"]),
+        (get_stock(&[]), vec!["skus"]),
         (
             GetStockRequest {
                 skus: too_many,
@@ -400,8 +371,8 @@ async fn malformed_reads_are_invalid_argument() {
             },
             vec!["skus"],
         ),
-        (get(&["A", ""]), vec!["skus[1]"]),
-        (get(&["A", "B", "A"]), vec!["skus[2]"]),
+        (get_stock(&["A", ""]), vec!["skus[1]"]),
+        (get_stock(&["A", "B", "A"]), vec!["skus[2]"]),
     ];
     for (request, fields) in cases {
         let status = app.client.get_stock(request.clone()).await.unwrap_err();

@@ -21,8 +21,10 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::{
     coalescing::{hold_leader, queue},
-    helpers::{TestApp, fresh_database, spawn_app_exporting, spawn_app_with, test_settings},
-    reservations::{reserve, stock},
+    helpers::{
+        TestApp, confirm, fresh_database, reserve, spawn_app_exporting, spawn_app_with, stock,
+        test_settings,
+    },
 };
 
 /// An OTLP trace collector that keeps what it receives.
@@ -725,10 +727,7 @@ async fn every_metric_the_dashboard_and_the_alerts_read_is_exported_and_document
         .unwrap_err();
     app.client
         .clone()
-        .confirm_reservation(inventory_server::proto::ConfirmReservationRequest {
-            reservation_id: held_one.reservation_id,
-            ..Default::default()
-        })
+        .confirm_reservation(confirm(&held_one.reservation_id))
         .await
         .unwrap();
     let (held, leader) = hold_leader(&app, "HOT").await;

@@ -3,8 +3,7 @@
 use std::{path::Path, time::Duration};
 
 use inventory_server::{
-    config::TlsSettings,
-    proto::{GetStockRequest, inventory_service_client::InventoryServiceClient},
+    config::TlsSettings, proto::inventory_service_client::InventoryServiceClient,
 };
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -12,7 +11,7 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-use crate::helpers::{TestApp, fresh_database, spawn_app_with, test_settings};
+use crate::helpers::{TestApp, fresh_database, get_stock, spawn_app_with, test_settings};
 
 /// A throwaway CA, a server certificate for localhost and a client certificate, as PEM.
 struct Pki {
@@ -86,10 +85,7 @@ async fn tls_channel(
 
 async fn call(channel: Channel) -> Result<(), tonic::Status> {
     let result = InventoryServiceClient::new(channel)
-        .get_stock(GetStockRequest {
-            skus: vec!["NONE".into()],
-            ..Default::default()
-        })
+        .get_stock(get_stock(&["NONE"]))
         .await;
     match result {
         // The SKU does not exist: reaching the service is what counts.
@@ -227,7 +223,7 @@ async fn a_pinned_client_certificate_stands_in_for_a_token() {
     let channel = tls_channel(&app, &pki, Some(&pki.client)).await.unwrap();
     call(channel.clone()).await.expect("a reader may read");
     let status = InventoryServiceClient::new(channel)
-        .reserve(crate::reservations::reserve("k", &[("SKU-1", 1)]))
+        .reserve(crate::helpers::reserve("k", &[("SKU-1", 1)]))
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");

@@ -1,5 +1,6 @@
 //! Load generator and benchmark suite for `inventory-server`.
 //!
+//! # Layout
 //! - [`load`] — scenarios (`uniform`, `hot`, `zipf`, `race`) driven over gRPC, every call
 //!   recorded.
 //! - [`audit`] — the oversell audit over what the service and PostgreSQL hold afterwards.

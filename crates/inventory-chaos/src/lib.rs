@@ -1,6 +1,7 @@
 //! The fault suite for `inventory-server`, in the manner of Jepsen: real processes, real
 //! faults on a seeded schedule, and a checker over the recorded history.
 //!
+//! # Layout
 //! - `inventory-testkit` starts the processes (PostgreSQL alone or as a pg_auto_failover
 //!   formation, Redis single, Sentinel or Cluster, the server replicas) and the TCP fault
 //!   proxies in front of PostgreSQL and a single Redis.

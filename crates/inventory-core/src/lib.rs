@@ -18,6 +18,8 @@
 //! - [`rules`] — the decisions (enough stock? which answer? which state?) as pure functions of
 //!   what a transaction read; the storage adapter applies them.
 //! - [`service`] — the use cases the gRPC layer calls.
+//! - [`allocation`] — which locations a `Reserve` line's units come from, by strategy, as a
+//!   pure function of the rows its transaction locked.
 //! - [`budget`] — the time a call has: the caller's deadline and the server's lease bound.
 //! - [`coalesce`] — the per-SKU queues that let one lease and one transaction serve many
 //!   `Reserve` calls for a hot SKU.

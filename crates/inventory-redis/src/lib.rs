@@ -10,6 +10,8 @@
 //! - [`keys`] — the key namespace (environment prefix, hash tag per SKU).
 //! - [`client`] — connection settings and the connected client.
 //! - [`leases`] — the lease scripts and [`RedisLeases`], the core's `LeaseService`.
+//! - `metrics` — the lease instruments (waits, contention, lost leases), from the global meter
+//!   provider.
 
 pub mod client;
 pub mod keys;

@@ -1,6 +1,7 @@
 //! The one test harness: everything the API tests, the benchmark and the fault suite need to
 //! start and observe real processes, written once.
 //!
+//! # Layout
 //! - [`ports`]: free loopback ports that a restarted process can keep.
 //! - [`process`]: a child process that can be killed, paused, resumed and restarted, and
 //!   [`process::eventually`] for "wait until this holds".

@@ -6,7 +6,8 @@ use anyhow::bail;
 
 /// A free loopback port below the kernel's ephemeral range, so that while a process is down
 /// for a restart no outgoing connection can take its port. Bound, then released: the caller
-/// hands it to the process that listens on it.
+/// hands it to the process that listens on it. Not port 0: the kernel answers that from the
+/// ephemeral range itself, where the port is up for grabs again the moment it is released.
 pub fn free_port() -> anyhow::Result<u16> {
     let (low, high) = range();
     for _ in 0..200 {

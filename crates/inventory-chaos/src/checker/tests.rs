@@ -1,7 +1,7 @@
 //! Every check passes on a consistent world and fails when one fact in it is wrong.
 
 use super::*;
-use crate::history::Snapshot;
+use crate::history::{Outcome, Phase, Snapshot};
 
 /// SKU "S": stocked with 10; k1 holds 2 and is confirmed; k2 is refused; k3's first answer is
 /// unknown, its retry holds 1, which then expires; k4 comes while Redis is down, and its

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use inventory_core::{coalesce::CoalesceConfig, domain::Ttl, service::InventoryConfig};
 use inventory_postgres::{PgConfig, PoolSettings, retention::Retention};
 use inventory_redis::{KeyPrefix, LeaseSettings, RedisConfig, RedisSettings, RedisTlsFiles};
+use secrecy::{ExposeSecret as _, SecretString};
 
 use crate::{auth::Authenticator, upkeep::Upkeep};
 
@@ -74,8 +75,8 @@ pub struct DatabaseArgs {
     /// PostgreSQL connection URL, e.g. postgres://user:pass@host:5432/inventory. TLS follows
     /// libpq: sslmode=disable|prefer|require|verify-ca|verify-full, sslrootcert=<CA file or
     /// system>, sslcert/sslkey for a client certificate.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = secret)]
+    pub database_url: SecretString,
 }
 
 /// `serve`'s settings, one group per branch of [`Settings`]: each group checks its own values
@@ -169,8 +170,8 @@ pub struct PostgresArgs {
     /// PostgreSQL URL of the one `LISTEN` connection (event wake-ups), when DATABASE_URL goes
     /// through a pooler in transaction mode, which cannot keep a `LISTEN`: a direct URL to the
     /// same database. Unset: DATABASE_URL.
-    #[arg(long, env = "DATABASE_LISTEN_URL", hide_env_values = true)]
-    pub database_listen_url: Option<String>,
+    #[arg(long, env = "DATABASE_LISTEN_URL", hide_env_values = true, value_parser = secret)]
+    pub database_listen_url: Option<SecretString>,
 
     /// Most PostgreSQL connections this replica opens.
     #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 16,
@@ -191,8 +192,8 @@ pub struct PostgresArgs {
 #[command(next_help_heading = "Redis")]
 pub struct RedisArgs {
     /// Redis URL: redis://, rediss://, redis-sentinel:// or redis-cluster://.
-    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
-    pub redis_url: String,
+    #[arg(long, env = "REDIS_URL", hide_env_values = true, value_parser = secret)]
+    pub redis_url: SecretString,
 
     /// PEM CA bundle that signed the Redis server's certificate (rediss:// only). Unset: the
     /// system's roots.
@@ -519,7 +520,7 @@ impl PostgresArgs {
             .ok();
         let listen = match &self.database_listen_url {
             None => Some(None),
-            Some(url) => inventory_postgres::parse_url(url)
+            Some(url) => inventory_postgres::parse_url(url.expose_secret())
                 .map(Some)
                 .map_err(|error| problems.push(format!("DATABASE_LISTEN_URL: {error}")))
                 .ok(),
@@ -554,7 +555,7 @@ impl RedisArgs {
             cert: self.redis_tls_cert_file.clone(),
             key: self.redis_tls_key_file.clone(),
         };
-        let config = inventory_redis::parse_url_with_tls(&self.redis_url, &tls)
+        let config = inventory_redis::parse_url_with_tls(self.redis_url.expose_secret(), &tls)
             .map_err(|error| problems.push(format!("REDIS_URL: {}", error.details())))
             .ok();
         let key_prefix = KeyPrefix::parse(&self.redis_key_prefix)
@@ -757,11 +758,45 @@ impl RetentionArgs {
 
 /// Parses `DATABASE_URL` (and reads the TLS files it names) without echoing it: it may hold a
 /// password.
-pub fn parse_database_url(url: &str) -> Result<PgConfig, String> {
-    inventory_postgres::parse_url(url).map_err(|error| format!("DATABASE_URL: {error}"))
+pub fn parse_database_url(url: &SecretString) -> Result<PgConfig, String> {
+    inventory_postgres::parse_url(url.expose_secret())
+        .map_err(|error| format!("DATABASE_URL: {error}"))
+}
+
+/// A flag's value that may hold a password: kept where `Debug` cannot show it.
+fn secret(value: &str) -> Result<SecretString, std::convert::Infallible> {
+    Ok(value.into())
 }
 
 /// Every problem found in the configuration.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration:\n  {}", .0.join("\n  "))]
 pub struct ConfigError(pub Vec<String>);
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn the_urls_never_print() {
+        let cli = Cli::try_parse_from([
+            "inventory-server",
+            "serve",
+            "--database-url",
+            "postgres://user:pg-s3cret@host/db",
+            "--database-listen-url",
+            "postgres://user:listen-s3cret@host/db",
+            "--redis-url",
+            "redis://user:redis-s3cret@host",
+        ])
+        .unwrap();
+        let printed = format!("{cli:?}");
+        assert!(!printed.contains("s3cret"), "{printed}");
+        let Command::Serve(serve) = cli.command else {
+            panic!("serve")
+        };
+        assert!(!format!("{serve:?}").contains("s3cret"));
+    }
+}

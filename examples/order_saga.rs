@@ -131,7 +131,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => Payment::Approved,
     };
     let mut config = ClientConfig::new(endpoint);
-    config.token = std::env::var("INVENTORY_TOKEN").ok();
+    config.token = std::env::var("INVENTORY_TOKEN").ok().map(Into::into);
     let client = InventoryClient::connect(config)
         .await?
         .with_budget(Duration::from_secs(10));

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use inventory_core::{coalesce::CoalesceConfig, domain::Ttl, service::InventoryConfig};
 use inventory_postgres::{PgConfig, PoolSettings, retention::Retention};
 use inventory_redis::{KeyPrefix, LeaseSettings, RedisConfig, RedisSettings, RedisTlsFiles};
+use secrecy::{ExposeSecret as _, SecretString};
 
 use crate::{auth::Authenticator, upkeep::Upkeep};
 
@@ -74,20 +75,103 @@ pub struct DatabaseArgs {
     /// PostgreSQL connection URL, e.g. postgres://user:pass@host:5432/inventory. TLS follows
     /// libpq: sslmode=disable|prefer|require|verify-ca|verify-full, sslrootcert=<CA file or
     /// system>, sslcert/sslkey for a client certificate.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = secret)]
+    pub database_url: SecretString,
 }
 
+/// `serve`'s settings, one group per branch of [`Settings`]: each group checks its own values
+/// and becomes its branch.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    #[command(flatten)]
+    pub database: PostgresArgs,
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    #[command(flatten)]
+    pub inventory: InventoryArgs,
+    #[command(flatten)]
+    pub upkeep: UpkeepArgs,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+/// [`ServerSettings`]: the gRPC port and the ports beside it, and what each call may use.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Server")]
+pub struct ServerArgs {
+    /// Address the gRPC server listens on.
+    #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:50051")]
+    pub listen_addr: SocketAddr,
+
+    /// A second, plaintext listener that serves only grpc.health.v1, for probes that cannot
+    /// speak TLS (Kubernetes gRPC probes). Unset: no such listener.
+    #[arg(long, env = "HEALTH_LISTEN_ADDR")]
+    pub health_listen_addr: Option<SocketAddr>,
+
+    /// Plaintext HTTP listener for `/metrics` (Prometheus text format). Unset: none.
+    #[arg(long, env = "ADMIN_LISTEN_ADDR")]
+    pub admin_listen_addr: Option<SocketAddr>,
+
+    /// Most unary calls in flight in this replica; more are shed with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_in_flight: u32,
+
+    /// Most WatchEvents streams open at once in this replica; more get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "MAX_WATCHERS", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_watchers: u32,
+
+    /// Largest request message accepted, in bytes; larger ones get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "MAX_MESSAGE_BYTES", default_value_t = 262_144,
+          value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
+    pub max_message_bytes: u32,
+
+    /// Connections older than this are closed gracefully, so clients reconnect and spread
+    /// over new replicas.
+    #[arg(long, env = "MAX_CONNECTION_AGE", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub max_connection_age: Duration,
+
+    /// After SIGTERM, how long in-flight calls may take to finish before they are cut off.
+    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS on the gRPC port: [`ServerSettings::tls`] and [`ServerSettings::tls_files`].
+#[derive(Debug, Args)]
+#[command(next_help_heading = "TLS")]
+pub struct TlsArgs {
+    /// PEM certificate chain the server presents. With TLS_KEY_FILE it turns TLS on; without
+    /// both the server speaks plaintext (local use only).
+    #[arg(long, env = "TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of TLS_CERT_FILE.
+    #[arg(long, env = "TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+
+    /// PEM CA bundle. When set, every client must present a certificate it signed (mutual TLS).
+    #[arg(long, env = "TLS_CLIENT_CA_FILE")]
+    pub tls_client_ca_file: Option<PathBuf>,
+}
+
+/// [`DatabaseSettings`]: PostgreSQL and its pool.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "PostgreSQL")]
+pub struct PostgresArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
 
     /// PostgreSQL URL of the one `LISTEN` connection (event wake-ups), when DATABASE_URL goes
     /// through a pooler in transaction mode, which cannot keep a `LISTEN`: a direct URL to the
     /// same database. Unset: DATABASE_URL.
-    #[arg(long, env = "DATABASE_LISTEN_URL", hide_env_values = true)]
-    pub database_listen_url: Option<String>,
+    #[arg(long, env = "DATABASE_LISTEN_URL", hide_env_values = true, value_parser = secret)]
+    pub database_listen_url: Option<SecretString>,
 
     /// Most PostgreSQL connections this replica opens.
     #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 16,
@@ -101,10 +185,15 @@ pub struct ServeArgs {
     /// Longest one SQL statement may run or wait for a lock before the call is UNAVAILABLE.
     #[arg(long, env = "DATABASE_STATEMENT_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub database_statement_timeout: Duration,
+}
 
+/// [`RedisConnection`]: Redis, its client and the leases kept in it.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Redis")]
+pub struct RedisArgs {
     /// Redis URL: redis://, rediss://, redis-sentinel:// or redis-cluster://.
-    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
-    pub redis_url: String,
+    #[arg(long, env = "REDIS_URL", hide_env_values = true, value_parser = secret)]
+    pub redis_url: SecretString,
 
     /// PEM CA bundle that signed the Redis server's certificate (rediss:// only). Unset: the
     /// system's roots.
@@ -131,6 +220,14 @@ pub struct ServeArgs {
     #[arg(long, env = "REDIS_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
     pub redis_connect_timeout: Duration,
 
+    #[command(flatten)]
+    pub leases: LeaseArgs,
+}
+
+/// [`LeaseSettings`], and how long a Reserve waits for a lease ([`InventoryConfig::lease_wait`]).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Leases")]
+pub struct LeaseArgs {
     /// How long a lease lasts if its holder neither writes nor releases (crash, cancelled call).
     #[arg(long, env = "LEASE_TTL", default_value = "2s", value_parser = humantime::parse_duration)]
     pub lease_ttl: Duration,
@@ -144,7 +241,29 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASE_MAX_WAITERS", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub lease_max_waiters: u32,
+}
 
+/// [`InventoryConfig`]: holds, and the coalescing of hot SKUs.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Reservations")]
+pub struct InventoryArgs {
+    /// Hold of a Reserve that sets no ttl (1s to 24h).
+    #[arg(long, env = "RESERVATION_DEFAULT_TTL", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub reservation_default_ttl: Duration,
+
+    /// Longest a hold may last from when it was made, extensions included (1s to 24h, at
+    /// least RESERVATION_DEFAULT_TTL).
+    #[arg(long, env = "MAX_HOLD", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub max_hold: Duration,
+
+    #[command(flatten)]
+    pub coalesce: CoalesceArgs,
+}
+
+/// [`CoalesceConfig`]: hot-SKU coalescing and group commit.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Coalescing")]
+pub struct CoalesceArgs {
     /// Most single-line Reserve calls for one SKU that one transaction writes (hot-SKU
     /// coalescing). 1 turns coalescing off: each call takes the lease and commits alone.
     #[arg(long, env = "COALESCE_MAX_BATCH", default_value_t = 64,
@@ -161,36 +280,12 @@ pub struct ServeArgs {
     #[arg(long, env = "COALESCE_MAX_COMMITS", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub coalesce_max_commits: u32,
+}
 
-    /// Most unary calls in flight in this replica; more are shed with RESOURCE_EXHAUSTED.
-    #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = 1024,
-          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub max_in_flight: u32,
-
-    /// Most WatchEvents streams open at once in this replica; more get RESOURCE_EXHAUSTED.
-    #[arg(long, env = "MAX_WATCHERS", default_value_t = 256,
-          value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub max_watchers: u32,
-
-    /// Largest request message accepted, in bytes; larger ones get RESOURCE_EXHAUSTED.
-    #[arg(long, env = "MAX_MESSAGE_BYTES", default_value_t = 262_144,
-          value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
-    pub max_message_bytes: u32,
-
-    /// Connections older than this are closed gracefully, so clients reconnect and spread
-    /// over new replicas.
-    #[arg(long, env = "MAX_CONNECTION_AGE", default_value = "10m", value_parser = humantime::parse_duration)]
-    pub max_connection_age: Duration,
-
-    /// Hold of a Reserve that sets no ttl (1s to 24h).
-    #[arg(long, env = "RESERVATION_DEFAULT_TTL", default_value = "15m", value_parser = humantime::parse_duration)]
-    pub reservation_default_ttl: Duration,
-
-    /// Longest a hold may last from when it was made, extensions included (1s to 24h, at
-    /// least RESERVATION_DEFAULT_TTL).
-    #[arg(long, env = "MAX_HOLD", default_value = "24h", value_parser = humantime::parse_duration)]
-    pub max_hold: Duration,
-
+/// [`Upkeep`]: the sweep of expired holds and what it prunes.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Upkeep")]
+pub struct UpkeepArgs {
     /// How often this replica looks for expired holds to return their stock.
     #[arg(long, env = "SWEEP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
@@ -200,6 +295,14 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub sweep_batch: u32,
 
+    #[command(flatten)]
+    pub retention: RetentionArgs,
+}
+
+/// [`Retention`]: how long each kind of row is kept.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Retention")]
+pub struct RetentionArgs {
     /// How long events stay in the outbox (and so in WatchEvents); older ones are pruned.
     #[arg(long, env = "EVENT_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
     pub event_retention: Duration,
@@ -217,29 +320,12 @@ pub struct ServeArgs {
     /// How long an idempotency key and its stored outcome are kept (at least 24h).
     #[arg(long, env = "IDEMPOTENCY_RETENTION", default_value = "48h", value_parser = humantime::parse_duration)]
     pub idempotency_retention: Duration,
+}
 
-    /// Address the gRPC server listens on.
-    #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:50051")]
-    pub listen_addr: SocketAddr,
-
-    /// PEM certificate chain the server presents. With TLS_KEY_FILE it turns TLS on; without
-    /// both the server speaks plaintext (local use only).
-    #[arg(long, env = "TLS_CERT_FILE")]
-    pub tls_cert_file: Option<PathBuf>,
-
-    /// PEM private key of TLS_CERT_FILE.
-    #[arg(long, env = "TLS_KEY_FILE")]
-    pub tls_key_file: Option<PathBuf>,
-
-    /// PEM CA bundle. When set, every client must present a certificate it signed (mutual TLS).
-    #[arg(long, env = "TLS_CLIENT_CA_FILE")]
-    pub tls_client_ca_file: Option<PathBuf>,
-
-    /// A second, plaintext listener that serves only grpc.health.v1, for probes that cannot
-    /// speak TLS (Kubernetes gRPC probes). Unset: no such listener.
-    #[arg(long, env = "HEALTH_LISTEN_ADDR")]
-    pub health_listen_addr: Option<SocketAddr>,
-
+/// [`AuthSettings`]: who may call.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Authentication")]
+pub struct AuthArgs {
     /// Credentials file: one `<name> <role> token-sha256:<hex>|cert-sha256:<hex>` per line
     /// (see `inventory-server hash-token`). Required unless AUTH_DISABLED is set.
     #[arg(long, env = "AUTH_TOKENS_FILE")]
@@ -253,14 +339,6 @@ pub struct ServeArgs {
     /// Serve every call without credentials. Only for local use; never the default.
     #[arg(long, env = "AUTH_DISABLED", default_value_t = false, value_parser = clap::builder::BoolishValueParser::new())]
     pub auth_disabled: bool,
-
-    /// Plaintext HTTP listener for `/metrics` (Prometheus text format). Unset: none.
-    #[arg(long, env = "ADMIN_LISTEN_ADDR")]
-    pub admin_listen_addr: Option<SocketAddr>,
-
-    /// After SIGTERM, how long in-flight calls may take to finish before they are cut off.
-    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
-    pub shutdown_grace: Duration,
 }
 
 /// A linger is a latency every queued call pays; more than this is a misconfiguration.
@@ -395,56 +473,185 @@ impl std::fmt::Debug for TlsSettings {
     }
 }
 
-fn tls_files(args: &ServeArgs, problems: &mut Vec<String>) -> Option<TlsFiles> {
-    match (&args.tls_cert_file, &args.tls_key_file) {
-        (None, None) => {
-            if args.tls_client_ca_file.is_some() {
-                problems.push("TLS_CLIENT_CA_FILE needs TLS_CERT_FILE and TLS_KEY_FILE".into());
-            }
-            None
-        }
-        (Some(cert), Some(key)) => Some(TlsFiles {
-            cert: cert.clone(),
-            key: key.clone(),
-            client_ca: args.tls_client_ca_file.clone(),
-        }),
-        _ => {
-            problems.push("TLS_CERT_FILE and TLS_KEY_FILE must be set together".into());
-            None
-        }
-    }
-}
-
 impl Settings {
     /// Checks every value and reports all problems at once.
     pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
         let mut problems = Vec::new();
-        let database = parse_database_url(&args.database.database_url)
+        let database = args.database.settings(&mut problems);
+        let redis = args.redis.settings(&mut problems);
+        let server = args.server.settings(&mut problems);
+        let auth = args.auth.settings(&args.server, &mut problems);
+        let inventory = args.inventory.settings(&args.redis.leases, &mut problems);
+        let upkeep = args.upkeep.settings(&mut problems);
+        match (server, database, redis, inventory, upkeep, auth) {
+            (
+                Some(server),
+                Some(database),
+                Some(redis),
+                Some(inventory),
+                Some(upkeep),
+                Some(auth),
+            ) if problems.is_empty() => Ok(Self {
+                server,
+                database,
+                redis,
+                inventory,
+                upkeep,
+                auth,
+            }),
+            _ => Err(ConfigError(problems)),
+        }
+    }
+}
+
+/// Each `(name, value)` that is zero is a problem.
+fn nonzero<const N: usize>(durations: [(&str, Duration); N], problems: &mut Vec<String>) {
+    for (name, value) in durations {
+        if value.is_zero() {
+            problems.push(format!("{name} must be greater than zero"));
+        }
+    }
+}
+
+impl PostgresArgs {
+    fn settings(&self, problems: &mut Vec<String>) -> Option<DatabaseSettings> {
+        let config = parse_database_url(&self.database.database_url)
             .map_err(|problem| problems.push(problem))
             .ok();
-        let listen = match &args.database_listen_url {
+        let listen = match &self.database_listen_url {
             None => Some(None),
-            Some(url) => inventory_postgres::parse_url(url)
+            Some(url) => inventory_postgres::parse_url(url.expose_secret())
                 .map(Some)
                 .map_err(|error| problems.push(format!("DATABASE_LISTEN_URL: {error}")))
                 .ok(),
         };
-        let redis_tls = RedisTlsFiles {
-            ca: args.redis_tls_ca_file.clone(),
-            cert: args.redis_tls_cert_file.clone(),
-            key: args.redis_tls_key_file.clone(),
+        nonzero(
+            [
+                ("DATABASE_TIMEOUT", self.database_timeout),
+                (
+                    "DATABASE_STATEMENT_TIMEOUT",
+                    self.database_statement_timeout,
+                ),
+            ],
+            problems,
+        );
+        let pool = PoolSettings {
+            max_size: usize::from(self.database_pool_size),
+            acquire_timeout: self.database_timeout,
+            statement_timeout: self.database_statement_timeout,
         };
-        let redis = inventory_redis::parse_url_with_tls(&args.redis_url, &redis_tls)
+        Some(DatabaseSettings {
+            config: config?,
+            listen: listen?,
+            pool,
+        })
+    }
+}
+
+impl RedisArgs {
+    fn settings(&self, problems: &mut Vec<String>) -> Option<RedisConnection> {
+        let tls = RedisTlsFiles {
+            ca: self.redis_tls_ca_file.clone(),
+            cert: self.redis_tls_cert_file.clone(),
+            key: self.redis_tls_key_file.clone(),
+        };
+        let config = inventory_redis::parse_url_with_tls(self.redis_url.expose_secret(), &tls)
             .map_err(|error| problems.push(format!("REDIS_URL: {}", error.details())))
             .ok();
-        let key_prefix = KeyPrefix::parse(&args.redis_key_prefix)
+        let key_prefix = KeyPrefix::parse(&self.redis_key_prefix)
             .map_err(|problem| problems.push(format!("REDIS_KEY_PREFIX {problem}")))
             .ok();
-        let tls_files = tls_files(args, &mut problems);
+        nonzero(
+            [
+                ("REDIS_COMMAND_TIMEOUT", self.redis_command_timeout),
+                ("REDIS_CONNECT_TIMEOUT", self.redis_connect_timeout),
+            ],
+            problems,
+        );
+        let leases = self.leases.settings(problems);
+        Some(RedisConnection {
+            config: config?,
+            client: RedisSettings {
+                key_prefix: key_prefix?,
+                command_timeout: self.redis_command_timeout,
+                connect_timeout: self.redis_connect_timeout,
+            },
+            leases,
+        })
+    }
+}
+
+impl LeaseArgs {
+    fn settings(&self, problems: &mut Vec<String>) -> LeaseSettings {
+        nonzero(
+            [
+                ("LEASE_TTL", self.lease_ttl),
+                ("LEASE_WAIT", self.lease_wait),
+            ],
+            problems,
+        );
+        LeaseSettings {
+            ttl: self.lease_ttl,
+            max_waiters: self.lease_max_waiters as usize,
+            ..LeaseSettings::default()
+        }
+    }
+}
+
+impl ServerArgs {
+    fn settings(&self, problems: &mut Vec<String>) -> Option<ServerSettings> {
+        let tls_files = self.tls.files(problems);
         let tls = tls_files
             .as_ref()
             .and_then(|files| files.read().map_err(|found| problems.extend(found)).ok());
-        let auth = match (&args.auth_tokens_file, args.auth_disabled) {
+        nonzero([("MAX_CONNECTION_AGE", self.max_connection_age)], problems);
+        Some(ServerSettings {
+            listen_addr: self.listen_addr,
+            health_listen_addr: self.health_listen_addr,
+            admin_listen_addr: self.admin_listen_addr,
+            tls,
+            tls_files,
+            max_in_flight: self.max_in_flight as usize,
+            max_watchers: self.max_watchers as usize,
+            max_message_bytes: self.max_message_bytes as usize,
+            max_connection_age: self.max_connection_age,
+            shutdown_grace: self.shutdown_grace,
+        })
+    }
+}
+
+impl TlsArgs {
+    /// Where the material lives: both files or neither.
+    fn files(&self, problems: &mut Vec<String>) -> Option<TlsFiles> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (None, None) => {
+                if self.tls_client_ca_file.is_some() {
+                    problems.push("TLS_CLIENT_CA_FILE needs TLS_CERT_FILE and TLS_KEY_FILE".into());
+                }
+                None
+            }
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca_file.clone(),
+            }),
+            _ => {
+                problems.push("TLS_CERT_FILE and TLS_KEY_FILE must be set together".into());
+                None
+            }
+        }
+    }
+
+    /// Whether TLS is on: both files set.
+    fn is_on(&self) -> bool {
+        self.tls_cert_file.is_some() && self.tls_key_file.is_some()
+    }
+}
+
+impl AuthArgs {
+    /// `server`: where bearer tokens would arrive, to refuse taking them in the clear.
+    fn settings(&self, server: &ServerArgs, problems: &mut Vec<String>) -> Option<AuthSettings> {
+        let authenticator = match (&self.auth_tokens_file, self.auth_disabled) {
             (Some(_), true) => {
                 problems.push("AUTH_TOKENS_FILE and AUTH_DISABLED exclude each other".into());
                 None
@@ -461,140 +668,135 @@ impl Settings {
                 None
             }
         };
-        if args.auth_tokens_file.is_some()
-            && tls_files.is_none()
-            && !args.listen_addr.ip().is_loopback()
-            && !args.allow_plaintext_tokens
+        if self.auth_tokens_file.is_some()
+            && !server.tls.is_on()
+            && !server.listen_addr.ip().is_loopback()
+            && !self.allow_plaintext_tokens
         {
             problems.push(format!(
                 "AUTH_TOKENS_FILE without TLS would take bearer tokens in the clear on {}: set \
                  TLS_CERT_FILE and TLS_KEY_FILE, listen on loopback, or set \
                  ALLOW_PLAINTEXT_TOKENS=true if a sidecar terminates TLS in front of this port",
-                args.listen_addr
+                server.listen_addr
             ));
         }
-        let default_ttl = Ttl::parse(args.reservation_default_ttl)
+        Some(AuthSettings {
+            authenticator: authenticator?,
+            tokens_file: self.auth_tokens_file.clone(),
+        })
+    }
+}
+
+impl InventoryArgs {
+    /// `leases`: how long a Reserve waits for one, and how many may queue for one SKU.
+    fn settings(&self, leases: &LeaseArgs, problems: &mut Vec<String>) -> Option<InventoryConfig> {
+        let default_ttl = Ttl::parse(self.reservation_default_ttl)
             .map_err(|problem| problems.push(format!("RESERVATION_DEFAULT_TTL {problem}")))
             .ok();
-        if let Err(problem) = Ttl::parse(args.max_hold) {
+        if let Err(problem) = Ttl::parse(self.max_hold) {
             problems.push(format!("MAX_HOLD {problem}"));
-        } else if args.max_hold < args.reservation_default_ttl {
+        } else if self.max_hold < self.reservation_default_ttl {
             problems.push("MAX_HOLD must be at least RESERVATION_DEFAULT_TTL".into());
         }
-        for (name, value) in [
-            ("DATABASE_TIMEOUT", args.database_timeout),
-            (
-                "DATABASE_STATEMENT_TIMEOUT",
-                args.database_statement_timeout,
-            ),
-            ("REDIS_COMMAND_TIMEOUT", args.redis_command_timeout),
-            ("REDIS_CONNECT_TIMEOUT", args.redis_connect_timeout),
-            ("LEASE_TTL", args.lease_ttl),
-            ("LEASE_WAIT", args.lease_wait),
-            ("SWEEP_INTERVAL", args.sweep_interval),
-            ("MAX_CONNECTION_AGE", args.max_connection_age),
-        ] {
-            if value.is_zero() {
-                problems.push(format!("{name} must be greater than zero"));
-            }
-        }
-        if args.coalesce_linger > MAX_COALESCE_LINGER {
+        Some(InventoryConfig {
+            default_ttl: default_ttl?,
+            coalesce: self.coalesce.settings(leases, problems),
+            lease_wait: leases.lease_wait,
+            max_hold: self.max_hold,
+        })
+    }
+}
+
+impl CoalesceArgs {
+    fn settings(&self, leases: &LeaseArgs, problems: &mut Vec<String>) -> CoalesceConfig {
+        if self.coalesce_linger > MAX_COALESCE_LINGER {
             problems.push("COALESCE_LINGER must be at most 100ms".into());
         }
-        if args.idempotency_retention < MIN_IDEMPOTENCY_RETENTION {
+        CoalesceConfig {
+            max_batch: self.coalesce_max_batch as usize,
+            linger: self.coalesce_linger,
+            max_queued: leases.lease_max_waiters as usize,
+            max_commits: self.coalesce_max_commits as usize,
+        }
+    }
+}
+
+impl UpkeepArgs {
+    fn settings(&self, problems: &mut Vec<String>) -> Option<Upkeep> {
+        nonzero([("SWEEP_INTERVAL", self.sweep_interval)], problems);
+        Some(Upkeep {
+            interval: self.sweep_interval,
+            batch: self.sweep_batch as usize,
+            retention: self.retention.settings(problems),
+        })
+    }
+}
+
+impl RetentionArgs {
+    fn settings(&self, problems: &mut Vec<String>) -> Retention {
+        if self.idempotency_retention < MIN_IDEMPOTENCY_RETENTION {
             problems.push("IDEMPOTENCY_RETENTION must be at least 24h".into());
         }
-        if args.reservation_retention < args.idempotency_retention.max(MIN_IDEMPOTENCY_RETENTION) {
+        if self.reservation_retention < self.idempotency_retention.max(MIN_IDEMPOTENCY_RETENTION) {
             // A retry replays its stored answer; the reservation it names must still exist.
             problems.push(
                 "RESERVATION_RETENTION must be at least 24h and at least IDEMPOTENCY_RETENTION"
                     .into(),
             );
         }
-        if args.event_retention.is_zero() {
+        if self.event_retention.is_zero() {
             problems.push("EVENT_RETENTION must be greater than zero".into());
         }
-        match (database, listen, redis, key_prefix, default_ttl, auth) {
-            (
-                Some(database),
-                Some(listen),
-                Some(redis),
-                Some(key_prefix),
-                Some(default_ttl),
-                Some(auth),
-            ) if problems.is_empty() => Ok(Self {
-                server: ServerSettings {
-                    listen_addr: args.listen_addr,
-                    health_listen_addr: args.health_listen_addr,
-                    admin_listen_addr: args.admin_listen_addr,
-                    tls,
-                    tls_files,
-                    max_in_flight: args.max_in_flight as usize,
-                    max_watchers: args.max_watchers as usize,
-                    max_message_bytes: args.max_message_bytes as usize,
-                    max_connection_age: args.max_connection_age,
-                    shutdown_grace: args.shutdown_grace,
-                },
-                database: DatabaseSettings {
-                    config: database,
-                    listen,
-                    pool: PoolSettings {
-                        max_size: usize::from(args.database_pool_size),
-                        acquire_timeout: args.database_timeout,
-                        statement_timeout: args.database_statement_timeout,
-                    },
-                },
-                redis: RedisConnection {
-                    config: redis,
-                    client: RedisSettings {
-                        key_prefix,
-                        command_timeout: args.redis_command_timeout,
-                        connect_timeout: args.redis_connect_timeout,
-                    },
-                    leases: LeaseSettings {
-                        ttl: args.lease_ttl,
-                        max_waiters: args.lease_max_waiters as usize,
-                        ..LeaseSettings::default()
-                    },
-                },
-                inventory: InventoryConfig {
-                    default_ttl,
-                    coalesce: CoalesceConfig {
-                        max_batch: args.coalesce_max_batch as usize,
-                        linger: args.coalesce_linger,
-                        max_queued: args.lease_max_waiters as usize,
-                        max_commits: args.coalesce_max_commits as usize,
-                    },
-                    lease_wait: args.lease_wait,
-                    max_hold: args.max_hold,
-                },
-                upkeep: Upkeep {
-                    interval: args.sweep_interval,
-                    batch: args.sweep_batch as usize,
-                    retention: Retention {
-                        events: args.event_retention,
-                        idempotency_keys: args.idempotency_retention,
-                        reservations: args.reservation_retention,
-                        ledger: args.ledger_retention,
-                    },
-                },
-                auth: AuthSettings {
-                    authenticator: auth,
-                    tokens_file: args.auth_tokens_file.clone(),
-                },
-            }),
-            _ => Err(ConfigError(problems)),
+        Retention {
+            events: self.event_retention,
+            idempotency_keys: self.idempotency_retention,
+            reservations: self.reservation_retention,
+            ledger: self.ledger_retention,
         }
     }
 }
 
 /// Parses `DATABASE_URL` (and reads the TLS files it names) without echoing it: it may hold a
 /// password.
-pub fn parse_database_url(url: &str) -> Result<PgConfig, String> {
-    inventory_postgres::parse_url(url).map_err(|error| format!("DATABASE_URL: {error}"))
+pub fn parse_database_url(url: &SecretString) -> Result<PgConfig, String> {
+    inventory_postgres::parse_url(url.expose_secret())
+        .map_err(|error| format!("DATABASE_URL: {error}"))
+}
+
+/// A flag's value that may hold a password: kept where `Debug` cannot show it.
+fn secret(value: &str) -> Result<SecretString, std::convert::Infallible> {
+    Ok(value.into())
 }
 
 /// Every problem found in the configuration.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration:\n  {}", .0.join("\n  "))]
 pub struct ConfigError(pub Vec<String>);
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn the_urls_never_print() {
+        let cli = Cli::try_parse_from([
+            "inventory-server",
+            "serve",
+            "--database-url",
+            "postgres://user:pg-s3cret@host/db",
+            "--database-listen-url",
+            "postgres://user:listen-s3cret@host/db",
+            "--redis-url",
+            "redis://user:redis-s3cret@host",
+        ])
+        .unwrap();
+        let printed = format!("{cli:?}");
+        assert!(!printed.contains("s3cret"), "{printed}");
+        let Command::Serve(serve) = cli.command else {
+            panic!("serve")
+        };
+        assert!(!format!("{serve:?}").contains("s3cret"));
+    }
+}

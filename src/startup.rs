@@ -8,18 +8,25 @@
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
-use inventory_core::{pause::PausePoints, service::Inventory};
-use inventory_postgres::{PgConfig, PgStore, Pool, events::PgHeadFeed};
-use inventory_redis::{Redis, RedisLeases};
-use tokio::net::TcpListener;
+use inventory_core::{
+    pause::PausePoints,
+    service::{Inventory, InventoryConfig},
+};
+use inventory_postgres::{PgConfig, PgStore, Pool, PoolSettings, events::PgHeadFeed};
+use inventory_redis::{Redis, RedisConfig, RedisLeases, RedisSettings};
+use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
-use tonic_health::{ServingStatus, server::HealthReporter};
+use tonic::transport::{Server, server::Router};
+use tonic_health::{
+    ServingStatus,
+    pb::health_server::{Health, HealthServer},
+    server::HealthReporter,
+};
 
 use crate::{
     Service,
     auth::Gate,
-    config::{ReloadSources, Settings},
+    config::{DatabaseSettings, ReloadSources, ServerSettings, Settings},
     events::{self, EventHub},
     grpc::InventoryApi,
     proto::{self, inventory_service_server::InventoryServiceServer},
@@ -81,114 +88,37 @@ impl Application {
             upkeep,
             auth,
         } = settings;
-        // The LISTEN connection gets the pool's socket protections too.
-        let listen_config = database
-            .listen
-            .as_ref()
-            .unwrap_or(&database.config)
-            .hardened(&database.pool);
-        // A configuration the database will never accept (TLS, pg_hba.conf, password) ends
-        // start-up here with the reason; a database that is merely down does not.
-        let mut probes = vec![("DATABASE_URL", database.config.hardened(&database.pool))];
-        if database.listen.is_some() {
-            probes.push(("DATABASE_LISTEN_URL", listen_config.clone()));
-        }
-        for (name, config) in probes {
-            match inventory_postgres::probe(&config, database.pool.acquire_timeout).await {
-                Ok(()) => {}
-                Err(inventory_postgres::ProbeError::Refused(reason)) => anyhow::bail!(
-                    "PostgreSQL refused the connection: {reason} (check {name}'s sslmode, \
-                     sslrootcert and credentials, and the server's pg_hba.conf)"
-                ),
-                Err(inventory_postgres::ProbeError::Unreachable(reason)) => tracing::warn!(
-                    %reason,
-                    url = name,
-                    "PostgreSQL is not reachable yet; calls answer UNAVAILABLE until it is"
-                ),
-            }
-        }
+        let listen_config = listen_config(&database);
+        probe_postgres(&database, &listen_config).await?;
         let pool = inventory_postgres::connect(database.config, &database.pool)
             .context("cannot build the PostgreSQL pool")?;
-        let redis_reachable = match inventory_redis::probe(
-            &redis.config,
-            &redis.client,
-            REDIS_STARTUP_WAIT,
-        )
-        .await
-        {
-            Ok(()) => true,
-            Err(inventory_redis::RedisProbeError::Refused(reason)) => anyhow::bail!(
-                "Redis refused the connection: {reason} (check REDIS_URL's user and password, \
-                 REDIS_TLS_CA_FILE and the server's certificate)"
-            ),
-            Err(inventory_redis::RedisProbeError::Unreachable(reason)) => {
-                tracing::warn!(%reason, "Redis is not reachable yet; Reserve fails closed until it is");
-                false
-            }
-        };
-        let client =
-            Redis::connect(redis.config, &redis.client).context("cannot build the Redis client")?;
-        if redis_reachable && !client.wait_connected(REDIS_STARTUP_WAIT).await {
-            tracing::warn!("Redis is not reachable yet; Reserve fails closed until it is");
-        }
-        let listener = TcpListener::bind(server.listen_addr)
-            .await
-            .with_context(|| format!("cannot listen on {}", server.listen_addr))?;
-        let local_addr = listener.local_addr()?;
-        let health_listener = match server.health_listen_addr {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("cannot listen on {addr} (health)"))?,
-            ),
-            None => None,
-        };
-        let admin_listener = match server.admin_listen_addr {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("cannot listen on {addr} (admin)"))?,
-            ),
-            None => None,
-        };
-        // Fails here, at start-up, on a certificate or key that does not parse.
-        let tls = match &server.tls {
-            Some(material) => Some(ServerTls::new(material).context("invalid TLS material")?),
-            None => {
-                tracing::warn!("TLS is off: the gRPC port speaks plaintext");
-                None
-            }
-        };
+        let client = connect_redis(redis.config, &redis.client).await?;
+        let listeners = Listeners::bind(&server).await?;
+        let tls = server_tls(&server)?;
         if auth.authenticator.is_disabled() {
             tracing::warn!("authentication is DISABLED: every caller may make every call");
         }
-        let pauses = PausePoints::default();
-        let store = PgStore::new(pool.clone(), database.pool.operation_bound())
-            .with_pause_points(pauses.clone());
-        let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
-        let inventory = Arc::new(
-            Inventory::new(
-                store.clone(),
-                RedisLeases::new(client.clone(), redis.leases),
-                inventory,
-            )
-            .with_pause_points(pauses),
+        let core = Core::wire(
+            &pool,
+            &database.pool,
+            RedisLeases::new(client.clone(), redis.leases),
+            inventory,
+            server.max_watchers,
         );
-        let events = EventHub::new(Arc::clone(&inventory), stopping_rx, server.max_watchers);
         Ok(Self {
-            listener,
-            local_addr,
-            health_listener,
-            admin_listener,
+            listener: listeners.grpc,
+            local_addr: listeners.local_addr,
+            health_listener: listeners.health,
+            admin_listener: listeners.admin,
             registry,
             tls,
             pool,
             redis: client,
             database: listen_config,
-            store,
-            inventory,
-            events,
-            stopping,
+            store: core.store,
+            inventory: core.inventory,
+            events: core.events,
+            stopping: core.stopping,
             auth: Gate::new(auth.authenticator),
             reload,
             max_in_flight: server.max_in_flight,
@@ -237,13 +167,7 @@ impl Application {
 
     /// Serves until `shutdown` completes, then drains and closes.
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let admission = crate::metrics::Admission {
-            permits: Arc::new(tokio::sync::Semaphore::new(self.max_in_flight)),
-            limit: self.max_in_flight,
-        };
-        crate::metrics::register_saturation(&self.pool, &admission, &self.events);
-        crate::metrics::record_build_info();
-        crate::metrics::init_adapters();
+        let admission = self.register_metrics();
         let api = InventoryServiceServer::new(InventoryApi::new(
             Arc::clone(&self.inventory),
             self.auth.clone(),
@@ -251,7 +175,78 @@ impl Application {
             &admission,
         ))
         .max_decoding_message_size(self.max_message_bytes);
-        let background = [
+        let background = self.spawn_background();
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let readiness = self.start_readiness(&health).await;
+        let reflection_v1 = reflection_builder().build_v1()?;
+        // grpcurl 1.8 and many other tools speak only the v1alpha protocol.
+        let reflection_v1alpha = reflection_builder().build_v1alpha()?;
+        let (stop_health, health_server) =
+            serve_health_plaintext(self.health_listener, health_service.clone());
+        let admin_server = serve_admin(self.admin_listener, &self.registry, &self.stopping);
+        let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
+        let router = Server::builder()
+            .layer(crate::telemetry::RpcLayer)
+            .max_connection_age(self.max_connection_age)
+            .max_connection_age_grace(self.shutdown_grace)
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(api);
+        let server = serve_grpc(
+            router,
+            self.listener,
+            self.tls.as_ref(),
+            &self.reload,
+            stopped,
+        );
+        tokio::pin!(server);
+        tracing::info!(addr = %self.local_addr, "serving");
+
+        tokio::select! {
+            result = &mut server => result.context("gRPC server failed")?,
+            () = shutdown => {
+                tracing::info!(grace = ?self.shutdown_grace, "shutting down: draining in-flight calls");
+                set_health(&health, ServingStatus::NotServing).await;
+                // Ends the background tasks and every WatchEvents stream, so open streams do
+                // not hold the drain up.
+                let _ = self.stopping.send(true);
+                let _ = stop_accepting.send(());
+                drain(&mut server, self.shutdown_grace).await?;
+            }
+        }
+
+        let _ = self.stopping.send(true);
+        for task in background.into_iter().chain(Some(readiness)) {
+            let _ = task.await;
+        }
+        if let Some(admin_server) = admin_server {
+            let _ = admin_server.await;
+        }
+        stop_health_server(stop_health, health_server).await;
+        self.pool.close();
+        self.redis.quit().await;
+        tracing::info!("stopped");
+        Ok(())
+    }
+
+    /// The admission semaphore of unary calls, with the gauges of it and of the pool, and the
+    /// build and adapter metrics.
+    fn register_metrics(&self) -> crate::metrics::Admission {
+        let admission = crate::metrics::Admission {
+            permits: Arc::new(tokio::sync::Semaphore::new(self.max_in_flight)),
+            limit: self.max_in_flight,
+        };
+        crate::metrics::register_saturation(&self.pool, &admission, &self.events);
+        crate::metrics::record_build_info();
+        crate::metrics::init_adapters();
+        admission
+    }
+
+    /// Upkeep, the event sequencer and tailer, and the credentials reloader, each ending when
+    /// `stopping` turns true.
+    fn spawn_background(&self) -> [JoinHandle<()>; 4] {
+        [
             tokio::spawn(upkeep::run(
                 Arc::clone(&self.inventory),
                 self.upkeep,
@@ -270,15 +265,17 @@ impl Application {
                 Reloader::new(self.reload.clone(), self.auth.clone(), self.tls.clone())
                     .run(self.stopping.subscribe()),
             ),
-        ];
+        ]
+    }
 
-        let (health, health_service) = tonic_health::server::health_reporter();
-        // Alive from now on; ready (the service's own status, which readiness probes check)
-        // once PostgreSQL answered with a schema this binary can use.
+    /// Alive from now on; ready (the service's own status, which readiness probes check)
+    /// once PostgreSQL answered with a schema this binary can use: at once if it does now,
+    /// else from the task returned, which also keeps watching the schema floor.
+    async fn start_readiness(&self, health: &HealthReporter) -> JoinHandle<()> {
         health.set_service_status("", ServingStatus::Serving).await;
         let ready = match schema_ready(&self.pool).await {
             Ok(()) => {
-                set_health(&health, ServingStatus::Serving).await;
+                set_health(health, ServingStatus::Serving).await;
                 true
             }
             Err(reason) => {
@@ -289,113 +286,252 @@ impl Application {
                 false
             }
         };
-        let readiness = Some(tokio::spawn(gate_readiness(
+        tokio::spawn(gate_readiness(
             self.pool.clone(),
             health.clone(),
             self.stopping.subscribe(),
             ready,
-        )));
-
-        let reflection_v1 = reflection_builder().build_v1()?;
-        // grpcurl 1.8 and many other tools speak only the v1alpha protocol.
-        let reflection_v1alpha = reflection_builder().build_v1alpha()?;
-
-        // The plaintext health listener outlives the main one, so probes see NOT_SERVING while
-        // in-flight calls drain.
-        let (stop_health, health_stopped) = tokio::sync::oneshot::channel::<()>();
-        let health_server = self.health_listener.map(|listener| {
-            tracing::info!(addr = ?listener.local_addr().ok(), "serving health in plaintext");
-            tokio::spawn(
-                Server::builder()
-                    .add_service(health_service.clone())
-                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                        let _ = health_stopped.await;
-                    }),
-            )
-        });
-
-        let admin_server = self.admin_listener.map(|listener| {
-            let mut stopping = self.stopping.subscribe();
-            tokio::spawn(crate::admin::serve(
-                listener,
-                self.registry.clone(),
-                async move {
-                    let _ = stopping.changed().await;
-                },
-            ))
-        });
-        let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
-        let stopped = async {
-            let _ = stopped.await;
-        };
-        let router = Server::builder()
-            .layer(crate::telemetry::RpcLayer)
-            .max_connection_age(self.max_connection_age)
-            .max_connection_age_grace(self.shutdown_grace)
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(api);
-        let server: std::pin::Pin<
-            Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
-        > = match &self.tls {
-            Some(tls) => {
-                tracing::info!(
-                    mutual = self
-                        .reload
-                        .tls
-                        .as_ref()
-                        .is_some_and(|files| files.client_ca.is_some()),
-                    "TLS on"
-                );
-                Box::pin(router.serve_with_incoming_shutdown(tls.incoming(self.listener), stopped))
-            }
-            None => Box::pin(
-                router.serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), stopped),
-            ),
-        };
-        tokio::pin!(server);
-        tracing::info!(addr = %self.local_addr, "serving");
-
-        tokio::select! {
-            result = &mut server => result.context("gRPC server failed")?,
-            () = shutdown => {
-                tracing::info!(grace = ?self.shutdown_grace, "shutting down: draining in-flight calls");
-                set_health(&health, ServingStatus::NotServing).await;
-                // Ends the background tasks and every WatchEvents stream, so open streams do
-                // not hold the drain up.
-                let _ = self.stopping.send(true);
-                let _ = stop_accepting.send(());
-                match tokio::time::timeout(self.shutdown_grace, &mut server).await {
-                    Ok(result) => result.context("gRPC server failed while draining")?,
-                    // Open streams never finish on their own; they are cut off here.
-                    Err(_) => tracing::warn!("grace period over: closing the calls still open"),
-                }
-            }
-        }
-
-        let _ = self.stopping.send(true);
-        for task in background.into_iter().chain(readiness) {
-            let _ = task.await;
-        }
-        if let Some(admin_server) = admin_server {
-            let _ = admin_server.await;
-        }
-        let _ = stop_health.send(());
-        if let Some(mut health_server) = health_server {
-            // Probes' open Watch streams never end by themselves: a short bound, then cut.
-            if tokio::time::timeout(Duration::from_secs(1), &mut health_server)
-                .await
-                .is_err()
-            {
-                health_server.abort();
-            }
-        }
-        self.pool.close();
-        self.redis.quit().await;
-        tracing::info!("stopped");
-        Ok(())
+        ))
     }
+}
+
+/// The configuration of the `LISTEN` connection, which gets the pool's socket protections too.
+fn listen_config(database: &DatabaseSettings) -> PgConfig {
+    database
+        .listen
+        .as_ref()
+        .unwrap_or(&database.config)
+        .hardened(&database.pool)
+}
+
+/// A configuration the database will never accept (TLS, pg_hba.conf, password) ends start-up
+/// here with the reason; a database that is merely down does not.
+async fn probe_postgres(
+    database: &DatabaseSettings,
+    listen_config: &PgConfig,
+) -> anyhow::Result<()> {
+    let mut probes = vec![("DATABASE_URL", database.config.hardened(&database.pool))];
+    if database.listen.is_some() {
+        probes.push(("DATABASE_LISTEN_URL", listen_config.clone()));
+    }
+    for (name, config) in probes {
+        match inventory_postgres::probe(&config, database.pool.acquire_timeout).await {
+            Ok(()) => {}
+            Err(inventory_postgres::ProbeError::Refused(reason)) => anyhow::bail!(
+                "PostgreSQL refused the connection: {reason} (check {name}'s sslmode, \
+                 sslrootcert and credentials, and the server's pg_hba.conf)"
+            ),
+            Err(inventory_postgres::ProbeError::Unreachable(reason)) => tracing::warn!(
+                %reason,
+                url = name,
+                "PostgreSQL is not reachable yet; calls answer UNAVAILABLE until it is"
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// The Redis client. A Redis that refuses us (credentials, TLS) ends start-up; one that is
+/// merely down is waited for briefly, then Reserve fails closed until it is up.
+async fn connect_redis(config: RedisConfig, settings: &RedisSettings) -> anyhow::Result<Redis> {
+    let reachable = match inventory_redis::probe(&config, settings, REDIS_STARTUP_WAIT).await {
+        Ok(()) => true,
+        Err(inventory_redis::RedisProbeError::Refused(reason)) => anyhow::bail!(
+            "Redis refused the connection: {reason} (check REDIS_URL's user and password, \
+             REDIS_TLS_CA_FILE and the server's certificate)"
+        ),
+        Err(inventory_redis::RedisProbeError::Unreachable(reason)) => {
+            tracing::warn!(%reason, "Redis is not reachable yet; Reserve fails closed until it is");
+            false
+        }
+    };
+    let client = Redis::connect(config, settings).context("cannot build the Redis client")?;
+    if reachable && !client.wait_connected(REDIS_STARTUP_WAIT).await {
+        tracing::warn!("Redis is not reachable yet; Reserve fails closed until it is");
+    }
+    Ok(client)
+}
+
+/// The gRPC port and the optional health and admin ports, bound.
+struct Listeners {
+    grpc: TcpListener,
+    local_addr: SocketAddr,
+    health: Option<TcpListener>,
+    admin: Option<TcpListener>,
+}
+
+impl Listeners {
+    async fn bind(server: &ServerSettings) -> anyhow::Result<Self> {
+        let grpc = TcpListener::bind(server.listen_addr)
+            .await
+            .with_context(|| format!("cannot listen on {}", server.listen_addr))?;
+        let local_addr = grpc.local_addr()?;
+        Ok(Self {
+            grpc,
+            local_addr,
+            health: bind_optional(server.health_listen_addr, "health").await?,
+            admin: bind_optional(server.admin_listen_addr, "admin").await?,
+        })
+    }
+}
+
+async fn bind_optional(
+    addr: Option<SocketAddr>,
+    what: &str,
+) -> anyhow::Result<Option<TcpListener>> {
+    match addr {
+        Some(addr) => {
+            Ok(Some(TcpListener::bind(addr).await.with_context(|| {
+                format!("cannot listen on {addr} ({what})")
+            })?))
+        }
+        None => Ok(None),
+    }
+}
+
+/// TLS on the gRPC port, if configured. Fails here, at start-up, on a certificate or key that
+/// does not parse.
+fn server_tls(server: &ServerSettings) -> anyhow::Result<Option<ServerTls>> {
+    match &server.tls {
+        Some(material) => Ok(Some(
+            ServerTls::new(material).context("invalid TLS material")?,
+        )),
+        None => {
+            tracing::warn!("TLS is off: the gRPC port speaks plaintext");
+            Ok(None)
+        }
+    }
+}
+
+/// The core and what shares its store: the event hub, and the signal that stops them.
+struct Core {
+    store: PgStore,
+    inventory: Arc<Service>,
+    events: EventHub,
+    stopping: tokio::sync::watch::Sender<bool>,
+}
+
+impl Core {
+    fn wire(
+        pool: &Pool,
+        pool_settings: &PoolSettings,
+        leases: RedisLeases,
+        config: InventoryConfig,
+        max_watchers: usize,
+    ) -> Self {
+        let pauses = PausePoints::default();
+        let store = PgStore::new(pool.clone(), pool_settings.operation_bound())
+            .with_pause_points(pauses.clone());
+        let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
+        let inventory =
+            Arc::new(Inventory::new(store.clone(), leases, config).with_pause_points(pauses));
+        let events = EventHub::new(Arc::clone(&inventory), stopping_rx, max_watchers);
+        Self {
+            store,
+            inventory,
+            events,
+            stopping,
+        }
+    }
+}
+
+/// The plaintext health listener, if any. It outlives the main one, so probes see
+/// NOT_SERVING while in-flight calls drain; it stops when the sender returned is used.
+fn serve_health_plaintext(
+    listener: Option<TcpListener>,
+    service: HealthServer<impl Health>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+) {
+    let (stop_health, health_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = listener.map(|listener| {
+        tracing::info!(addr = ?listener.local_addr().ok(), "serving health in plaintext");
+        tokio::spawn(
+            Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    let _ = health_stopped.await;
+                }),
+        )
+    });
+    (stop_health, server)
+}
+
+/// Stops the plaintext health listener. Probes' open Watch streams never end by themselves:
+/// a short bound, then cut.
+async fn stop_health_server(
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+) {
+    let _ = stop.send(());
+    if let Some(mut server) = server
+        && tokio::time::timeout(Duration::from_secs(1), &mut server)
+            .await
+            .is_err()
+    {
+        server.abort();
+    }
+}
+
+/// The admin (`/metrics`) listener, if any, until `stopping` turns true.
+fn serve_admin(
+    listener: Option<TcpListener>,
+    registry: &prometheus::Registry,
+    stopping: &tokio::sync::watch::Sender<bool>,
+) -> Option<JoinHandle<std::io::Result<()>>> {
+    listener.map(|listener| {
+        let mut stopping = stopping.subscribe();
+        tokio::spawn(crate::admin::serve(
+            listener,
+            registry.clone(),
+            async move {
+                let _ = stopping.changed().await;
+            },
+        ))
+    })
+}
+
+type Serving = std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+
+/// The gRPC port, through TLS when it is on, until `stopped` fires.
+fn serve_grpc(
+    router: Router<
+        tower::layer::util::Stack<crate::telemetry::RpcLayer, tower::layer::util::Identity>,
+    >,
+    listener: TcpListener,
+    tls: Option<&ServerTls>,
+    reload: &ReloadSources,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> Serving {
+    let stopped = async {
+        let _ = stopped.await;
+    };
+    match tls {
+        Some(tls) => {
+            tracing::info!(
+                mutual = reload
+                    .tls
+                    .as_ref()
+                    .is_some_and(|files| files.client_ca.is_some()),
+                "TLS on"
+            );
+            Box::pin(router.serve_with_incoming_shutdown(tls.incoming(listener), stopped))
+        }
+        None => {
+            Box::pin(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped))
+        }
+    }
+}
+
+/// Lets in-flight calls finish within `grace`; open streams never finish on their own and
+/// are cut off when it is over.
+async fn drain(server: &mut std::pin::Pin<&mut Serving>, grace: Duration) -> anyhow::Result<()> {
+    match tokio::time::timeout(grace, server).await {
+        Ok(result) => result.context("gRPC server failed while draining")?,
+        Err(_) => tracing::warn!("grace period over: closing the calls still open"),
+    }
+    Ok(())
 }
 
 fn reflection_builder() -> tonic_reflection::server::Builder<'static> {

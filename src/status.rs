@@ -43,383 +43,325 @@ fn with_pushback(mut status: Status) -> Status {
     status
 }
 
+/// The mapping, one error kind a line: its status code (the constructor's name), its
+/// `ErrorInfo.reason`, the metadata it carries and the violations it lists.
 fn status_of(error: Error) -> Status {
-    match error {
-        Error::InvalidArgument(violations) => {
-            let mut details = ErrorDetails::new();
-            for violation in &violations {
-                details.add_bad_request_violation(&violation.field, &violation.description);
-            }
-            details.set_error_info(
-                ErrorReason::InvalidArgument.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::new(),
-            );
-            Status::with_error_details(
-                Code::InvalidArgument,
-                Error::InvalidArgument(violations).to_string(),
-                details,
-            )
-        }
-        Error::UnknownSkus(ref skus) => {
-            let joined = skus
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join(",");
-            let mut details = ErrorDetails::new();
-            details.set_error_info(
-                ErrorReason::SkuNotFound.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::from([("skus".to_string(), joined)]),
-            );
-            Status::with_error_details(Code::NotFound, error.to_string(), details)
-        }
-        Error::UnknownLocation(ref location) => {
-            let mut details = ErrorDetails::new();
-            details.set_error_info(
-                ErrorReason::LocationNotFound.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::from([("location_id".to_string(), location.as_str().to_owned())]),
-            );
-            Status::with_error_details(Code::NotFound, error.to_string(), details)
-        }
-        Error::UnknownReservation(id) => {
-            let mut details = ErrorDetails::new();
-            details.set_error_info(
-                ErrorReason::ReservationNotFound.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::from([("reservation_id".to_string(), id.to_string())]),
-            );
-            Status::with_error_details(Code::NotFound, error.to_string(), details)
-        }
-        Error::InsufficientStock(ref shortfalls) => {
-            let mut details = ErrorDetails::new();
-            for shortfall in shortfalls {
-                // Enough over every location, but no single one has it all.
-                let whole = if shortfall.available >= shortfall.requested {
-                    "; no one location has them all (allow_split combines locations)"
-                } else {
-                    ""
-                };
-                details.add_precondition_failure_violation(
-                    "INSUFFICIENT_STOCK",
-                    shortfall.sku.as_str(),
-                    format!(
-                        "requested {}, available {}{whole}",
-                        shortfall.requested, shortfall.available
-                    ),
-                );
-            }
-            let skus = shortfalls
-                .iter()
-                .map(|s| s.sku.as_str())
-                .collect::<Vec<_>>()
-                .join(",");
-            details.set_error_info(
-                ErrorReason::InsufficientStock.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::from([("skus".to_string(), skus)]),
-            );
-            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
-        }
-        Error::WrongState { id, state, .. } => {
-            let mut details = ErrorDetails::new();
-            details
-                .add_precondition_failure_violation(
-                    "RESERVATION_STATE",
-                    id.to_string(),
-                    error.to_string(),
-                )
-                .set_error_info(
-                    ErrorReason::InvalidReservationState.as_str_name(),
-                    ERROR_DOMAIN,
-                    HashMap::from([("state".to_string(), state.to_string())]),
-                );
-            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
-        }
-        Error::NotHeld { id, ref lines } => {
-            let mut details = ErrorDetails::new();
-            for line in lines {
-                let description = match line.held {
-                    Some(held) => format!(
-                        "asks for {} units of {}; {held} held",
-                        line.requested, line.sku
-                    ),
-                    None => format!("{} is not a line of the reservation", line.sku),
-                };
-                details.add_precondition_failure_violation(
-                    "NOT_HELD",
-                    format!("lines[{}]", line.index),
-                    description,
-                );
-            }
-            let skus = lines
-                .iter()
-                .map(|line| line.sku.as_str())
-                .collect::<Vec<_>>()
-                .join(",");
-            details.set_error_info(
-                ErrorReason::NotHeld.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::from([
-                    ("reservation_id".to_string(), id.to_string()),
-                    ("skus".to_string(), skus),
-                ]),
-            );
-            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
-        }
-        Error::PartlyReleased { id, ref lines } => {
-            let mut details = ErrorDetails::new();
-            for line in lines {
-                details.add_precondition_failure_violation(
-                    "PARTLY_RELEASED",
-                    line.sku.as_str(),
-                    format!(
-                        "{} reserved: {} confirmed, {} went back to stock",
-                        line.quantity, line.confirmed, line.released
-                    ),
-                );
-            }
-            let total = |units: fn(&inventory_core::error::Settled) -> i64| {
-                lines.iter().map(units).sum::<i64>().to_string()
-            };
-            details.set_error_info(
-                ErrorReason::PartlyReleased.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::from([
-                    ("reservation_id".to_string(), id.to_string()),
-                    ("confirmed".to_string(), total(|l| l.confirmed)),
-                    ("released".to_string(), total(|l| l.released)),
-                ]),
-            );
-            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
-        }
-        Error::OrderCancelled { ref order_id } => {
-            let mut details = ErrorDetails::new();
-            details
-                .add_precondition_failure_violation(
-                    "ORDER_CANCELLED",
-                    order_id.as_str(),
-                    error.to_string(),
-                )
-                .set_error_info(
-                    ErrorReason::OrderCancelled.as_str_name(),
-                    ERROR_DOMAIN,
-                    HashMap::from([("order_id".to_string(), order_id.as_str().to_owned())]),
-                );
-            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
-        }
-        Error::MaxHoldExceeded { id, latest } => {
-            let latest = humantime::format_rfc3339_micros(latest).to_string();
-            let mut details = ErrorDetails::new();
-            details
-                .add_precondition_failure_violation("MAX_HOLD", id.to_string(), error.to_string())
-                .set_error_info(
-                    ErrorReason::MaxHoldExceeded.as_str_name(),
-                    ERROR_DOMAIN,
-                    HashMap::from([("latest_expires_at".to_string(), latest)]),
-                );
-            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
-        }
-        Error::LeaseBusy { ref sku, .. } => aborted(ErrorReason::LeaseBusy, sku.as_str(), &error),
-        Error::TooManyWaiters { ref sku } => {
-            let mut details = ErrorDetails::new();
-            details
-                .set_retry_info(Some(EXHAUSTED_RETRY_DELAY))
-                .add_quota_failure_violation(sku.as_str(), error.to_string())
-                .set_error_info(
-                    ErrorReason::SkuContended.as_str_name(),
-                    ERROR_DOMAIN,
-                    sku_metadata(sku.as_str()),
-                );
-            Status::with_error_details(Code::ResourceExhausted, error.to_string(), details)
-        }
-        Error::Saturated => {
-            let mut details = ErrorDetails::new();
-            details
-                .set_retry_info(Some(EXHAUSTED_RETRY_DELAY))
-                .set_error_info(
-                    ErrorReason::ServerSaturated.as_str_name(),
-                    ERROR_DOMAIN,
-                    HashMap::new(),
-                );
-            Status::with_error_details(Code::ResourceExhausted, error.to_string(), details)
-        }
+    let message = &error.to_string();
+    match &error {
+        Error::InvalidArgument(violations) => bad_request(violations, message),
+        Error::UnknownSkus(skus) => not_found(
+            ErrorReason::SkuNotFound,
+            message,
+            metadata([("skus", joined(skus.iter().map(|sku| sku.as_str())))]),
+        ),
+        Error::UnknownLocation(location) => not_found(
+            ErrorReason::LocationNotFound,
+            message,
+            metadata([("location_id", location.as_str().to_owned())]),
+        ),
+        Error::UnknownReservation(id) => not_found(
+            ErrorReason::ReservationNotFound,
+            message,
+            metadata([("reservation_id", id.to_string())]),
+        ),
+        Error::InsufficientStock(shortfalls) => precondition(
+            ErrorReason::InsufficientStock,
+            message,
+            metadata([("skus", joined(shortfalls.iter().map(|s| s.sku.as_str())))]),
+            shortfalls.iter().map(shortfall_violation),
+        ),
+        Error::WrongState { id, state, .. } => precondition(
+            ErrorReason::InvalidReservationState,
+            message,
+            metadata([("state", state.to_string())]),
+            [violation("RESERVATION_STATE", id, message)],
+        ),
+        Error::NotHeld { id, lines } => precondition(
+            ErrorReason::NotHeld,
+            message,
+            metadata([
+                ("reservation_id", id.to_string()),
+                ("skus", joined(lines.iter().map(|line| line.sku.as_str()))),
+            ]),
+            lines.iter().map(not_held_violation),
+        ),
+        Error::PartlyReleased { id, lines } => precondition(
+            ErrorReason::PartlyReleased,
+            message,
+            partly_released_metadata(id, lines),
+            lines.iter().map(partly_released_violation),
+        ),
+        Error::OrderCancelled { order_id } => precondition(
+            ErrorReason::OrderCancelled,
+            message,
+            metadata([("order_id", order_id.as_str().to_owned())]),
+            [violation("ORDER_CANCELLED", order_id.as_str(), message)],
+        ),
+        Error::MaxHoldExceeded { id, latest } => precondition(
+            ErrorReason::MaxHoldExceeded,
+            message,
+            metadata([(
+                "latest_expires_at",
+                humantime::format_rfc3339_micros(*latest).to_string(),
+            )]),
+            [violation("MAX_HOLD", id, message)],
+        ),
+        Error::LeaseBusy { sku, .. } => aborted(ErrorReason::LeaseBusy, sku.as_str(), message),
+        Error::TooManyWaiters { sku } => exhausted(
+            ErrorReason::SkuContended,
+            message,
+            sku_metadata(sku.as_str()),
+            Some(sku.as_str()),
+        ),
+        Error::Saturated => exhausted(ErrorReason::ServerSaturated, message, HashMap::new(), None),
         Error::TooManyWatchers => {
-            let mut details = ErrorDetails::new();
-            details
-                .set_retry_info(Some(EXHAUSTED_RETRY_DELAY))
-                .set_error_info(
-                    ErrorReason::TooManyWatchers.as_str_name(),
-                    ERROR_DOMAIN,
-                    HashMap::new(),
-                );
-            Status::with_error_details(Code::ResourceExhausted, error.to_string(), details)
+            exhausted(ErrorReason::TooManyWatchers, message, HashMap::new(), None)
         }
-        Error::DeadlineExceeded => {
-            let mut details = ErrorDetails::new();
-            details.set_error_info(
-                ErrorReason::DeadlineExceeded.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::new(),
-            );
-            Status::with_error_details(Code::DeadlineExceeded, error.to_string(), details)
-        }
-        Error::LeaseLost { ref sku } => {
-            tracing::warn!(%sku, "write fenced off: the lease was lost");
-            aborted(ErrorReason::LeaseLost, sku.as_str(), &error)
-        }
-        Error::BelowReserved { ref sku, .. } => {
-            let mut details = ErrorDetails::new();
-            details
-                .add_precondition_failure_violation(
-                    "STOCK_RESERVED",
-                    sku.as_str(),
-                    error.to_string(),
-                )
-                .set_error_info(
-                    ErrorReason::StockReserved.as_str_name(),
-                    ERROR_DOMAIN,
-                    sku_metadata(sku.as_str()),
-                );
-            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
-        }
+        Error::DeadlineExceeded => with_reason(
+            Code::DeadlineExceeded,
+            ErrorReason::DeadlineExceeded,
+            message,
+            HashMap::new(),
+        ),
+        Error::LeaseLost { sku } => lease_lost(sku.as_str(), message),
+        Error::BelowReserved { sku, .. } => precondition(
+            ErrorReason::StockReserved,
+            message,
+            sku_metadata(sku.as_str()),
+            [violation("STOCK_RESERVED", sku.as_str(), message)],
+        ),
         Error::VersionMismatch {
-            ref sku,
+            sku,
             expected,
             current,
-        } => {
-            let mut details = ErrorDetails::new();
-            details.set_error_info(
-                ErrorReason::VersionMismatch.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::from([
-                    ("sku".to_string(), sku.as_str().to_owned()),
-                    ("expected_version".to_string(), expected.to_string()),
-                    ("current_version".to_string(), current.to_string()),
-                ]),
-            );
-            Status::with_error_details(Code::Aborted, error.to_string(), details)
-        }
-        Error::CountBelowReserved {
-            ref sku, reserved, ..
-        } => {
-            let mut details = ErrorDetails::new();
-            details
-                .add_precondition_failure_violation(
-                    "BELOW_RESERVED",
-                    sku.as_str(),
-                    error.to_string(),
-                )
-                .set_error_info(
-                    ErrorReason::BelowReserved.as_str_name(),
-                    ERROR_DOMAIN,
-                    HashMap::from([
-                        ("sku".to_string(), sku.as_str().to_owned()),
-                        ("reserved".to_string(), reserved.to_string()),
-                    ]),
-                );
-            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
-        }
-        Error::StockLimit { ref sku, .. } => {
-            let mut details = ErrorDetails::new();
-            details
-                .add_precondition_failure_violation("STOCK_LIMIT", sku.as_str(), error.to_string())
-                .set_error_info(
-                    ErrorReason::StockLimit.as_str_name(),
-                    ERROR_DOMAIN,
-                    sku_metadata(sku.as_str()),
-                );
-            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
-        }
-        Error::CursorPruned { pruned_through, .. } => {
-            let mut details = ErrorDetails::new();
-            details.set_error_info(
-                ErrorReason::CursorPruned.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::from([(
-                    "oldest_sequence".to_string(),
-                    (pruned_through + 1).to_string(),
-                )]),
-            );
-            Status::with_error_details(Code::OutOfRange, error.to_string(), details)
-        }
-        Error::SchemaTooNew { release, floor } => {
-            tracing::error!(
-                release,
-                floor,
-                "write refused: this replica's release is below the schema floor; roll it forward"
-            );
-            let mut details = ErrorDetails::new();
-            details
-                .add_precondition_failure_violation("SCHEMA_TOO_NEW", "schema", error.to_string())
-                .set_error_info(
-                    ErrorReason::SchemaTooNew.as_str_name(),
-                    ERROR_DOMAIN,
-                    HashMap::from([
-                        ("release".to_string(), release.to_string()),
-                        ("floor".to_string(), floor.to_string()),
-                    ]),
-                );
-            Status::with_error_details(Code::FailedPrecondition, error.to_string(), details)
-        }
-        Error::CursorNotInHistory { current, head, .. } => {
-            let mut details = ErrorDetails::new();
-            details.set_error_info(
-                ErrorReason::CursorNotInHistory.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::from([
-                    ("epoch".to_string(), current.id.to_string()),
-                    (
-                        "epoch_starts_after".to_string(),
-                        current.starts_after.to_string(),
-                    ),
-                    ("head".to_string(), head.to_string()),
-                ]),
-            );
-            Status::with_error_details(Code::OutOfRange, error.to_string(), details)
-        }
-        Error::IdempotencyKeyReused => {
-            let mut details = ErrorDetails::new();
-            details.set_error_info(
-                ErrorReason::IdempotencyKeyReused.as_str_name(),
-                ERROR_DOMAIN,
-                HashMap::new(),
-            );
-            Status::with_error_details(Code::AlreadyExists, error.to_string(), details)
-        }
-        Error::Unavailable {
-            dependency,
-            ref source,
-        } => {
-            tracing::warn!(%dependency, error = %source, "dependency unavailable");
-            let reason = match dependency {
-                Dependency::Postgres => ErrorReason::PostgresUnavailable,
-                Dependency::Redis => ErrorReason::RedisUnavailable,
-            };
-            let mut details = ErrorDetails::new();
-            details
-                .set_retry_info(Some(UNAVAILABLE_RETRY_DELAY))
-                .set_error_info(reason.as_str_name(), ERROR_DOMAIN, HashMap::new());
-            Status::with_error_details(Code::Unavailable, error.to_string(), details)
-        }
-        Error::Internal(ref source) => {
-            tracing::error!(error = %source, cause = ?source, "internal error");
-            Status::internal("internal error")
-        }
+        } => with_reason(
+            Code::Aborted,
+            ErrorReason::VersionMismatch,
+            message,
+            metadata([
+                ("sku", sku.as_str().to_owned()),
+                ("expected_version", expected.to_string()),
+                ("current_version", current.to_string()),
+            ]),
+        ),
+        Error::CountBelowReserved { sku, reserved, .. } => precondition(
+            ErrorReason::BelowReserved,
+            message,
+            metadata([
+                ("sku", sku.as_str().to_owned()),
+                ("reserved", reserved.to_string()),
+            ]),
+            [violation("BELOW_RESERVED", sku.as_str(), message)],
+        ),
+        Error::StockLimit { sku, .. } => precondition(
+            ErrorReason::StockLimit,
+            message,
+            sku_metadata(sku.as_str()),
+            [violation("STOCK_LIMIT", sku.as_str(), message)],
+        ),
+        Error::CursorPruned { pruned_through, .. } => with_reason(
+            Code::OutOfRange,
+            ErrorReason::CursorPruned,
+            message,
+            metadata([("oldest_sequence", (pruned_through + 1).to_string())]),
+        ),
+        Error::SchemaTooNew { release, floor } => schema_too_new(*release, *floor, message),
+        Error::CursorNotInHistory { current, head, .. } => with_reason(
+            Code::OutOfRange,
+            ErrorReason::CursorNotInHistory,
+            message,
+            metadata([
+                ("epoch", current.id.to_string()),
+                ("epoch_starts_after", current.starts_after.to_string()),
+                ("head", head.to_string()),
+            ]),
+        ),
+        Error::IdempotencyKeyReused => with_reason(
+            Code::AlreadyExists,
+            ErrorReason::IdempotencyKeyReused,
+            message,
+            HashMap::new(),
+        ),
+        Error::Unavailable { dependency, source } => unavailable(*dependency, source, message),
+        Error::Internal(source) => internal(source),
     }
 }
 
-/// A refused attempt that a plain retry may win: `ABORTED` with a short retry delay.
-fn aborted(reason: ErrorReason, sku: &str, error: &Error) -> Status {
-    let mut details = ErrorDetails::new();
-    details
-        .set_retry_info(Some(ABORTED_RETRY_DELAY))
-        .set_error_info(reason.as_str_name(), ERROR_DOMAIN, sku_metadata(sku));
-    Status::with_error_details(Code::Aborted, error.to_string(), details)
+/// `ErrorInfo.metadata`.
+type Metadata = HashMap<String, String>;
+
+/// A `PreconditionFailure` violation: its type, subject and description.
+type Violation = (&'static str, String, String);
+
+/// Details carrying only the `ErrorInfo`, for `reason` and its `metadata`.
+fn error_info(reason: ErrorReason, metadata: Metadata) -> ErrorDetails {
+    ErrorDetails::with_error_info(reason.as_str_name(), ERROR_DOMAIN, metadata)
 }
 
-fn sku_metadata(sku: &str) -> HashMap<String, String> {
-    HashMap::from([("sku".to_string(), sku.to_string())])
+/// `code` with an `ErrorInfo` and nothing else.
+fn with_reason(code: Code, reason: ErrorReason, message: &str, metadata: Metadata) -> Status {
+    Status::with_error_details(code, message, error_info(reason, metadata))
+}
+
+/// `INVALID_ARGUMENT`, each bad field a `BadRequest` violation.
+fn bad_request(violations: &[inventory_core::FieldViolation], message: &str) -> Status {
+    let mut details = error_info(ErrorReason::InvalidArgument, HashMap::new());
+    for violation in violations {
+        details.add_bad_request_violation(&violation.field, &violation.description);
+    }
+    Status::with_error_details(Code::InvalidArgument, message, details)
+}
+
+/// `NOT_FOUND`, naming what was not found in `metadata`.
+fn not_found(reason: ErrorReason, message: &str, metadata: Metadata) -> Status {
+    with_reason(Code::NotFound, reason, message, metadata)
+}
+
+/// `FAILED_PRECONDITION`, each unmet precondition a `PreconditionFailure` violation.
+fn precondition(
+    reason: ErrorReason,
+    message: &str,
+    metadata: Metadata,
+    violations: impl IntoIterator<Item = Violation>,
+) -> Status {
+    let mut details = error_info(reason, metadata);
+    for (kind, subject, description) in violations {
+        details.add_precondition_failure_violation(kind, subject, description);
+    }
+    Status::with_error_details(Code::FailedPrecondition, message, details)
+}
+
+/// `RESOURCE_EXHAUSTED` with a retry delay; `quota`, when set, is the subject of a
+/// `QuotaFailure` violation.
+fn exhausted(
+    reason: ErrorReason,
+    message: &str,
+    metadata: Metadata,
+    quota: Option<&str>,
+) -> Status {
+    let mut details = error_info(reason, metadata);
+    details.set_retry_info(Some(EXHAUSTED_RETRY_DELAY));
+    if let Some(subject) = quota {
+        details.add_quota_failure_violation(subject, message);
+    }
+    Status::with_error_details(Code::ResourceExhausted, message, details)
+}
+
+/// A refused attempt that a plain retry may win: `ABORTED` with a short retry delay.
+fn aborted(reason: ErrorReason, sku: &str, message: &str) -> Status {
+    let mut details = error_info(reason, sku_metadata(sku));
+    details.set_retry_info(Some(ABORTED_RETRY_DELAY));
+    Status::with_error_details(Code::Aborted, message, details)
+}
+
+/// A write fenced off: `ABORTED` like a busy lease, and logged.
+fn lease_lost(sku: &str, message: &str) -> Status {
+    tracing::warn!(%sku, "write fenced off: the lease was lost");
+    aborted(ErrorReason::LeaseLost, sku, message)
+}
+
+/// A replica below the schema floor: `FAILED_PRECONDITION`, and logged as an error.
+fn schema_too_new(release: i32, floor: i32, message: &str) -> Status {
+    tracing::error!(
+        release,
+        floor,
+        "write refused: this replica's release is below the schema floor; roll it forward"
+    );
+    precondition(
+        ErrorReason::SchemaTooNew,
+        message,
+        metadata([
+            ("release", release.to_string()),
+            ("floor", floor.to_string()),
+        ]),
+        [violation("SCHEMA_TOO_NEW", "schema", message)],
+    )
+}
+
+/// `UNAVAILABLE` with a retry delay, naming the dependency; the cause is logged, not sent.
+fn unavailable(
+    dependency: Dependency,
+    source: &(impl std::fmt::Display + ?Sized),
+    message: &str,
+) -> Status {
+    tracing::warn!(%dependency, error = %source, "dependency unavailable");
+    let reason = match dependency {
+        Dependency::Postgres => ErrorReason::PostgresUnavailable,
+        Dependency::Redis => ErrorReason::RedisUnavailable,
+    };
+    let mut details = error_info(reason, HashMap::new());
+    details.set_retry_info(Some(UNAVAILABLE_RETRY_DELAY));
+    Status::with_error_details(Code::Unavailable, message, details)
+}
+
+/// `INTERNAL` with no details: the cause is logged, never sent.
+fn internal(source: &(impl std::fmt::Display + std::fmt::Debug + ?Sized)) -> Status {
+    tracing::error!(error = %source, cause = ?source, "internal error");
+    Status::internal("internal error")
+}
+
+fn violation(kind: &'static str, subject: impl ToString, description: &str) -> Violation {
+    (kind, subject.to_string(), description.to_owned())
+}
+
+fn shortfall_violation(shortfall: &inventory_core::error::Shortfall) -> Violation {
+    // Enough over every location, but no single one has it all.
+    let whole = if shortfall.available >= shortfall.requested {
+        "; no one location has them all (allow_split combines locations)"
+    } else {
+        ""
+    };
+    let description = format!(
+        "requested {}, available {}{whole}",
+        shortfall.requested, shortfall.available
+    );
+    violation("INSUFFICIENT_STOCK", shortfall.sku.as_str(), &description)
+}
+
+fn not_held_violation(line: &inventory_core::error::NotHeld) -> Violation {
+    let description = match line.held {
+        Some(held) => format!(
+            "asks for {} units of {}; {held} held",
+            line.requested, line.sku
+        ),
+        None => format!("{} is not a line of the reservation", line.sku),
+    };
+    violation("NOT_HELD", format!("lines[{}]", line.index), &description)
+}
+
+fn partly_released_violation(line: &inventory_core::error::Settled) -> Violation {
+    let description = format!(
+        "{} reserved: {} confirmed, {} went back to stock",
+        line.quantity, line.confirmed, line.released
+    );
+    violation("PARTLY_RELEASED", line.sku.as_str(), &description)
+}
+
+fn partly_released_metadata(
+    id: &impl ToString,
+    lines: &[inventory_core::error::Settled],
+) -> Metadata {
+    let total = |units: fn(&inventory_core::error::Settled) -> i64| {
+        lines.iter().map(units).sum::<i64>().to_string()
+    };
+    metadata([
+        ("reservation_id", id.to_string()),
+        ("confirmed", total(|l| l.confirmed)),
+        ("released", total(|l| l.released)),
+    ])
+}
+
+fn metadata<const N: usize>(entries: [(&str, String); N]) -> Metadata {
+    entries
+        .into_iter()
+        .map(|(key, value)| (key.to_owned(), value))
+        .collect()
+}
+
+fn joined<'a>(values: impl Iterator<Item = &'a str>) -> String {
+    values.collect::<Vec<_>>().join(",")
+}
+
+fn sku_metadata(sku: &str) -> Metadata {
+    metadata([("sku", sku.to_owned())])
 }

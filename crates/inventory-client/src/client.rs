@@ -17,6 +17,7 @@ use inventory_proto::{
     inventory_service_client::InventoryServiceClient,
 };
 use opentelemetry::trace::TraceContextExt as _;
+use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
 use tonic::{
     Code, Request, Response, Status, Streaming,
     metadata::{AsciiMetadataValue, MetadataMap},
@@ -31,47 +32,26 @@ use crate::{
 };
 
 /// TLS towards the server.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct TlsOptions {
     /// PEM of the CA that signed the server's certificate. Required: it is the only root
     /// trusted.
     pub ca_pem: Vec<u8>,
     /// For mutual TLS: the client's certificate chain and key, PEM.
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub identity: Option<(Vec<u8>, SecretSlice<u8>)>,
     /// The name the server's certificate must carry, when it is not the endpoint's host.
     pub domain: Option<String>,
 }
 
-impl std::fmt::Debug for TlsOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsOptions")
-            .field("ca_pem", &format_args!("{} bytes", self.ca_pem.len()))
-            .field("identity", &self.identity.as_ref().map(|_| "<redacted>"))
-            .field("domain", &self.domain)
-            .finish()
-    }
-}
-
 /// Where the server is and how to talk to it.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ClientConfig {
     /// `http://host:50051`, or `https://...` with `tls` (one without the other is refused).
     pub endpoint: String,
     pub tls: Option<TlsOptions>,
     /// Bearer token sent as `authorization: Bearer <token>` on every call.
-    pub token: Option<String>,
+    pub token: Option<SecretString>,
     pub retry: RetryPolicy,
-}
-
-impl std::fmt::Debug for ClientConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientConfig")
-            .field("endpoint", &self.endpoint)
-            .field("tls", &self.tls)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("retry", &self.retry)
-            .finish()
-    }
 }
 
 impl ClientConfig {
@@ -445,7 +425,7 @@ fn endpoint(config: &ClientConfig) -> Result<(Endpoint, Option<AsciiMetadataValu
         let mut settings =
             ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
         if let Some((cert, key)) = &tls.identity {
-            settings = settings.identity(Identity::from_pem(cert, key));
+            settings = settings.identity(Identity::from_pem(cert, key.expose_secret()));
         }
         if let Some(domain) = &tls.domain {
             settings = settings.domain_name(domain.clone());
@@ -456,7 +436,7 @@ fn endpoint(config: &ClientConfig) -> Result<(Endpoint, Option<AsciiMetadataValu
         .token
         .as_ref()
         .map(|token| {
-            format!("Bearer {token}")
+            format!("Bearer {}", token.expose_secret())
                 .parse::<AsciiMetadataValue>()
                 .map(|mut value| {
                     // Kept out of Debug output and HPACK's compression table.
@@ -517,6 +497,16 @@ mod tests {
             !format!("{config:?}").contains("bad"),
             "the token is redacted"
         );
+    }
+
+    #[test]
+    fn the_client_key_is_redacted() {
+        let key = b"-----BEGIN PRIVATE KEY-----".to_vec();
+        let tls = TlsOptions {
+            identity: Some((b"cert".to_vec(), key.clone().into())),
+            ..TlsOptions::default()
+        };
+        assert!(!format!("{tls:?}").contains(&format!("{key:?}")[1..20]));
     }
 
     #[test]

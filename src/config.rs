@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use inventory_core::{coalesce::CoalesceConfig, domain::Ttl, service::InventoryConfig};
 use inventory_postgres::{PgConfig, PoolSettings, retention::Retention};
 use inventory_redis::{KeyPrefix, LeaseSettings, RedisConfig, RedisSettings, RedisTlsFiles};
-use secrecy::{ExposeSecret as _, SecretString};
+use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
 
 use crate::{auth::Authenticator, upkeep::Upkeep};
 
@@ -442,12 +442,12 @@ impl TlsFiles {
         match (cert_pem, key_pem, client_ca_pem) {
             (Some(cert_pem), Some(key_pem), None) => Ok(TlsSettings {
                 cert_pem,
-                key_pem,
+                key_pem: key_pem.into(),
                 client_ca_pem: None,
             }),
             (Some(cert_pem), Some(key_pem), Some(Some(ca))) => Ok(TlsSettings {
                 cert_pem,
-                key_pem,
+                key_pem: key_pem.into(),
                 client_ca_pem: Some(ca),
             }),
             _ => Err(problems),
@@ -459,13 +459,14 @@ impl TlsFiles {
 #[derive(Clone)]
 pub struct TlsSettings {
     pub cert_pem: Vec<u8>,
-    pub key_pem: Vec<u8>,
+    /// The private key: a type that never prints.
+    pub key_pem: SecretSlice<u8>,
     /// Set: clients must present a certificate this CA signed.
     pub client_ca_pem: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for TlsSettings {
-    /// Never prints the key.
+    /// Whether clients must present a certificate; the PEM files are left out.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TlsSettings")
             .field("mutual", &self.client_ca_pem.is_some())

@@ -14,6 +14,7 @@ use std::{
 };
 
 use notify::{RecursiveMode, Watcher as _};
+use secrecy::ExposeSecret as _;
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, watch};
 
@@ -71,9 +72,9 @@ impl Reloader {
         let material = self.sources.tls.as_ref()?.read().ok()?;
         let mut hash = Sha256::new();
         for part in [
-            &material.cert_pem,
-            &material.key_pem,
-            material.client_ca_pem.as_ref().unwrap_or(&Vec::new()),
+            material.cert_pem.as_slice(),
+            material.key_pem.expose_secret(),
+            material.client_ca_pem.as_deref().unwrap_or_default(),
         ] {
             hash.update((part.len() as u64).to_be_bytes());
             hash.update(part);

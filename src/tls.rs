@@ -15,6 +15,7 @@ use rustls::{
     pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _},
     server::WebPkiClientVerifier,
 };
+use secrecy::ExposeSecret as _;
 use tokio::{
     net::{TcpListener, TcpStream},
     sync::mpsc,
@@ -142,7 +143,7 @@ fn server_config(material: &TlsSettings) -> anyhow::Result<ServerConfig> {
         .collect::<Result<Vec<_>, _>>()
         .context("TLS_CERT_FILE is not PEM")?;
     anyhow::ensure!(!chain.is_empty(), "TLS_CERT_FILE holds no certificate");
-    let key = PrivateKeyDer::from_pem_slice(&material.key_pem)
+    let key = PrivateKeyDer::from_pem_slice(material.key_pem.expose_secret())
         .context("TLS_KEY_FILE holds no PEM private key")?;
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()?;

@@ -847,7 +847,7 @@ async fn the_certificate_gauge_says_when_the_server_certificate_and_client_ca_ex
     settings.server.admin_listen_addr = Some("127.0.0.1:0".parse().unwrap());
     settings.server.tls = Some(inventory_server::config::TlsSettings {
         cert_pem: server.pem().into_bytes(),
-        key_pem: key.serialize_pem().into_bytes(),
+        key_pem: key.serialize_pem().into_bytes().into(),
         client_ca_pem: Some(ca.pem().into_bytes()),
     });
     let app = spawn_app_exporting(settings, telemetry.registry().clone()).await;

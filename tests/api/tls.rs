@@ -54,7 +54,7 @@ async fn spawn_tls_app(pki: &Pki, mutual: bool) -> (TestApp, std::net::SocketAdd
     let mut settings = test_settings(fresh_database().await);
     settings.server.tls = Some(TlsSettings {
         cert_pem: pki.server.0.clone().into_bytes(),
-        key_pem: pki.server.1.clone().into_bytes(),
+        key_pem: pki.server.1.clone().into_bytes().into(),
         client_ca_pem: mutual.then(|| pki.ca.clone().into_bytes()),
     });
     settings.server.health_listen_addr = Some("127.0.0.1:0".parse().unwrap());
@@ -210,7 +210,7 @@ async fn a_pinned_client_certificate_stands_in_for_a_token() {
     let mut settings = test_settings(fresh_database().await);
     settings.server.tls = Some(TlsSettings {
         cert_pem: pki.server.0.clone().into_bytes(),
-        key_pem: pki.server.1.clone().into_bytes(),
+        key_pem: pki.server.1.clone().into_bytes().into(),
         client_ca_pem: Some(pki.ca.clone().into_bytes()),
     });
     settings.auth.authenticator = inventory_server::auth::Authenticator::parse(&format!(

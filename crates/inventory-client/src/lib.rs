@@ -42,6 +42,13 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Layout
+//! - `client` — [`InventoryClient`] and [`ClientConfig`]: one method per RPC, each attempt
+//!   under the call's budget, TLS and the bearer token.
+//! - [`retry`] — what is retried and what never is, and how long to wait, as pure functions.
+//! - `error` — [`Error`]: refused, invalid, outcome unknown, unavailable.
+//! - `cursor` — [`EventCursor`]: a consumer's place in the event stream, across cuts.
 
 mod client;
 mod cursor;

@@ -1,5 +1,5 @@
-//! Upkeep, one loop per replica: every interval it expires overdue holds (their stock goes
-//! back to `available`), then prunes events, idempotency keys and final reservations past
+//! Upkeep, one loop per replica: every interval it notes how long the oldest overdue hold has
+//! waited, expires overdue holds (their stock goes back to `available`), then prunes events, idempotency keys and final reservations past
 //! their retention; every 30 s it counts what is held, for the held gauges. Several replicas run it at once without waiting on each other.
 
 use std::{
@@ -42,6 +42,10 @@ pub async fn run(
         tokio::select! {
             _ = ticks.tick() => {}
             _ = stopped.changed() => return,
+        }
+        // Before the sweep, when it is oldest: how far behind expiry runs.
+        if let Err(error) = inventory.oldest_overdue().await {
+            tracing::warn!(%error, "cannot read the oldest overdue hold; its gauge keeps its last value");
         }
         loop {
             match inventory.expire_due(batch).await {

@@ -4,6 +4,7 @@
 use std::{collections::HashSet, time::Duration};
 
 use futures::future::join_all;
+use inventory_core::pause::PausePoint;
 use inventory_server::proto::{Reservation, ReservationState, ReserveRequest};
 use tonic::Code;
 use tonic_types::StatusExt as _;
@@ -647,6 +648,96 @@ async fn two_sweepers_at_once_return_expired_stock_exactly_once() {
         .count("SELECT count(*) FROM outbox WHERE event_type = 'RESERVATION_EXPIRED'")
         .await;
     assert_eq!(expired, 60);
+}
+
+/// Holds the stock row of `sku` locked on the test's own connection, as a writer in the
+/// middle of its transaction does, until [`end_writer`].
+async fn lock_stock_row(app: &TestApp, sku: &str) {
+    app.db.batch_execute("BEGIN").await.unwrap();
+    app.db
+        .execute("SELECT 1 FROM stock WHERE sku = $1 FOR UPDATE", &[&sku])
+        .await
+        .unwrap();
+}
+
+async fn end_writer(app: &TestApp) {
+    app.db.batch_execute("ROLLBACK").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_sweep_passes_a_sku_a_writer_holds_and_ends_its_holds_when_the_writer_is_done() {
+    let app = spawn_app_without_sweeper().await;
+    stock(&app, "SKU-1", 10).await;
+    stock(&app, "SKU-2", 10).await;
+    for (key, sku) in [("k1", "SKU-1"), ("k2", "SKU-2"), ("k3", "SKU-1")] {
+        let held = app.hold(key, &[(sku, 2)]).await;
+        backdate(&app, &held.reservation_id).await;
+    }
+    lock_stock_row(&app, "SKU-1").await;
+
+    let mut deferred = app.pauses.arm(PausePoint::ExpiryDeferred);
+    let inventory = app.inventory.clone();
+    let sweep = tokio::spawn(async move { inventory.expire_due(100).await });
+    deferred.reached().await;
+    // The first step did not wait for SKU-1: SKU-2's hold is back, SKU-1's are not yet.
+    assert_eq!(app.level("SKU-2").await, (10, 0));
+    assert_eq!(app.level("SKU-1").await, (10, 4));
+    deferred.resume();
+    // The second step waits for SKU-1's row, like one more writer.
+    inventory_testkit::eventually(
+        "the sweep waits for SKU-1's row",
+        Duration::from_secs(10),
+        || async {
+            app.count(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .await
+                >= 1
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(app.level("SKU-1").await, (10, 4));
+    end_writer(&app).await;
+
+    assert_eq!(sweep.await.unwrap().unwrap(), 3);
+    assert_eq!(app.level("SKU-1").await, (10, 0));
+    let expired: i64 = app
+        .count("SELECT count(*) FROM outbox WHERE event_type = 'RESERVATION_EXPIRED'")
+        .await;
+    assert_eq!(expired, 3);
+}
+
+#[tokio::test]
+async fn a_hold_another_sweeper_expired_between_the_two_steps_is_expired_once() {
+    let app = spawn_app_without_sweeper().await;
+    stock(&app, "SKU-1", 10).await;
+    let held = app.hold("k1", &[("SKU-1", 3)]).await;
+    backdate(&app, &held.reservation_id).await;
+    lock_stock_row(&app, "SKU-1").await;
+
+    // Replica A's sweep finds the hold due but its SKU's row busy, and defers it.
+    let mut deferred = app.pauses.arm(PausePoint::ExpiryDeferred);
+    let inventory = app.inventory.clone();
+    let sweep_a = tokio::spawn(async move { inventory.expire_due(100).await });
+    deferred.reached().await;
+    end_writer(&app).await;
+    // Replica B's sweep, meanwhile, finds the row free and expires the hold.
+    assert_eq!(app.inventory.expire_due(100).await.unwrap(), 1);
+    deferred.resume();
+
+    // A takes the hold again, judged at that moment: no longer held, so not expired twice.
+    assert_eq!(sweep_a.await.unwrap().unwrap(), 0);
+    assert_eq!(app.level("SKU-1").await, (10, 0));
+    let expired: i64 = app
+        .count("SELECT count(*) FROM outbox WHERE event_type = 'RESERVATION_EXPIRED'")
+        .await;
+    assert_eq!(expired, 1);
+    let movements: i64 = app
+        .count("SELECT count(*) FROM stock_movements WHERE kind = 'EXPIRED'")
+        .await;
+    assert_eq!(movements, 1);
 }
 
 #[tokio::test]

@@ -31,6 +31,9 @@ pub enum PausePoint {
     /// A `Reserve` transaction found its order not cancelled (and holds the order's lock, so
     /// no cancel can commit until it does); its stock writes are next.
     OrderChecked,
+    /// A sweep committed the expiry of the holds whose SKUs it could lock at once; taking the
+    /// others again, SKU by SKU, waiting for each SKU's row, is next.
+    ExpiryDeferred,
 }
 
 /// The pause points of one service instance.

@@ -305,6 +305,10 @@ pub trait Upkeep: Send + Sync + 'static {
     /// Counts what is held now (and records it in the held gauges).
     fn count_held(&self) -> impl Future<Output = Result<HeldTotals, Error>> + Send;
 
+    /// How long the oldest hold past its expiry has waited for a sweep (zero when none has),
+    /// recorded in the oldest-overdue gauge. Cheap: one step into the expiry index.
+    fn oldest_overdue(&self) -> impl Future<Output = Result<Duration, Error>> + Send;
+
     /// Recomputes every SKU from its ledger and its live holds, in one snapshot, and names
     /// every disagreement.
     fn verify(&self) -> impl Future<Output = Result<Report, Error>> + Send;

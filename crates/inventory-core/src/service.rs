@@ -648,4 +648,9 @@ impl<S: Upkeep, L> Inventory<S, L> {
     pub async fn count_held(&self) -> Result<HeldTotals, Error> {
         self.store.count_held().await
     }
+
+    /// How long the oldest hold past its expiry has waited for a sweep, for its gauge.
+    pub async fn oldest_overdue(&self) -> Result<Duration, Error> {
+        self.store.oldest_overdue().await
+    }
 }

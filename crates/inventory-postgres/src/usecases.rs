@@ -128,6 +128,10 @@ impl Upkeep for PgStore {
         self.refresh_held_gauges().await
     }
 
+    async fn oldest_overdue(&self) -> Result<std::time::Duration, Error> {
+        self.refresh_oldest_overdue().await
+    }
+
     /// Not bounded like a call: it reads every table.
     async fn verify(&self) -> Result<Report, Error> {
         let mut client = self.pool.get().await.map_err(from_pool)?;

@@ -19,6 +19,8 @@ pub(crate) struct StoreMetrics {
     /// Reservations entering a state (HELD, CONFIRMED, RELEASED, EXPIRED) or refused.
     pub reservations: Counter<u64>,
     pub swept: Counter<u64>,
+    /// How long past its expiry each hold was when a sweep expired it (seconds).
+    pub expiry_lateness: Histogram<f64>,
     /// Requests written by one coalesced `Reserve` transaction.
     pub batch_size: Histogram<u64>,
     /// How long a `Reserve` transaction took, from taking a connection to the end of its
@@ -31,6 +33,8 @@ pub(crate) struct StoreMetrics {
     pub held_reservations: Gauge<u64>,
     /// Holds past their expiry that no sweep has returned yet: a stuck sweeper.
     pub overdue_reservations: Gauge<u64>,
+    /// How long the oldest hold past its expiry has waited for a sweep (seconds; 0: none).
+    pub oldest_overdue: Gauge<f64>,
     pub held_units: Gauge<u64>,
 }
 
@@ -63,6 +67,12 @@ pub(crate) fn store() -> &'static StoreMetrics {
                 .u64_counter("inventory.sweeper.expired")
                 .with_description("Expired holds whose stock the sweeper returned")
                 .build(),
+            expiry_lateness: meter
+                .f64_histogram("inventory.sweeper.lateness")
+                .with_unit("s")
+                .with_description("How long past its expiry each hold was when a sweep returned its stock")
+                .with_boundaries(vec![0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0])
+                .build(),
             batch_size: meter
                 .u64_histogram("inventory.reserve.batch_size")
                 .with_description("Reserve requests written by one coalesced transaction")
@@ -91,6 +101,11 @@ pub(crate) fn store() -> &'static StoreMetrics {
             overdue_reservations: meter
                 .u64_gauge("inventory.reservations.overdue")
                 .with_description("Holds more than a minute past their expiry not yet returned by a sweep, as the sweeper last counted them")
+                .build(),
+            oldest_overdue: meter
+                .f64_gauge("inventory.reservations.oldest_overdue")
+                .with_unit("s")
+                .with_description("How long the oldest hold past its expiry has waited for a sweep, as the sweeper last looked (0: none)")
                 .build(),
             held_units: meter
                 .u64_gauge("inventory.stock.reserved.units")

@@ -15,10 +15,9 @@ const APPEND_SKU_EVENT: &str = "
 const APPEND_RESERVATION_EVENT: &str = "
     INSERT INTO outbox (event_id, event_type, reservation_id, payload) VALUES ($1, $2, $3, $4)";
 
-pub(crate) const APPEND_HELD_MANY: &str = "
+pub(crate) const APPEND_RESERVATION_EVENTS: &str = "
     INSERT INTO outbox (event_id, event_type, reservation_id, payload)
-    SELECT u.event_id, 'RESERVATION_HELD', u.reservation_id, u.payload
-    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS u(event_id, reservation_id, payload)";
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::jsonb[])";
 
 pub(crate) const STOCK_ADJUSTED: &str = "STOCK_ADJUSTED";
 pub(crate) const STOCK_TRANSFERRED: &str = "STOCK_TRANSFERRED";
@@ -126,21 +125,24 @@ pub(crate) async fn append_sku_event(
     Ok(())
 }
 
-/// Appends the `RESERVATION_HELD` event of each new hold, with its SKU's levels right after
-/// it (the total, then each location's).
-pub(crate) async fn append_held_many(
+/// Appends one event per change (`what` left the reservation as it now is, with its SKUs'
+/// levels right after the change: the total, then each location's), in their order, in one
+/// statement.
+pub(crate) async fn append_reservation_events(
     tx: &Transaction<'_>,
-    holds: &[(&Reservation, Vec<StockLevel>)],
+    changes: &[(ReservationEvent, &Reservation, Vec<StockLevel>)],
 ) -> Result<u64, tokio_postgres::Error> {
-    if holds.is_empty() {
+    if changes.is_empty() {
         return Ok(0);
     }
-    let statement = tx.prepare_cached(APPEND_HELD_MANY).await?;
-    let event_ids: Vec<Uuid> = holds.iter().map(|_| Uuid::new_v4()).collect();
-    let ids: Vec<Uuid> = holds.iter().map(|(r, _)| r.id.as_uuid()).collect();
-    let payloads: Vec<serde_json::Value> = holds
+    let statement = tx.prepare_cached(APPEND_RESERVATION_EVENTS).await?;
+    let event_ids: Vec<Uuid> = changes.iter().map(|_| Uuid::new_v4()).collect();
+    let types: Vec<&str> = changes.iter().map(|(what, ..)| what.as_str()).collect();
+    let ids: Vec<Uuid> = changes.iter().map(|(_, r, _)| r.id.as_uuid()).collect();
+    let payloads: Vec<serde_json::Value> = changes
         .iter()
-        .map(|(r, levels)| reservation_payload(r, levels))
+        .map(|(_, r, levels)| reservation_payload(r, levels))
         .collect();
-    tx.execute(&statement, &[&event_ids, &ids, &payloads]).await
+    tx.execute(&statement, &[&event_ids, &types, &ids, &payloads])
+        .await
 }

@@ -104,6 +104,14 @@ const LOCK_DUE: &str = "
     LIMIT $1
     FOR UPDATE SKIP LOCKED";
 
+/// Of the given holds, those still held and past their expiry at this very moment, locked;
+/// one another transaction holds locked (a confirm, another sweeper) is skipped.
+const LOCK_DUE_AMONG: &str = "
+    SELECT reservation_id, order_id, 'HELD', 'HELD', created_at, expires_at FROM reservations
+    WHERE reservation_id = ANY($1) AND state = 'HELD' AND expires_at <= clock_timestamp()
+    ORDER BY expires_at
+    FOR UPDATE SKIP LOCKED";
+
 const LINES_OF_MANY: &str = "
     SELECT reservation_id, sku, location_id, quantity, confirmed, released FROM reservation_lines
     WHERE reservation_id = ANY($1)
@@ -365,6 +373,14 @@ pub(crate) async fn extend_hold(
 /// them with their lines.
 pub(crate) async fn lock_due(tx: &Transaction<'_>, batch: i64) -> Result<Vec<Reservation>, Error> {
     read_reservations(tx, LOCK_DUE, &[&batch]).await
+}
+
+/// Of `ids`, the holds still held and past their expiry now, locked (see `LOCK_DUE_AMONG`).
+pub(crate) async fn lock_due_among(
+    tx: &Transaction<'_>,
+    ids: &[uuid::Uuid],
+) -> Result<Vec<Reservation>, Error> {
+    read_reservations(tx, LOCK_DUE_AMONG, &[&ids]).await
 }
 
 /// Ends locked holds, each in the state it ended in.

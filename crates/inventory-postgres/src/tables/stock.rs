@@ -56,6 +56,11 @@ pub(crate) const LOCK_MANY: &str = "
     SELECT sku, clock_timestamp(), on_hand, reserved, version, fence_token FROM locked
     ORDER BY sku COLLATE \"C\"";
 
+/// Of `skus`, the rows nobody holds locked, locked now (in SKU order); the others are
+/// skipped, not waited for.
+pub(crate) const LOCK_FREE: &str = "
+    SELECT sku FROM stock WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\" FOR UPDATE SKIP LOCKED";
+
 /// Moves SKU totals and then their location rows, in one statement. Totals: each `(sku,
 /// on_hand, reserved, movements, fence)` by its deltas and one version per movement; with a
 /// fence (a Reserve's), only while the stored one is below it, which it then becomes. Location
@@ -161,6 +166,20 @@ pub(crate) async fn add_location(
     )
     .await?;
     Ok(())
+}
+
+/// Locks the rows of those of `skus` that no other transaction holds locked, in SKU order,
+/// and returns them; the others are left as they are.
+pub(crate) async fn lock_free(
+    tx: &Transaction<'_>,
+    skus: &[&str],
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    if skus.is_empty() {
+        return Ok(Vec::new());
+    }
+    let statement = tx.prepare_cached(LOCK_FREE).await?;
+    let rows = tx.query(&statement, &[&skus]).await?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
 }
 
 /// Locks the rows of `skus` in SKU order and then reads their location rows in (SKU,

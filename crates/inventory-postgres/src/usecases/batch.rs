@@ -27,6 +27,7 @@ use inventory_core::{
     allocation::Placement,
     command::Reserve,
     domain::{FenceToken, MovementKind, Reservation, Sku, StockLevel},
+    events::ReservationEvent,
     pause::PausePoint,
     ports::{self, Answers, ReserveGroup, WriteOutcome},
     rules::{self, Earlier, GroupVerdict},
@@ -267,7 +268,7 @@ const STATEMENTS: [&str; 14] = [
     stock::APPLY,
     reservations::INSERT_MANY,
     reservations::INSERT_LINES_MANY,
-    outbox::APPEND_HELD_MANY,
+    outbox::APPEND_RESERVATION_EVENTS,
     ledger::APPEND,
     idempotency::RECORD_OUTCOMES_MANY,
     idempotency::UNCLAIM_MANY,
@@ -319,7 +320,7 @@ async fn write_decisions(
         .collect();
     // Decided on the locked rows: the levels each placement leaves are known already, and
     // the statements' guards repeat the decision.
-    let events: Vec<(&Reservation, Vec<StockLevel>)> = holds
+    let events: Vec<(ReservationEvent, &Reservation, Vec<StockLevel>)> = holds
         .iter()
         .map(|h| {
             let moved: Vec<stock::Moved> = h
@@ -330,7 +331,11 @@ async fn write_decisions(
                     total: p.total.clone(),
                 })
                 .collect();
-            (&h.reservation, stock::levels_after(&moved))
+            (
+                ReservationEvent::Held,
+                &h.reservation,
+                stock::levels_after(&moved),
+            )
         })
         .collect();
     let moved: Vec<(stock::Moved, &Hold<'_>, i64)> = holds
@@ -363,7 +368,7 @@ async fn write_decisions(
         biased;
         stock::apply(tx, &moves, &fences, true),
         async { reservations::insert_many(tx, &new).await.map_err(from_db) },
-        async { outbox::append_held_many(tx, &events).await.map_err(from_db) },
+        async { outbox::append_reservation_events(tx, &events).await.map_err(from_db) },
         async { ledger::append(tx, &movements).await.map_err(from_db) },
         async { idempotency::record_outcomes_many(tx, records).await.map_err(from_db) },
         async { idempotency::unclaim_many(tx, unclaim).await.map_err(from_db) },

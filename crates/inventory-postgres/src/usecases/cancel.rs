@@ -67,7 +67,7 @@ impl PgStore {
                     command.reason.as_str(),
                     Some(command.idempotency_key.as_str()),
                 );
-                end_holds(tx, &mut live, ReservationState::Released, cause).await?;
+                end_holds(tx, &mut live, ReservationState::Released, cause, false).await?;
             }
             let answer = order_now(tx, command, &callers).await?;
             let commit = Commit::storing(Ok(answer), &CancelOutcome { callers })?;

@@ -1,13 +1,21 @@
 //! The sweeper's side in storage: holds past their expiry are marked `EXPIRED` and their
-//! units return to `available`, a batch per transaction, one event per reservation.
+//! units return to `available`, in set operations (one update per SKU however many of its
+//! holds expire), one event per reservation.
 //!
 //! Readers never wait for this: a hold past `expires_at` already reads as expired (see
 //! `reservations`); sweeping only settles the stock and records the event.
 
+use std::{
+    collections::HashSet,
+    time::{Duration, SystemTime},
+};
+
 use deadpool_postgres::Transaction;
+use futures::StreamExt as _;
 use inventory_core::{
     Error,
     domain::{MovementKind, Reservation, ReservationState},
+    pause::PausePoint,
     rules::{self, UnitMove},
 };
 
@@ -21,6 +29,11 @@ use crate::{
 };
 
 pub use inventory_core::upkeep::{HeldTotals, OVERDUE_GRACE};
+
+/// Seconds since the oldest hold still held expired; 0 when none has.
+const OLDEST_OVERDUE: &str = "
+    SELECT coalesce(extract(epoch FROM clock_timestamp() - min(expires_at))::float8, 0)
+    FROM reservations WHERE state = 'HELD' AND expires_at <= clock_timestamp()";
 
 impl PgStore {
     /// Counts what is held now and records it as `inventory_reservations_held`,
@@ -61,44 +74,162 @@ impl PgStore {
         Ok(totals)
     }
 
-    /// Expires up to `batch` holds past their expiry in one transaction and returns their
-    /// stock; several replicas sweep at once without waiting on each other.
+    /// How long the oldest hold past its expiry has waited (zero: none), recorded as
+    /// `inventory_reservations_oldest_overdue_seconds`. The first entry of the expiry index.
+    pub async fn refresh_oldest_overdue(&self) -> Result<Duration, Error> {
+        let seconds: f64 = self
+            .bounded(async {
+                let client = self.pool().get().await.map_err(from_pool)?;
+                let row = client
+                    .query_one(OLDEST_OVERDUE, &[])
+                    .await
+                    .map_err(from_db)?;
+                Ok(row.get(0))
+            })
+            .await?;
+        let seconds = seconds.max(0.0);
+        crate::plumbing::metrics::store()
+            .oldest_overdue
+            .record(seconds, &[]);
+        Ok(Duration::from_secs_f64(seconds))
+    }
+
+    /// Expires up to `batch` holds past their expiry and returns their stock; several
+    /// replicas sweep at once without waiting on each other. Returns how many it expired.
+    ///
+    /// Never holds one SKU's row while waiting for another's, so a sweep does not stall a hot
+    /// SKU's `Reserve` batches behind the other SKUs it touches:
+    /// 1. One transaction locks the due holds (oldest first) and, of their SKUs, the rows no
+    ///    writer holds at this moment, and ends every hold whose SKUs it got.
+    /// 2. The holds of SKUs a writer held (a hot SKU's batches hold its row most of the
+    ///    time) are ended SKU by SKU, a transaction each, up to [`BUSY_AT_ONCE`] at once: each
+    ///    waits its turn for its own SKU's row, as one more batch would, and takes its holds
+    ///    again first, judged at that moment (a confirm may have won them in between).
     #[tracing::instrument(name = "sql.sweep", skip_all, fields(expired))]
     pub(crate) async fn expire(&self, batch: usize) -> Result<usize, Error> {
-        self.bounded(async {
-            let mut client = self.pool().get().await.map_err(from_pool)?;
-            let tx = client.transaction().await.map_err(from_db)?;
-            let batch = i64::try_from(batch).unwrap_or(i64::MAX);
-            let mut due = reservations::lock_due(&tx, batch).await?;
-            if due.is_empty() {
-                return Ok(0);
+        let (mut expired, busy) = self.bounded(self.expire_free(batch)).await?;
+        if !busy.is_empty() {
+            self.pauses.reach(PausePoint::ExpiryDeferred).await;
+            let mut groups: Vec<(Vec<&str>, Vec<uuid::Uuid>)> = Vec::new();
+            for hold in &busy {
+                let skus = skus_of(hold);
+                match groups.iter_mut().find(|(of, _)| *of == skus) {
+                    Some((_, ids)) => ids.push(hold.id.as_uuid()),
+                    None => groups.push((skus, vec![hold.id.as_uuid()])),
+                }
             }
-            end_holds(&tx, &mut due, ReservationState::Expired, Cause::default()).await?;
-            tx.commit().await.map_err(from_db)?;
-            self.outbox_written();
-            let metrics = crate::plumbing::metrics::store();
-            metrics.swept.add(due.len() as u64, &[]);
-            metrics.reservations.add(
-                due.len() as u64,
-                &[opentelemetry::KeyValue::new("outcome", "EXPIRED")],
-            );
-            Ok(due.len())
-        })
-        .await
+            let groups: Vec<Vec<uuid::Uuid>> = groups.into_iter().map(|(_, ids)| ids).collect();
+            let mut ended = futures::stream::iter(groups)
+                .map(|ids| self.bounded(self.expire_among(ids)))
+                .buffer_unordered(BUSY_AT_ONCE);
+            while let Some(count) = ended.next().await {
+                expired += count?;
+            }
+        }
+        tracing::Span::current().record("expired", expired);
+        Ok(expired)
     }
+
+    /// Step 1 of [`expire`](Self::expire): what it ended, and the holds it left to step 2.
+    async fn expire_free(&self, batch: usize) -> Result<(usize, Vec<Reservation>), Error> {
+        let mut client = self.pool().get().await.map_err(from_pool)?;
+        let tx = client.transaction().await.map_err(from_db)?;
+        let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+        let due = reservations::lock_due(&tx, batch).await?;
+        if due.is_empty() {
+            return Ok((0, Vec::new()));
+        }
+        let mut skus: Vec<&str> = due.iter().flat_map(skus_of).collect();
+        skus.sort_unstable();
+        skus.dedup();
+        let free = stock::lock_free(&tx, &skus).await.map_err(from_db)?;
+        let free: HashSet<&str> = free.iter().map(String::as_str).collect();
+        let (mut ready, busy): (Vec<Reservation>, Vec<Reservation>) = due
+            .into_iter()
+            .partition(|hold| skus_of(hold).iter().all(|sku| free.contains(sku)));
+        if ready.is_empty() {
+            return Ok((0, busy));
+        }
+        end_holds(
+            &tx,
+            &mut ready,
+            ReservationState::Expired,
+            Cause::default(),
+            true,
+        )
+        .await?;
+        tx.commit().await.map_err(from_db)?;
+        self.expired(&ready);
+        Ok((ready.len(), busy))
+    }
+
+    /// Step 2 of [`expire`](Self::expire): ends those of `ids` still due, waiting for their
+    /// SKUs' rows.
+    async fn expire_among(&self, ids: Vec<uuid::Uuid>) -> Result<usize, Error> {
+        let mut client = self.pool().get().await.map_err(from_pool)?;
+        let tx = client.transaction().await.map_err(from_db)?;
+        let mut due = reservations::lock_due_among(&tx, &ids).await?;
+        if due.is_empty() {
+            return Ok(0);
+        }
+        end_holds(
+            &tx,
+            &mut due,
+            ReservationState::Expired,
+            Cause::default(),
+            false,
+        )
+        .await?;
+        tx.commit().await.map_err(from_db)?;
+        self.expired(&due);
+        Ok(due.len())
+    }
+
+    /// After a sweep's commit: wakes the sequencer and counts the holds it expired.
+    fn expired(&self, holds: &[Reservation]) {
+        self.outbox_written();
+        let metrics = crate::plumbing::metrics::store();
+        metrics.swept.add(holds.len() as u64, &[]);
+        metrics.reservations.add(
+            holds.len() as u64,
+            &[opentelemetry::KeyValue::new("outcome", "EXPIRED")],
+        );
+        let now = SystemTime::now();
+        for hold in holds {
+            let late = now.duration_since(hold.expires_at).unwrap_or_default();
+            metrics.expiry_lateness.record(late.as_secs_f64(), &[]);
+        }
+    }
+}
+
+/// Transactions of step 2 of a sweep that run at once (each takes a connection).
+pub const BUSY_AT_ONCE: usize = 4;
+
+/// The SKUs a hold holds units of, in SKU order.
+fn skus_of(hold: &Reservation) -> Vec<&str> {
+    let mut skus: Vec<&str> = hold.lines.iter().map(|line| line.sku.as_str()).collect();
+    skus.sort_unstable();
+    skus.dedup();
+    skus
 }
 
 /// Ends locked holds: what each still holds goes back to `available`, SKU by SKU in one
 /// fixed order as every other writer does; each ends in the state the core gives it
 /// (`ended`, or `CONFIRMED` if some of its units were confirmed before) and gets its own
-/// event with the level its own change produced, and one movement per SKU it moved (with
-/// `cause`: the cancel's caller, reason and key; none for expiry). `holds` become the
-/// reservations as ended.
+/// event with the levels its own change produced, and one movement per SKU and location it
+/// moved (with `cause`: the cancel's caller, reason and key; none for expiry). `holds` become
+/// the reservations as ended. `locked`: the caller holds the SKUs' rows locked already.
+///
+/// Set operations throughout, like the coalesced `Reserve`: one update of each SKU's rows
+/// however many of its holds end, then one statement per table for every hold, in two round
+/// trips, so a sweep of hundreds of holds keeps a hot SKU's row locked no longer than a batch
+/// of `Reserve`s does.
 pub(crate) async fn end_holds(
     tx: &Transaction<'_>,
     holds: &mut [Reservation],
     ended: ReservationState,
     cause: Cause<'_>,
+    locked: bool,
 ) -> Result<(), Error> {
     let changes: Vec<UnitMove> = holds.iter().map(|r| rules::end_hold(r, ended)).collect();
     // One movement per hold and location, in the holds' order: each hold's event carries the
@@ -113,43 +244,45 @@ pub(crate) async fn end_holds(
             reserved: -m.units,
         })
         .collect();
-    let moved = stock::apply(tx, &moves, &[], false).await?;
     let ended_now: Vec<&Reservation> = changes.iter().map(|c| &c.after).collect();
-    reservations::end_many(tx, &ended_now)
-        .await
-        .map_err(from_db)?;
     let rewritten: Vec<&Reservation> = changes
         .iter()
         .filter(|c| c.write_lines)
         .map(|c| &c.after)
         .collect();
-    reservations::update_lines(tx, &rewritten)
-        .await
-        .map_err(from_db)?;
+    // The reservations are locked already (the caller's `FOR UPDATE`): their updates go with
+    // the stock's, `biased` so the stock rows are locked first, as by every writer.
+    let (moved, (), ()) = tokio::try_join!(
+        biased;
+        stock::apply(tx, &moves, &[], locked),
+        async { reservations::end_many(tx, &ended_now).await.map_err(from_db) },
+        async { reservations::update_lines(tx, &rewritten).await.map_err(from_db) },
+    )?;
     let kind = match ended {
         ReservationState::Expired => MovementKind::Expired,
         _ => MovementKind::Released,
     };
+    let mut events = Vec::with_capacity(changes.len());
+    let mut movements = Vec::with_capacity(moved.len());
     let mut offset = 0;
     for change in &changes {
         let own = &moved[offset..offset + change.moves.len()];
         offset += change.moves.len();
-        outbox::append_reservation_event(
-            tx,
-            change.event,
-            &change.after,
-            &stock::levels_after(own),
-        )
-        .await
-        .map_err(from_db)?;
+        events.push((change.event, &change.after, stock::levels_after(own)));
         let cause = cause.of_reservation(change.after.id, &change.after.order_id);
-        let movements: Vec<NewMovement<'_>> = own
-            .iter()
-            .zip(&change.moves)
-            .map(|(m, units)| NewMovement::of_units(kind, m, units.units).because(cause))
-            .collect();
-        ledger::append(tx, &movements).await.map_err(from_db)?;
+        movements.extend(
+            own.iter()
+                .zip(&change.moves)
+                .map(|(m, units)| NewMovement::of_units(kind, m, units.units).because(cause)),
+        );
     }
+    // Every event before the movements (and the availability events they cause), as the
+    // coalesced `Reserve` writes them.
+    tokio::try_join!(
+        biased;
+        async { outbox::append_reservation_events(tx, &events).await.map_err(from_db) },
+        async { ledger::append(tx, &movements).await.map_err(from_db) },
+    )?;
     for (hold, change) in holds.iter_mut().zip(changes) {
         *hold = change.after;
     }

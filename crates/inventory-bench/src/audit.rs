@@ -63,6 +63,35 @@ struct Expected {
     released: i64,
 }
 
+/// Holds shorter than this are meant to expire during the run: the audit first waits for the
+/// sweep to return every one of them (at most this long past their expiry), then expects
+/// their units back.
+pub const EXPIRING: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits until none of the run's holds is still `HELD` (all expired and swept), polling; the
+/// holds left after `EXPIRING` past the last expiry, if any.
+async fn swept(config: &LoadConfig, url: &str) -> anyhow::Result<i64> {
+    let (db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .context("connect to PostgreSQL for the audit")?;
+    tokio::spawn(connection);
+    let deadline = std::time::Instant::now() + config.ttl + EXPIRING;
+    loop {
+        let left: i64 = db
+            .query_one(
+                "SELECT count(*) FROM reservations
+                 WHERE state = 'HELD' AND starts_with(order_id, $1)",
+                &[&format!("{}-order-", config.run_id)],
+            )
+            .await?
+            .get(0);
+        if left == 0 || std::time::Instant::now() >= deadline {
+            return Ok(left);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 pub async fn audit(
     config: &LoadConfig,
     observed: &Observed,
@@ -72,10 +101,29 @@ pub async fn audit(
         passed: true,
         checks: Vec::new(),
     };
+    // Holds meant to expire: every one must come back, and the levels are judged after.
+    let expiring = config.ttl < EXPIRING && config.scenario != Scenario::Race;
+    if let (true, Some(url)) = (expiring, database_url) {
+        let left = swept(config, url).await?;
+        audit.push(
+            "every abandoned hold expired and was swept",
+            left == 0,
+            if left == 0 {
+                "no hold of the run is still HELD".to_owned()
+            } else {
+                format!(
+                    "{left} holds still HELD {}s past their expiry",
+                    EXPIRING.as_secs()
+                )
+            },
+        );
+    }
     let mut expected: HashMap<&str, Expected> = HashMap::new();
     for hold in &observed.held {
         let e = expected.entry(hold.sku.as_str()).or_default();
         match hold.fate {
+            // Swept by now: its units are back.
+            Fate::Held if expiring && database_url.is_some() => e.released += hold.quantity,
             Fate::Held => e.held += hold.quantity,
             Fate::Confirmed => e.confirmed += hold.quantity,
             Fate::Released => e.released += hold.quantity,

@@ -144,6 +144,7 @@ pub async fn run(config: CompareConfig) -> anyhow::Result<bool> {
                             replicas: config.replicas,
                             max_batch: variant.max_batch(),
                             locations: 1,
+                            ttl: suite::LONG_HOLD,
                         };
                         let result = suite::service(suite, &databases, run).await?;
                         result.print();

@@ -65,6 +65,9 @@ pub struct RunResult {
     pub profile: Option<Profile>,
     /// Bytes on disk and of WAL per reservation, when the run measured them.
     pub storage: Option<Storage>,
+    /// Holds meant to expire: the longest any hold waited past its expiry for a sweep, as
+    /// sampled from the database during the run (seconds).
+    pub oldest_overdue_s: Option<f64>,
 }
 
 /// What one reservation of a run cost on disk: every table and index a reservation writes,
@@ -136,6 +139,7 @@ impl RunResult {
             audit,
             profile: None,
             storage: None,
+            oldest_overdue_s: None,
         }
     }
 

@@ -31,6 +31,11 @@ use crate::{
 /// The service's one-request Reserve transaction, statement for statement.
 const RESERVE_SQL: &str = include_str!("../sql/reserve_one.sql");
 /// The service's coalesced transaction for a batch on one SKU: the batched-SQL ceiling.
+/// The hold of every row but the abandonment one: nothing expires during a run.
+pub(crate) const LONG_HOLD: Duration = Duration::from_secs(3600);
+/// The abandonment row's hold: every hold expires during the run and the sweeper returns it.
+const ABANDONED_HOLD: Duration = Duration::from_secs(2);
+
 const RESERVE_BATCH_SQL: &str = include_str!("../sql/reserve_batch.sql");
 
 #[derive(Clone, Debug)]
@@ -154,6 +159,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
         .collect();
     let mut located = Vec::new();
     let mut replicated: Vec<Replicated> = Vec::new();
+    let mut abandoned: Vec<Abandoned> = Vec::new();
     let mut all_audits_passed = true;
     let mut serial = 0;
     // Every point once per round, rather than each point's rounds back to back: a slow spell
@@ -195,6 +201,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
                 replicas: 1,
                 max_batch: 64,
                 locations: LOCATIONS,
+                ttl: LONG_HOLD,
             };
             let result = service(&config, &databases, run).await?;
             result.print();
@@ -228,6 +235,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
                 replicas: REPLICAS,
                 max_batch: 64,
                 locations: 1,
+                ttl: LONG_HOLD,
             };
             let result = service(&config, &databases, run).await?;
             result.print();
@@ -242,6 +250,11 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
                 measured,
             });
         }
+        // Abandonment: Zipf at the most clients, every hold expiring, against long holds.
+        abandoned.push(abandonment(&config, &databases, &mut serial, most, round).await?);
+        all_audits_passed &= abandoned
+            .last()
+            .is_some_and(|a| a.long.audit_passed && a.expiring.audit_passed);
     }
     serial += 1;
     let run = ServiceRun {
@@ -254,6 +267,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
         replicas: 1,
         max_batch: 64,
         locations: 1,
+        ttl: LONG_HOLD,
     };
     let race = service(&config, &databases, run).await?;
     race.print();
@@ -268,13 +282,17 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
     );
     table.push_str(&located_table(&located));
     table.push_str(&replicated_table(&replicated));
+    table.push_str(&abandoned_table(&abandoned));
     println!("\n{table}");
     std::fs::write(config.out.join("summary.md"), &table)?;
     std::fs::write(
         config.out.join("summary.json"),
-        serde_json::to_vec_pretty(
-            &serde_json::json!({ "rows": rows, "located": located, "replicated": replicated }),
-        )?,
+        serde_json::to_vec_pretty(&serde_json::json!({
+            "rows": rows,
+            "located": located,
+            "replicated": replicated,
+            "abandoned": abandoned,
+        }))?,
     )?;
     println!(
         "results: {} (one JSON and one SVG per run, summary.md, summary.json)",
@@ -336,6 +354,7 @@ async fn point(
             replicas: 1,
             max_batch,
             locations: 1,
+            ttl: LONG_HOLD,
         };
         let result = service(config, databases, run).await?;
         result.print();
@@ -404,6 +423,21 @@ struct Located {
 const REPLICAS: usize = 3;
 
 /// Several replicas on one scenario: one round.
+/// A Zipf round where every hold expires (shoppers abandon their carts) against the same load
+/// with long holds, in the same round.
+#[derive(Debug, Serialize)]
+struct Abandoned {
+    clients: usize,
+    long: Measured,
+    expiring: Measured,
+    /// Reservations/s and p99 of the expiring run over the long-hold run's.
+    vs_long: f64,
+    p99_vs_long: f64,
+    oldest_overdue_s: f64,
+    /// CPU µs per reservation of PostgreSQL and of the server, long then expiring.
+    cpu_us: [(f64, f64); 2],
+}
+
 #[derive(Debug, Serialize)]
 struct Replicated {
     scenario: Scenario,
@@ -480,6 +514,129 @@ fn replicated_table(rounds: &[Replicated]) -> String {
         }
     }
     table
+}
+
+/// One abandonment round: the long-hold and the expiring run, in an order that alternates
+/// from round to round.
+async fn abandonment(
+    config: &SuiteConfig,
+    databases: &TemplateDatabases,
+    serial: &mut usize,
+    clients: usize,
+    round: usize,
+) -> anyhow::Result<Abandoned> {
+    let mut results: [Option<RunResult>; 2] = [None, None];
+    let order = if round.is_multiple_of(2) { [0, 1] } else { [1, 0] };
+    for side in order {
+        *serial += 1;
+        let (name, ttl) = match side {
+            0 => ("long-holds", LONG_HOLD),
+            _ => ("abandoned", ABANDONED_HOLD),
+        };
+        let run = ServiceRun {
+            server: &config.server,
+            verify: true,
+            label: format!("coalesced-zipf-{clients}-{name}-r{round}"),
+            serial: *serial,
+            scenario: Scenario::Zipf,
+            clients,
+            replicas: 1,
+            max_batch: 64,
+            locations: 1,
+            ttl,
+        };
+        let result = service(config, databases, run).await?;
+        result.print();
+        results[side] = Some(result);
+    }
+    let [Some(long), Some(expiring)] = results else {
+        unreachable!("both sides ran");
+    };
+    let cpu = |r: &RunResult| {
+        r.profile.as_ref().map_or((0.0, 0.0), |p| {
+            let of = |k: &str| p.cpu_us_per_reservation.get(k).copied().unwrap_or(0.0);
+            (of("postgres"), of("server"))
+        })
+    };
+    // Against the raw rate is not what this row asks: its ratios are to the long-hold run.
+    let (long_m, expiring_m) = (Measured::of(&long, 1.0), Measured::of(&expiring, 1.0));
+    Ok(Abandoned {
+        clients,
+        vs_long: expiring_m.reservations_per_s / long_m.reservations_per_s.max(1e-9),
+        p99_vs_long: expiring_m.p99_us as f64 / (long_m.p99_us as f64).max(1.0),
+        oldest_overdue_s: expiring.oldest_overdue_s.unwrap_or(f64::NAN),
+        cpu_us: [cpu(&long), cpu(&expiring)],
+        long: long_m,
+        expiring: expiring_m,
+    })
+}
+
+/// Samples, every 200 ms until told to stop, how long the oldest hold past its expiry has
+/// waited for a sweep; answers the longest.
+fn overdue_sampler(
+    db_config: PgConfig,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<f64>>,
+) {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let sampler = tokio::spawn(async move {
+        let db = connect(&db_config).await?;
+        let mut longest: f64 = 0.0;
+        loop {
+            let waited: f64 = db
+                .query_one(
+                    "SELECT coalesce(extract(epoch FROM clock_timestamp() - min(expires_at))::float8, 0)
+                     FROM reservations WHERE state = 'HELD' AND expires_at <= clock_timestamp()",
+                    &[],
+                )
+                .await?
+                .get(0);
+            longest = longest.max(waited);
+            tokio::select! {
+                _ = &mut stopped => return Ok(longest),
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    });
+    (stop, sampler)
+}
+
+fn abandoned_table(rounds: &[Abandoned]) -> String {
+    let Some(first) = rounds.first() else {
+        return String::new();
+    };
+    let of = |f: fn(&Abandoned) -> f64| rounds.iter().map(f).collect::<Vec<_>>();
+    let cpu = |side: usize| {
+        let pg: Vec<f64> = rounds.iter().map(|a| a.cpu_us[side].0).collect();
+        let server: Vec<f64> = rounds.iter().map(|a| a.cpu_us[side].1).collect();
+        format!("{:.0} / {:.0}", median(&pg), median(&server))
+    };
+    format!(
+        "\n| Zipf, every hold expires ({}s) | clients | long-hold r/s | expiring r/s | vs long holds | \
+         p99 long | p99 expiring | p99 vs long | oldest overdue | CPU µs PG / server (long, expiring) | audits |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n\
+         | Zipf | {} | {} | {} | **{}** | {} | {} | **{}** | {} | {}, {} | {} |\n",
+        ABANDONED_HOLD.as_secs(),
+        first.clients,
+        spread(&of(|a| a.long.reservations_per_s), rate),
+        spread(&of(|a| a.expiring.reservations_per_s), rate),
+        spread(&of(|a| a.vs_long), ratio),
+        p99(rounds.iter().map(|a| &a.long)),
+        p99(rounds.iter().map(|a| &a.expiring)),
+        spread(&of(|a| a.p99_vs_long), ratio),
+        spread(&of(|a| a.oldest_overdue_s), |s| format!("{s:.1}s")),
+        cpu(0),
+        cpu(1),
+        if rounds
+            .iter()
+            .all(|a| a.long.audit_passed && a.expiring.audit_passed)
+        {
+            "passed"
+        } else {
+            "FAILED"
+        },
+    )
 }
 
 /// One line of a table beside the main one: each round's measurement and its ratio to the
@@ -657,6 +814,9 @@ pub(crate) struct ServiceRun<'a> {
     pub max_batch: usize,
     /// Locations the stock is spread over; with more than one, every Reserve may split.
     pub locations: usize,
+    /// The hold each Reserve asks for; below [`audit::EXPIRING`] every hold expires during
+    /// the run, and the run records how long the oldest overdue hold waited.
+    pub ttl: Duration,
 }
 
 /// The service under load: a fresh database, its own server process, then the audit.
@@ -675,6 +835,7 @@ pub(crate) async fn service(
         replicas,
         max_batch,
         locations,
+        ttl,
     } = run;
     let label = label.as_str();
     let name = format!("bench_service_{serial}_{max_batch}");
@@ -726,7 +887,7 @@ pub(crate) async fn service(
             connections: clients.clamp(1, 4).div_ceil(replicas) * replicas,
             duration: config.duration,
             quantity: 1,
-            ttl: Duration::from_secs(3600),
+            ttl,
             skus: config.skus,
             stock: match scenario {
                 Scenario::Race => 1_000,
@@ -745,8 +906,16 @@ pub(crate) async fn service(
         let prepared = load::prepare(load.clone()).await?;
         let wal_before = wal_position(&db_config).await?;
         let (cpu, page) = (CpuSnapshot::take(), profile::scrape(admin_addr).await);
+        let sampling = (ttl < audit::EXPIRING).then(|| overdue_sampler(db_config.clone()));
         let observed = load::drive(prepared).await?;
         let cpu = CpuSnapshot::take().since(&cpu);
+        let oldest_overdue_s = match sampling {
+            Some((stop, sampler)) => {
+                let _ = stop.send(());
+                Some(sampler.await??)
+            }
+            None => None,
+        };
         let steps = profile::steps(&page, &profile::scrape(admin_addr).await);
         let mut audit = audit::audit(&load, &observed, Some(&url(&db_config))).await?;
         if verify {
@@ -755,6 +924,7 @@ pub(crate) async fn service(
         let storage = storage(label, &db_config, &wal_before).await?;
         let mut result = RunResult::new(label, scenario, clients, &observed, Some(audit));
         result.storage = storage;
+        result.oldest_overdue_s = oldest_overdue_s;
         result.profile = Some(Profile::new(
             cpu,
             observed.elapsed.as_secs_f64(),

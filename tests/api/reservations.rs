@@ -669,9 +669,11 @@ async fn a_sweep_passes_a_sku_a_writer_holds_and_ends_its_holds_when_the_writer_
     let app = spawn_app_without_sweeper().await;
     stock(&app, "SKU-1", 10).await;
     stock(&app, "SKU-2", 10).await;
+    let mut ids = Vec::new();
     for (key, sku) in [("k1", "SKU-1"), ("k2", "SKU-2"), ("k3", "SKU-1")] {
         let held = app.hold(key, &[(sku, 2)]).await;
         backdate(&app, &held.reservation_id).await;
+        ids.push(held.reservation_id);
     }
     lock_stock_row(&app, "SKU-1").await;
 
@@ -682,6 +684,14 @@ async fn a_sweep_passes_a_sku_a_writer_holds_and_ends_its_holds_when_the_writer_
     // The first step did not wait for SKU-1: SKU-2's hold is back, SKU-1's are not yet.
     assert_eq!(app.level("SKU-2").await, (10, 0));
     assert_eq!(app.level("SKU-1").await, (10, 4));
+    // A confirm racing the deferred expiry: the hold ran out, so the expiry is the one winner.
+    let refused = app
+        .client
+        .clone()
+        .confirm_reservation(confirm(&ids[0]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
     deferred.resume();
     // The second step waits for SKU-1's row, like one more writer.
     inventory_testkit::eventually(
@@ -703,6 +713,10 @@ async fn a_sweep_passes_a_sku_a_writer_holds_and_ends_its_holds_when_the_writer_
 
     assert_eq!(sweep.await.unwrap().unwrap(), 3);
     assert_eq!(app.level("SKU-1").await, (10, 0));
+    let confirmed: i64 = app
+        .count("SELECT count(*) FROM outbox WHERE event_type = 'RESERVATION_CONFIRMED'")
+        .await;
+    assert_eq!(confirmed, 0);
     let expired: i64 = app
         .count("SELECT count(*) FROM outbox WHERE event_type = 'RESERVATION_EXPIRED'")
         .await;

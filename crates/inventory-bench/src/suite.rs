@@ -526,7 +526,11 @@ async fn abandonment(
     round: usize,
 ) -> anyhow::Result<Abandoned> {
     let mut results: [Option<RunResult>; 2] = [None, None];
-    let order = if round.is_multiple_of(2) { [0, 1] } else { [1, 0] };
+    let order = if round.is_multiple_of(2) {
+        [0, 1]
+    } else {
+        [1, 0]
+    };
     for side in order {
         *serial += 1;
         let (name, ttl) = match side {

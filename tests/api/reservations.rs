@@ -650,6 +650,30 @@ async fn two_sweepers_at_once_return_expired_stock_exactly_once() {
     assert_eq!(expired, 60);
 }
 
+#[tokio::test]
+async fn the_oldest_overdue_hold_is_measured_until_a_sweep_returns_it() {
+    let app = spawn_app_without_sweeper().await;
+    stock(&app, "SKU-1", 5).await;
+    let live = app.hold("live", &[("SKU-1", 1)]).await;
+    assert_eq!(
+        app.inventory.oldest_overdue().await.unwrap(),
+        Duration::ZERO
+    );
+    let due = app.hold("due", &[("SKU-1", 1)]).await;
+    backdate(&app, &due.reservation_id).await;
+    // Backdated a minute past its expiry; the live hold does not count.
+    let waited = app.inventory.oldest_overdue().await.unwrap();
+    assert!(waited >= Duration::from_secs(60), "{waited:?}");
+    assert!(waited < Duration::from_secs(120), "{waited:?}");
+
+    assert_eq!(app.inventory.expire_due(100).await.unwrap(), 1);
+    assert_eq!(
+        app.inventory.oldest_overdue().await.unwrap(),
+        Duration::ZERO
+    );
+    assert_eq!(app.level("SKU-1").await, (5, 1), "{live:?} still held");
+}
+
 /// Holds the stock row of `sku` locked on the test's own connection, as a writer in the
 /// middle of its transaction does, until [`end_writer`].
 async fn lock_stock_row(app: &TestApp, sku: &str) {

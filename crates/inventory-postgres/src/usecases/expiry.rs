@@ -104,7 +104,8 @@ impl PgStore {
     /// 2. The holds of SKUs a writer held (a hot SKU's batches hold its row most of the
     ///    time) are ended SKU by SKU, a transaction each, up to [`BUSY_AT_ONCE`] at once: each
     ///    waits its turn for its own SKU's row, as one more batch would, and takes its holds
-    ///    again first, judged at that moment (a confirm may have won them in between).
+    ///    again first, judged at that moment (another replica's sweep may have ended them in
+    ///    between; a confirm cannot, as they are past their expiry).
     #[tracing::instrument(name = "sql.sweep", skip_all, fields(expired))]
     pub(crate) async fn expire(&self, batch: usize) -> Result<usize, Error> {
         let (mut expired, busy) = self.bounded(self.expire_free(batch)).await?;

@@ -3,7 +3,8 @@
 //! Three parts, so that many watchers share one stream of work:
 //! - the **sequencer** positions committed outbox events (woken by this replica's commits,
 //!   with a slow tick for the others'); one replica at a time does it, the others skip;
-//! - the **tailer** `LISTEN`s for head moves, reads each new event once and broadcasts it;
+//! - the **tailer** `LISTEN`s for head moves, reads each new event once and broadcasts it
+//!   (while no watcher follows the live tail, it only keeps up with the head);
 //! - each **watcher** (one `WatchEvents` call) catches up from PostgreSQL from its cursor, then
 //!   follows the broadcast. A watcher that falls behind the broadcast (a slow consumer) goes
 //!   back to reading PostgreSQL from its cursor: the server never buffers more than the
@@ -338,7 +339,16 @@ pub async fn run_tailer<F: HeadFeed>(hub: EventHub, feed: F, mut stopping: watch
             }
             continue;
         };
-        loop {
+        if hub.live.receiver_count() == 0 {
+            // Nobody follows the live tail: skip to the head instead of reading every event
+            // (and decoding its payload) for no one. A watcher that subscribes meanwhile
+            // catches up from PostgreSQL and reads again across any gap it sees.
+            match hub.inventory.stream_bounds().await {
+                Ok(bounds) => position = bounds.head,
+                Err(error) => tracing::warn!(%error, "cannot read the event stream head"),
+            }
+        }
+        while hub.live.receiver_count() > 0 {
             match hub.inventory.events_after(position, PAGE).await {
                 Ok(page) if page.is_empty() => break,
                 Ok(page) => {

@@ -15,6 +15,8 @@ use inventory_core::{
     pause::{PausePoint, PausePoints},
 };
 
+use tokio_postgres::types::Json;
+
 use crate::plumbing::error::from_db;
 
 pub(crate) mod outcome;
@@ -142,11 +144,10 @@ pub(crate) async fn record(
     tx: &Transaction<'_>,
     caller: &str,
     key: &IdempotencyKey,
-    outcome: &impl serde::Serialize,
+    outcome: &(impl serde::Serialize + std::fmt::Debug + Sync),
 ) -> Result<(), Error> {
-    let outcome = serde_json::to_value(outcome).map_err(Error::internal)?;
     let statement = tx.prepare_cached(RECORD_OUTCOME).await.map_err(from_db)?;
-    tx.execute(&statement, &[&caller, &key.as_str(), &outcome])
+    tx.execute(&statement, &[&caller, &key.as_str(), &Json(outcome)])
         .await
         .map_err(from_db)?;
     Ok(())
@@ -211,10 +212,11 @@ pub(crate) async fn unclaim_many(
     tx.execute(&statement, &[&callers, &names]).await
 }
 
-/// Stores the outcome of every request this transaction executed.
-pub(crate) async fn record_outcomes_many(
+/// Stores the outcome of every request this transaction executed (serialized as they are
+/// sent, with no JSON tree built first).
+pub(crate) async fn record_outcomes_many<T: serde::Serialize + std::fmt::Debug + Sync>(
     tx: &Transaction<'_>,
-    records: &[(&str, &str, serde_json::Value)],
+    records: &[(&str, &str, Json<T>)],
 ) -> Result<u64, tokio_postgres::Error> {
     if records.is_empty() {
         return Ok(0);
@@ -222,6 +224,6 @@ pub(crate) async fn record_outcomes_many(
     let statement = tx.prepare_cached(RECORD_OUTCOMES_MANY).await?;
     let callers: Vec<&str> = records.iter().map(|r| r.0).collect();
     let names: Vec<&str> = records.iter().map(|r| r.1).collect();
-    let outcomes: Vec<&serde_json::Value> = records.iter().map(|r| &r.2).collect();
+    let outcomes: Vec<&Json<T>> = records.iter().map(|r| &r.2).collect();
     tx.execute(&statement, &[&callers, &names, &outcomes]).await
 }

@@ -3,10 +3,12 @@
 
 use deadpool_postgres::Transaction;
 use inventory_core::{
-    domain::{Reservation, ReservationState, Sku, StockLevel},
+    domain::{Allocation, Reservation, ReservationLine, ReservationState, Sku, StockLevel},
     events::ReservationEvent,
 };
+use serde::{Serialize, Serializer};
 use serde_json::json;
+use tokio_postgres::types::Json;
 use uuid::Uuid;
 
 const APPEND_SKU_EVENT: &str = "
@@ -64,36 +66,105 @@ async fn append_event_of(
 }
 
 /// The payload of a reservation event: the reservation as it now is and its SKUs' levels
-/// right after the change; a hold's expiry as microseconds since the epoch.
-pub(crate) fn reservation_payload(
-    reservation: &Reservation,
-    levels: &[StockLevel],
-) -> serde_json::Value {
-    let mut payload = json!({
-        "order_id": reservation.order_id.as_str(),
-        "state": reservation.state.as_str(),
-        "lines": reservation.lines.iter().map(|line| json!({
-            "sku": line.sku.as_str(),
-            "quantity": line.quantity.get(),
-            "held": line.held,
-            "confirmed": line.confirmed,
-            "released": line.released,
-            "allocations": line.allocations.iter().map(|a| json!({
-                "location_id": a.location.as_str(),
-                "quantity": a.quantity,
-                "held": a.held,
-                "confirmed": a.confirmed,
-                "released": a.released,
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-        "levels": levels.iter().map(level_payload).collect::<Vec<_>>(),
-    });
-    if reservation.state == ReservationState::Held {
-        payload["expires_at_micros"] = json!(crate::tables::idempotency::outcome::micros(
-            reservation.expires_at
-        ));
+/// right after the change; a hold's expiry as microseconds since the epoch. Serialized
+/// straight from the reservation (no JSON tree is built first): it is written with every
+/// event of the hot path.
+pub(crate) fn reservation_payload<'a>(
+    reservation: &'a Reservation,
+    levels: &'a [StockLevel],
+) -> Json<ReservationPayload<'a>> {
+    Json(ReservationPayload {
+        order_id: reservation.order_id.as_str(),
+        state: reservation.state.as_str(),
+        lines: Lines(&reservation.lines),
+        levels: Levels(levels),
+        expires_at_micros: (reservation.state == ReservationState::Held)
+            .then(|| crate::tables::idempotency::outcome::micros(reservation.expires_at)),
+    })
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ReservationPayload<'a> {
+    order_id: &'a str,
+    state: &'a str,
+    lines: Lines<'a>,
+    levels: Levels<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at_micros: Option<i64>,
+}
+
+#[derive(Debug)]
+struct Lines<'a>(&'a [ReservationLine]);
+
+impl Serialize for Lines<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|line| LinePayload {
+            sku: line.sku.as_str(),
+            quantity: line.quantity.get(),
+            held: line.held,
+            confirmed: line.confirmed,
+            released: line.released,
+            allocations: Allocations(&line.allocations),
+        }))
     }
-    payload
+}
+
+#[derive(Serialize)]
+struct LinePayload<'a> {
+    sku: &'a str,
+    quantity: i64,
+    held: i64,
+    confirmed: i64,
+    released: i64,
+    allocations: Allocations<'a>,
+}
+
+struct Allocations<'a>(&'a [Allocation]);
+
+impl Serialize for Allocations<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|a| AllocationPayload {
+            location_id: a.location.as_str(),
+            quantity: a.quantity,
+            held: a.held,
+            confirmed: a.confirmed,
+            released: a.released,
+        }))
+    }
+}
+
+#[derive(Serialize)]
+struct AllocationPayload<'a> {
+    location_id: &'a str,
+    quantity: i64,
+    held: i64,
+    confirmed: i64,
+    released: i64,
+}
+
+#[derive(Debug)]
+struct Levels<'a>(&'a [StockLevel]);
+
+impl Serialize for Levels<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|level| LevelPayload {
+            sku: level.sku.as_str(),
+            on_hand: level.on_hand,
+            reserved: level.reserved,
+            version: level.version,
+            location_id: level.location.as_ref().map(|l| l.as_str()),
+        }))
+    }
+}
+
+#[derive(Serialize)]
+struct LevelPayload<'a> {
+    sku: &'a str,
+    on_hand: i64,
+    reserved: i64,
+    version: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    location_id: Option<&'a str>,
 }
 
 /// A level in an event's payload; a location's carries its `location_id`.
@@ -139,10 +210,13 @@ pub(crate) async fn append_reservation_events(
     let event_ids: Vec<Uuid> = changes.iter().map(|_| Uuid::new_v4()).collect();
     let types: Vec<&str> = changes.iter().map(|(what, ..)| what.as_str()).collect();
     let ids: Vec<Uuid> = changes.iter().map(|(_, r, _)| r.id.as_uuid()).collect();
-    let payloads: Vec<serde_json::Value> = changes
+    let payloads: Vec<Json<ReservationPayload<'_>>> = changes
         .iter()
         .map(|(_, r, levels)| reservation_payload(r, levels))
         .collect();
     tx.execute(&statement, &[&event_ids, &types, &ids, &payloads])
         .await
 }
+
+#[cfg(test)]
+mod tests;

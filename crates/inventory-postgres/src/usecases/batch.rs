@@ -32,6 +32,7 @@ use inventory_core::{
     ports::{self, Answers, ReserveGroup, WriteOutcome},
     rules::{self, Earlier, GroupVerdict},
 };
+use tokio_postgres::types::Json;
 
 use crate::{
     PgStore,
@@ -156,7 +157,7 @@ impl PgStore {
         let mut outcomes: Vec<WriteOutcome<Answers>> = Vec::with_capacity(groups.len());
         let mut holds: Vec<Hold<'_>> = Vec::new();
         let mut unclaim: Vec<(&str, &str)> = Vec::new();
-        let mut records: Vec<(&str, &str, serde_json::Value)> = Vec::new();
+        let mut records: Vec<(&str, &str, Json<ReserveOutcome>)> = Vec::new();
         for group in groups {
             let verdict = rules::decide_group(
                 group,
@@ -193,12 +194,10 @@ impl PgStore {
                     if let Err(Error::InsufficientStock(_)) = &decision.answer {
                         metrics.insufficient.add(1, &[]);
                     }
-                    let value = serde_json::to_value(ReserveOutcome::of(&decision.answer))
-                        .map_err(Error::internal)?;
                     records.push((
                         command.caller.as_str(),
                         command.idempotency_key.as_str(),
-                        value,
+                        Json(ReserveOutcome::of(&decision.answer)),
                     ));
                 }
                 if let Ok(reservation) = &decision.answer
@@ -292,7 +291,7 @@ async fn prepare(tx: &Transaction<'_>) -> Result<(), Error> {
 async fn write_decisions(
     tx: &Transaction<'_>,
     holds: &[Hold<'_>],
-    records: &[(&str, &str, serde_json::Value)],
+    records: &[(&str, &str, Json<ReserveOutcome>)],
     unclaim: &[(&str, &str)],
 ) -> Result<(), Error> {
     let moves: Vec<StockMove<'_>> = holds

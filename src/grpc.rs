@@ -127,7 +127,8 @@ impl InventoryApi {
             budget,
             admitted,
         } = self.begin(request, action)?;
-        let work = call(Arc::clone(&self.inventory), command, budget);
+        // Boxed: the use case's future is large, and spawning copies whatever is spawned.
+        let work = Box::pin(call(Arc::clone(&self.inventory), command, budget));
         let work = tokio::spawn(
             async move {
                 let _admitted = admitted;

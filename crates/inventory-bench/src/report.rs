@@ -77,6 +77,9 @@ pub struct Storage {
     pub reservations: i64,
     pub bytes_per_reservation: i64,
     pub wal_per_reservation: i64,
+    /// Rows the run's database wrote (inserted, updated or deleted: each a new tuple or a
+    /// dead one) per reservation, every table, the sequencer's and the sweeper's included.
+    pub tuples_per_reservation: f64,
 }
 
 impl RunResult {

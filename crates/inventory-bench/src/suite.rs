@@ -91,6 +91,10 @@ struct Measured {
     audit_passed: bool,
     /// Mean requests per coalesced transaction, rounded (none without coalesced writes).
     batch: Option<usize>,
+    /// CPU µs per reservation of PostgreSQL and of the server(s).
+    cpu_us: Option<(f64, f64)>,
+    /// WAL bytes and rows written per reservation.
+    storage: Option<Storage>,
 }
 
 impl Measured {
@@ -107,6 +111,11 @@ impl Measured {
             errors: result.calls - result.reservations,
             audit_passed: result.audit.as_ref().is_some_and(|a| a.passed),
             batch,
+            cpu_us: result.profile.as_ref().map(|p| {
+                let of = |k: &str| p.cpu_us_per_reservation.get(k).copied().unwrap_or(0.0);
+                (of("postgres"), of("server"))
+            }),
+            storage: result.storage,
         }
     }
 }
@@ -672,8 +681,8 @@ fn extra_line(name: &str, clients: usize, rounds: &[(&Measured, f64)]) -> String
 
 fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| scenario | clients | raw SQL tx/s | lease-only r/s | ratio | p99 | coalesced r/s | ratio | p99 | batched SQL r/s (batch) | coalesced / batched SQL | audits |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| scenario | clients | raw SQL tx/s | lease-only r/s | ratio | p99 | coalesced r/s | ratio | p99 | batched SQL r/s (batch) | coalesced / batched SQL | coalesced CPU µs PG / server | coalesced WAL B / rows | audits |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for row in rows {
         let of = |f: fn(&Round) -> f64| row.rounds.iter().map(f).collect::<Vec<_>>();
@@ -695,7 +704,7 @@ fn table(rows: &[Row]) -> String {
             .iter()
             .all(|r| r.lease_only.audit_passed && r.coalesced.audit_passed);
         out.push_str(&format!(
-            "| {:?} | {} | {} | {} | {} | {} | {} | **{}** | {} | {} | {} | {} |\n",
+            "| {:?} | {} | {} | {} | {} | {} | {} | **{}** | {} | {} | {} | {} | {} | {} |\n",
             row.scenario,
             row.clients,
             spread(&of(|r| r.raw_tps), rate),
@@ -711,10 +720,37 @@ fn table(rows: &[Row]) -> String {
             } else {
                 format!("**{}**", spread(&ceiling, ratio))
             },
+            coalesced_cpu(&row.rounds),
+            coalesced_writes(&row.rounds),
             if audits { "passed" } else { "FAILED" }
         ));
     }
     out
+}
+
+/// The coalesced runs' CPU per reservation, PostgreSQL / server (medians of the rounds).
+fn coalesced_cpu(rounds: &[Round]) -> String {
+    let cpu: Vec<(f64, f64)> = rounds.iter().filter_map(|r| r.coalesced.cpu_us).collect();
+    if cpu.is_empty() {
+        return "—".to_owned();
+    }
+    let pg: Vec<f64> = cpu.iter().map(|c| c.0).collect();
+    let server: Vec<f64> = cpu.iter().map(|c| c.1).collect();
+    format!("{:.0} / {:.0}", median(&pg), median(&server))
+}
+
+/// The coalesced runs' WAL bytes / rows written per reservation (medians of the rounds).
+fn coalesced_writes(rounds: &[Round]) -> String {
+    let storage: Vec<Storage> = rounds.iter().filter_map(|r| r.coalesced.storage).collect();
+    if storage.is_empty() {
+        return "—".to_owned();
+    }
+    let wal: Vec<f64> = storage
+        .iter()
+        .map(|s| s.wal_per_reservation as f64)
+        .collect();
+    let rows: Vec<f64> = storage.iter().map(|s| s.tuples_per_reservation).collect();
+    format!("{:.0} / {:.1}", median(&wal), median(&rows))
 }
 
 fn host(config: &tokio_postgres::Config) -> String {
@@ -909,6 +945,7 @@ pub(crate) async fn service(
         };
         let prepared = load::prepare(load.clone()).await?;
         let wal_before = wal_position(&db_config).await?;
+        let tuples_before = tuples_written(&db_config).await?;
         let (cpu, page) = (CpuSnapshot::take(), profile::scrape(admin_addr).await);
         let sampling = (ttl < audit::EXPIRING).then(|| overdue_sampler(db_config.clone()));
         let observed = load::drive(prepared).await?;
@@ -925,7 +962,7 @@ pub(crate) async fn service(
         if verify {
             audit.verify_ledger(binary, &url(&db_config)).await?;
         }
-        let storage = storage(label, &db_config, &wal_before).await?;
+        let storage = storage(label, &db_config, &wal_before, tuples_before).await?;
         let mut result = RunResult::new(label, scenario, clients, &observed, Some(audit));
         result.storage = storage;
         result.oldest_overdue_s = oldest_overdue_s;
@@ -1035,7 +1072,9 @@ async fn storage(
     label: &str,
     config: &PgConfig,
     wal_before: &str,
+    tuples_before: i64,
 ) -> anyhow::Result<Option<Storage>> {
+    let tuples = tuples_written(config).await? - tuples_before;
     let db = connect(config).await?;
     db.batch_execute("CHECKPOINT").await?;
     let row = db
@@ -1057,10 +1096,40 @@ async fn storage(
         reservations,
         bytes_per_reservation: bytes / reservations,
         wal_per_reservation: wal / reservations,
+        tuples_per_reservation: tuples as f64 / reservations as f64,
     };
     println!(
-        "storage after {label}: {reservations} reservations, {} bytes each on disk (tables and indexes), {} bytes of WAL each",
-        storage.bytes_per_reservation, storage.wal_per_reservation
+        "storage after {label}: {reservations} reservations, {} bytes each on disk (tables and indexes), {} bytes of WAL and {:.1} rows written each",
+        storage.bytes_per_reservation, storage.wal_per_reservation, storage.tuples_per_reservation
     );
     Ok(Some(storage))
+}
+
+/// Rows the database of `config` wrote so far: inserted, updated and deleted, every table.
+/// A backend reports its counts within a second of going idle (PostgreSQL's statistics are
+/// flushed at most once a second), so this reads until two reads 1.1 s apart agree.
+async fn tuples_written(config: &PgConfig) -> anyhow::Result<i64> {
+    let db = connect(config).await?;
+    let read = async || -> anyhow::Result<i64> {
+        // A new snapshot of the statistics each time, not the transaction's cached one.
+        db.batch_execute("SELECT pg_stat_clear_snapshot()").await?;
+        Ok(db
+            .query_one(
+                "SELECT (tup_inserted + tup_updated + tup_deleted)::bigint
+                 FROM pg_stat_database WHERE datname = current_database()",
+                &[],
+            )
+            .await?
+            .get(0))
+    };
+    let mut last = read().await?;
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let now = read().await?;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    Ok(last)
 }

@@ -149,6 +149,10 @@ impl PgStore {
             .into_iter()
             .partition(|hold| skus_of(hold).iter().all(|sku| free.contains(sku)));
         if ready.is_empty() {
+            // Awaited, not left to the drop (which sends the rollback without waiting for it):
+            // the due holds' row locks must be gone before step 2, or before another
+            // replica's sweep, which skips locked holds, looks for them.
+            tx.rollback().await.map_err(from_db)?;
             return Ok((0, busy));
         }
         end_holds(

@@ -7,6 +7,8 @@
 //! - `reserve` — `Reserve` one request per transaction; confirm, release, extend, read, list.
 //! - `batch` — coalesced `Reserve`s: many single-line requests of several SKUs in one
 //!   transaction.
+//! - `holds` — the write of what either `Reserve` path decided: new holds, their events,
+//!   movements and stored outcomes, in one round trip.
 //! - `cancel` — `CancelOrder`: the order's tombstone under its lock, its live holds released.
 //! - `expiry` — the sweeper's transaction: overdue holds expired, their stock returned.
 //! - [`events`] — positions for committed events, reading them back, epochs, `LISTEN`.
@@ -31,6 +33,7 @@ mod batch;
 mod cancel;
 pub mod events;
 mod expiry;
+mod holds;
 pub(crate) mod keyed;
 mod reserve;
 pub mod retention;

@@ -16,7 +16,7 @@ use inventory_core::{
     command::{Cursor, ListReservations, ReservationPage, ReservationRef},
     domain::{
         Allocation, Caller, FenceToken, LocationId, OrderId, Reservation, ReservationId,
-        ReservationLine, ReservationState, Sku, Ttl,
+        ReservationLine, ReservationState, Sku,
     },
 };
 use tokio_postgres::Row;
@@ -45,19 +45,7 @@ macro_rules! effective_state {
 }
 const EFFECTIVE_STATE: &str = effective_state!();
 
-const INSERT: &str = "
-    INSERT INTO reservations
-        (reservation_id, order_id, state, caller, idempotency_key, created_at, expires_at)
-    SELECT $1, $2, 'HELD', $3, $4, c.t, c.t + make_interval(secs => $5)
-    FROM (SELECT clock_timestamp() AS t) AS c
-    RETURNING created_at, expires_at";
-
-/// One row per (line, location) the line's units come from.
-const INSERT_LINES: &str = "
-    INSERT INTO reservation_lines (reservation_id, sku, location_id, quantity, fence_token)
-    SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[])";
-
-/// New holds of a coalesced batch, dated by the clock their stock row was locked at.
+/// New holds, dated by the clock once their stock rows were locked.
 pub(crate) const INSERT_MANY: &str = "
     INSERT INTO reservations
         (reservation_id, order_id, state, caller, idempotency_key, created_at, expires_at)
@@ -66,7 +54,7 @@ pub(crate) const INSERT_MANY: &str = "
                 $6::timestamptz[])
         AS u(id, order_id, caller, key, expires_at, created_at)";
 
-/// The one line of each reservation of a coalesced batch, a row per location.
+/// The lines of new holds, a row per location a line's units come from.
 pub(crate) const INSERT_LINES_MANY: &str = "
     INSERT INTO reservation_lines (reservation_id, sku, location_id, quantity, fence_token)
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])";
@@ -203,55 +191,12 @@ impl Header {
     }
 }
 
-pub(crate) struct NewReservation<'a> {
-    pub id: ReservationId,
-    pub order_id: &'a OrderId,
-    pub caller: &'a str,
-    pub idempotency_key: &'a str,
-    pub ttl: Ttl,
-}
-
-/// Inserts a `HELD` reservation and its lines, a row per allocation, each SKU's under its
-/// fence (both statements prepared first, then sent together, the reservation first); returns
-/// `(created_at, expires_at)` by PostgreSQL's clock.
-pub(crate) async fn insert(
-    tx: &Transaction<'_>,
-    new: &NewReservation<'_>,
-    lines: &[(&ReservationLine, FenceToken)],
-) -> Result<(SystemTime, SystemTime), tokio_postgres::Error> {
-    let (insert, insert_lines) =
-        tokio::try_join!(tx.prepare_cached(INSERT), tx.prepare_cached(INSERT_LINES),)?;
-    let rows = lines
-        .iter()
-        .flat_map(|(line, fence)| line.allocations.iter().map(move |a| (line, a, fence)));
-    let (mut skus, mut locations, mut quantities, mut fences) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (line, allocation, fence) in rows {
-        skus.push(line.sku.as_str());
-        locations.push(allocation.location.as_str());
-        quantities.push(allocation.quantity);
-        fences.push(fence.get());
-    }
-    let id = new.id.as_uuid();
-    let order_id = new.order_id.as_str();
-    let ttl = new.ttl.get().as_secs_f64();
-    let reservation: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-        [&id, &order_id, &new.caller, &new.idempotency_key, &ttl];
-    let line_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-        [&id, &skus, &locations, &quantities, &fences];
-    let (row, _) = tokio::try_join!(
-        biased;
-        tx.query_one(&insert, &reservation),
-        tx.execute(&insert_lines, &line_params),
-    )?;
-    Ok((row.try_get(0)?, row.try_get(1)?))
-}
-
-/// Inserts the holds of a coalesced batch (each `(hold, caller, idempotency key)`) with
-/// their one line each, held under `fence`.
+/// Inserts new holds (each `(hold, caller, idempotency key, each line's fence)`) with their
+/// lines, a row per allocation (both statements prepared first, then sent together, the
+/// reservations first).
 pub(crate) async fn insert_many(
     tx: &Transaction<'_>,
-    holds: &[(&Reservation, &str, &str, FenceToken)],
+    holds: &[(&Reservation, &str, &str, &[FenceToken])],
 ) -> Result<u64, tokio_postgres::Error> {
     if holds.is_empty() {
         return Ok(0);
@@ -269,14 +214,15 @@ pub(crate) async fn insert_many(
     let created: Vec<SystemTime> = holds.iter().map(|h| h.0.created_at).collect();
     let (mut line_ids, mut skus, mut locations, mut quantities, mut fences) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (reservation, _, _, fence) in holds {
-        let line = &reservation.lines[0];
-        for allocation in &line.allocations {
-            line_ids.push(reservation.id.as_uuid());
-            skus.push(line.sku.as_str());
-            locations.push(allocation.location.as_str());
-            quantities.push(allocation.quantity);
-            fences.push(fence.get());
+    for (reservation, _, _, line_fences) in holds {
+        for (line, fence) in reservation.lines.iter().zip(*line_fences) {
+            for allocation in &line.allocations {
+                line_ids.push(reservation.id.as_uuid());
+                skus.push(line.sku.as_str());
+                locations.push(allocation.location.as_str());
+                quantities.push(allocation.quantity);
+                fences.push(fence.get());
+            }
         }
     }
     let header_params: [Param<'_>; 6] = [&ids, &order_ids, &callers, &keys, &expires, &created];

@@ -24,10 +24,7 @@ use std::collections::{HashMap, HashSet};
 use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
-    allocation::Placement,
     command::Reserve,
-    domain::{FenceToken, MovementKind, Reservation, Sku, StockLevel},
-    events::ReservationEvent,
     pause::PausePoint,
     ports::{self, Answers, ReserveGroup, WriteOutcome},
     rules::{self, Earlier, GroupVerdict},
@@ -40,22 +37,14 @@ use crate::{
     plumbing::error::{from_db, from_pool},
     tables::idempotency::outcome::{RESERVE, ReserveOutcome},
     tables::idempotency::{self, Key, Stored},
-    tables::ledger::{self, Cause, NewMovement},
+    tables::ledger,
     tables::locations,
     tables::orders,
     tables::outbox,
     tables::reservations,
-    tables::stock::{self, StockMove},
+    tables::stock,
+    usecases::holds::{self, Hold, Record},
 };
-
-/// A hold decided by the core, to be written.
-struct Hold<'a> {
-    command: &'a Reserve,
-    reservation: Reservation,
-    fence: FenceToken,
-    /// Where its units went, with the levels right after each placement.
-    placements: Vec<Placement>,
-}
 
 fn key_of(command: &Reserve) -> Key {
     (
@@ -157,7 +146,7 @@ impl PgStore {
         let mut outcomes: Vec<WriteOutcome<Answers>> = Vec::with_capacity(groups.len());
         let mut holds: Vec<Hold<'_>> = Vec::new();
         let mut unclaim: Vec<(&str, &str)> = Vec::new();
-        let mut records: Vec<(&str, &str, Json<ReserveOutcome>)> = Vec::new();
+        let mut records: Vec<Record<'_>> = Vec::new();
         for group in groups {
             let verdict = rules::decide_group(
                 group,
@@ -206,7 +195,7 @@ impl PgStore {
                     holds.push(Hold {
                         command,
                         reservation: reservation.clone(),
-                        fence: group.fence,
+                        fences: vec![group.fence],
                         placements: decision.placements,
                     });
                 }
@@ -218,7 +207,7 @@ impl PgStore {
 
         // Step 3: write. Step 4: commit.
         let wrote = !(holds.is_empty() && records.is_empty() && unclaim.is_empty());
-        write_decisions(&tx, &holds, &records, &unclaim).await?;
+        holds::write(&tx, &holds, &records, &unclaim).await?;
         committing();
         self.pauses.reach(PausePoint::Committing).await;
         let commit_started = std::time::Instant::now();
@@ -284,97 +273,5 @@ async fn prepare(tx: &Transaction<'_>) -> Result<(), Error> {
     futures::future::try_join_all(STATEMENTS.iter().map(|sql| tx.prepare_cached(sql)))
         .await
         .map_err(from_db)?;
-    Ok(())
-}
-
-/// Every write of the transaction, sent together.
-async fn write_decisions(
-    tx: &Transaction<'_>,
-    holds: &[Hold<'_>],
-    records: &[(&str, &str, Json<ReserveOutcome>)],
-    unclaim: &[(&str, &str)],
-) -> Result<(), Error> {
-    let moves: Vec<StockMove<'_>> = holds
-        .iter()
-        .flat_map(|h| &h.placements)
-        .map(StockMove::held)
-        .collect();
-    let mut fences: Vec<(&Sku, FenceToken)> = Vec::new();
-    for h in holds {
-        let sku = &h.reservation.lines[0].sku;
-        if !fences.iter().any(|(s, _)| *s == sku) {
-            fences.push((sku, h.fence));
-        }
-    }
-    let new: Vec<(&Reservation, &str, &str, FenceToken)> = holds
-        .iter()
-        .map(|h| {
-            (
-                &h.reservation,
-                h.command.caller.as_str(),
-                h.command.idempotency_key.as_str(),
-                h.fence,
-            )
-        })
-        .collect();
-    // Decided on the locked rows: the levels each placement leaves are known already, and
-    // the statements' guards repeat the decision.
-    let events: Vec<(ReservationEvent, &Reservation, Vec<StockLevel>)> = holds
-        .iter()
-        .map(|h| {
-            let moved: Vec<stock::Moved> = h
-                .placements
-                .iter()
-                .map(|p| stock::Moved {
-                    level: p.level.clone(),
-                    total: p.total.clone(),
-                })
-                .collect();
-            (
-                ReservationEvent::Held,
-                &h.reservation,
-                stock::levels_after(&moved),
-            )
-        })
-        .collect();
-    let moved: Vec<(stock::Moved, &Hold<'_>, i64)> = holds
-        .iter()
-        .flat_map(|h| {
-            h.placements.iter().map(move |p| {
-                let m = stock::Moved {
-                    level: p.level.clone(),
-                    total: p.total.clone(),
-                };
-                (m, h, p.units)
-            })
-        })
-        .collect();
-    let movements: Vec<NewMovement<'_>> = moved
-        .iter()
-        .map(|(m, h, units)| {
-            let cause = Cause::call(
-                h.command.caller.as_str(),
-                "",
-                Some(h.command.idempotency_key.as_str()),
-            )
-            .of_reservation(h.reservation.id, &h.reservation.order_id);
-            NewMovement::of_units(MovementKind::Held, m, *units).because(cause)
-        })
-        .collect();
-    // `biased`: sent in this order (reservations before their lines inside `insert_many`;
-    // each hold's event before its movement and any availability event).
-    let (applied, ..) = tokio::try_join!(
-        biased;
-        stock::apply(tx, &moves, &fences, true),
-        async { reservations::insert_many(tx, &new).await.map_err(from_db) },
-        async { outbox::append_reservation_events(tx, &events).await.map_err(from_db) },
-        async { ledger::append(tx, &movements).await.map_err(from_db) },
-        async { idempotency::record_outcomes_many(tx, records).await.map_err(from_db) },
-        async { idempotency::unclaim_many(tx, unclaim).await.map_err(from_db) },
-    )?;
-    debug_assert!(
-        applied.iter().zip(&moved).all(|(a, (m, ..))| a == m),
-        "the stored levels are the decided ones"
-    );
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The reservation use cases of [`PgStore`](crate::PgStore): each is one transaction that
 //! reads, asks the core ([`rules`]) and writes what it decided.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::Transaction;
 
@@ -13,10 +13,8 @@ use inventory_core::{
         Settle, SettleReservation,
     },
     domain::{
-        FenceToken, Line, MovementKind, Reservation, ReservationId, ReservationLine,
-        ReservationState, Sku, Ttl,
+        FenceToken, Line, MovementKind, Reservation, ReservationLine, ReservationState, Sku, Ttl,
     },
-    events::ReservationEvent,
     pause::PausePoint,
     ports::{Answers, ReservationStore, ReserveGroup, WriteOutcome},
     rules::{self, LinesVerdict, SettleStep},
@@ -25,16 +23,17 @@ use inventory_core::{
 use crate::{
     PgStore,
     plumbing::error::{from_db, from_pool},
-    tables::idempotency,
     tables::idempotency::outcome::{RESERVE, ReserveOutcome},
     tables::ledger::{self, Cause, NewMovement},
     tables::locations,
     tables::orders,
     tables::outbox,
-    tables::reservations::{self, NewReservation},
+    tables::reservations,
     tables::stock::{self, StockMove},
+    usecases::holds::{self, Hold, Record},
     usecases::keyed::{Commit, Key, Step, Timed, Unread},
 };
+use tokio_postgres::types::Json;
 
 impl ReservationStore for PgStore {
     #[tracing::instrument(name = "sql.reserve", skip_all, fields(order_id = command.order_id.as_str()))]
@@ -102,7 +101,14 @@ impl ReservationStore for PgStore {
                         Err(error)
                     }
                     LinesVerdict::Held(placed) => {
-                        Ok(write_hold(tx, command, ttl, &lines, &placed).await?)
+                        // Dated by the clock once the last of its rows was locked: when it
+                        // acted, however long it waited for those locks.
+                        let now = lines
+                            .iter()
+                            .filter_map(|(line, _)| stock.get(&line.sku).map(|s| s.now))
+                            .max()
+                            .ok_or_else(|| Error::internal("a placed line without its stock"))?;
+                        Ok(write_hold(tx, command, ttl, now, &lines, placed).await?)
                     }
                 }
             };
@@ -316,101 +322,35 @@ impl PgStore {
     }
 }
 
-/// Writes the hold the core placed: the stock rows move under the lines' fences, the
-/// reservation and its lines are inserted, then its event, its movements and the outcome
-/// stored on the key, each group in one round trip.
+/// Writes the hold the core placed, as the coalesced path writes its holds
+/// ([`holds::write`]): the stock rows moved under the lines' fences, the reservation and its
+/// lines, its event, its movements and the outcome stored on the key, in one round trip.
 async fn write_hold(
     tx: &Transaction<'_>,
     command: &Reserve,
     ttl: Ttl,
+    now: SystemTime,
     lines: &[(&Line, FenceToken)],
-    placed: &[Vec<Placement>],
+    placed: Vec<Vec<Placement>>,
 ) -> Result<Reservation, Error> {
-    let held: Vec<(ReservationLine, FenceToken)> = lines
+    let held: Vec<ReservationLine> = lines
         .iter()
-        .zip(placed)
-        .map(|((line, fence), placements)| {
-            let allocations = rules::allocations(placements);
-            (ReservationLine::new_hold(line, allocations), *fence)
+        .zip(&placed)
+        .map(|((line, _), placements)| {
+            ReservationLine::new_hold(line, rules::allocations(placements))
         })
         .collect();
-    let moves: Vec<StockMove<'_>> = placed.iter().flatten().map(StockMove::held).collect();
-    let fences: Vec<(&Sku, FenceToken)> = lines
-        .iter()
-        .map(|(line, fence)| (&line.sku, *fence))
-        .collect();
-    let id = ReservationId::new_random();
-    let rows: Vec<(&ReservationLine, FenceToken)> =
-        held.iter().map(|(line, fence)| (line, *fence)).collect();
-    let new = NewReservation {
-        id,
-        order_id: &command.order_id,
-        caller: command.caller.as_str(),
-        idempotency_key: command.idempotency_key.as_str(),
-        ttl,
+    let hold = Hold {
+        command,
+        reservation: rules::new_hold(command, held, now, ttl),
+        fences: lines.iter().map(|(_, fence)| *fence).collect(),
+        placements: placed.into_iter().flatten().collect(),
     };
-    // The stock rows move and the reservation with its lines is written
-    // in one round trip: the rows are locked and the decision is made.
-    let (moved, (created_at, expires_at)) = tokio::try_join!(
-        biased;
-        stock::apply(tx, &moves, &fences, true),
-        async {
-            reservations::insert(tx, &new, &rows)
-                .await
-                .map_err(from_db)
-        },
-    )?;
-    debug_assert!(
-        moved
-            .iter()
-            .zip(placed.iter().flatten())
-            .all(|(m, p)| m.level == p.level && m.total == p.total),
-        "the stored levels are the decided ones"
-    );
-    let cause = Cause::call(
+    let record: Record<'_> = (
         command.caller.as_str(),
-        "",
-        Some(command.idempotency_key.as_str()),
-    )
-    .of_reservation(id, &command.order_id);
-    let movements: Vec<NewMovement<'_>> = moved
-        .iter()
-        .zip(&moves)
-        .map(|(m, units)| {
-            NewMovement::of_units(MovementKind::Held, m, units.reserved).because(cause)
-        })
-        .collect();
-    let reservation = Reservation {
-        id,
-        order_id: command.order_id.clone(),
-        state: ReservationState::Held,
-        lines: held.into_iter().map(|(line, _)| line).collect(),
-        created_at,
-        expires_at,
-    };
-    // Its event, then its movements (and any availability event after
-    // the hold's), then the outcome stored on the key: one round trip.
-    let levels = stock::levels_after(&moved);
-    let outcome = ReserveOutcome::held(&reservation);
-    tokio::try_join!(
-        biased;
-        async {
-            outbox::append_reservation_event(
-                tx,
-                ReservationEvent::Held,
-                &reservation,
-                &levels,
-            )
-            .await
-            .map_err(from_db)
-        },
-        async { ledger::append(tx, &movements).await.map_err(from_db) },
-        idempotency::record(
-            tx,
-            command.caller.as_str(),
-            &command.idempotency_key,
-            &outcome,
-        ),
-    )?;
-    Ok(reservation)
+        command.idempotency_key.as_str(),
+        Json(ReserveOutcome::held(&hold.reservation)),
+    );
+    holds::write(tx, std::slice::from_ref(&hold), &[record], &[]).await?;
+    Ok(hold.reservation)
 }

@@ -13,9 +13,10 @@
 //!    locations — in this order, the same order as the one-request path (keys, orders,
 //!    then stock), with keys sorted, so two transactions never wait on each other in a cycle;
 //! 3. decide each group in memory (fenced groups have their claims deleted again), then
-//!    write: one statement updating the SKU totals and then their location rows, each
-//!    guarded by its group's fence, the reservations, their lines, their outbox events and
-//!    every executed request's outcome;
+//!    write through [`holds::write`], as the one-request path does: one statement updating
+//!    the SKU totals and then their location rows, each guarded by its group's fence, the
+//!    reservations, their lines, their outbox events, movements and every executed request's
+//!    outcome;
 //! 4. `COMMIT`, announced to the caller first: while it is flushed, the replica's next group
 //!    commit may already run its steps 1 to 3 (see `inventory_core::coalesce`).
 
@@ -37,11 +38,8 @@ use crate::{
     plumbing::error::{from_db, from_pool},
     tables::idempotency::outcome::{RESERVE, ReserveOutcome},
     tables::idempotency::{self, Key, Stored},
-    tables::ledger,
     tables::locations,
     tables::orders,
-    tables::outbox,
-    tables::reservations,
     tables::stock,
     usecases::holds::{self, Hold, Record},
 };
@@ -244,8 +242,9 @@ impl PgStore {
     }
 }
 
-/// Every statement the transaction may send, in the order its steps send them.
-const STATEMENTS: [&str; 14] = [
+/// Every statement the transaction's step 2 may send, in the order it sends them; step 3's
+/// are [`holds::WRITES`].
+const READS: [&str; 7] = [
     idempotency::CLAIM_MANY,
     idempotency::READ_STORED_MANY,
     orders::LOCK_SHARED,
@@ -253,13 +252,6 @@ const STATEMENTS: [&str; 14] = [
     stock::LOCK_MANY,
     stock::READ_LOCATIONS_MANY,
     locations::ALL,
-    stock::APPLY,
-    reservations::INSERT_MANY,
-    reservations::INSERT_LINES_MANY,
-    outbox::APPEND_RESERVATION_EVENTS,
-    ledger::APPEND,
-    idempotency::RECORD_OUTCOMES_MANY,
-    idempotency::UNCLAIM_MANY,
 ];
 
 /// Prepares every statement of the transaction before any is sent (one round trip for those
@@ -270,7 +262,8 @@ const STATEMENTS: [&str; 14] = [
 /// claim), stock rows were locked before keys were claimed, the reverse of every other
 /// writer, and a retry holding its key deadlocked with the batch.
 async fn prepare(tx: &Transaction<'_>) -> Result<(), Error> {
-    futures::future::try_join_all(STATEMENTS.iter().map(|sql| tx.prepare_cached(sql)))
+    let statements = READS.iter().chain(&holds::WRITES);
+    futures::future::try_join_all(statements.map(|sql| tx.prepare_cached(sql)))
         .await
         .map_err(from_db)?;
     Ok(())

@@ -25,7 +25,7 @@ use crate::{
 };
 
 /// The statements of [`write`], in the order it sends them.
-const WRITES: [&str; 7] = [
+pub(crate) const WRITES: [&str; 7] = [
     stock::APPLY,
     reservations::INSERT_MANY,
     reservations::INSERT_LINES_MANY,

@@ -342,7 +342,10 @@ pub async fn run_tailer<F: HeadFeed>(hub: EventHub, feed: F, mut stopping: watch
         if hub.live.receiver_count() == 0 {
             // Nobody follows the live tail: skip to the head instead of reading every event
             // (and decoding its payload) for no one. A watcher that subscribes meanwhile
-            // catches up from PostgreSQL and reads again across any gap it sees.
+            // catches up from PostgreSQL and reads again across any gap it sees. The head is
+            // read now, at every wake, not when a watcher appears: read then, it would already
+            // include the event whose commit woke the tailer, which would never be broadcast
+            // to a watcher that caught up just before it (and sees no gap to read across).
             match hub.inventory.stream_bounds().await {
                 Ok(bounds) => position = bounds.head,
                 Err(error) => tracing::warn!(%error, "cannot read the event stream head"),

@@ -13,7 +13,10 @@ use std::{env, fs, path::Path, path::PathBuf, process::Command};
 
 use protox::prost::Message as _;
 
+/// The public API: compiled, and served by reflection.
 const PROTOS: &[&str] = &["inventory/v1/inventory.proto"];
+/// Replica-to-replica calls: compiled, never served by reflection.
+const INTERNAL_PROTOS: &[&str] = &["inventory/peer/v1/peer.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The script runs in the crate's folder; `proto/` stays at the top of the workspace.
@@ -29,10 +32,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         descriptors.encode_to_vec(),
     )?;
 
+    // The peer file imports the public one, so this set holds both.
+    let internal: Vec<PathBuf> = INTERNAL_PROTOS.iter().map(|p| proto_root.join(p)).collect();
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_fds(descriptors)?;
+        .compile_fds(protox::compile(&internal, [&proto_root])?)?;
 
     println!(
         "cargo:rustc-env=INVENTORY_BUILD_COMMIT={}",

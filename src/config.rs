@@ -95,7 +95,34 @@ pub struct ServeArgs {
     pub upkeep: UpkeepArgs,
     #[command(flatten)]
     pub auth: AuthArgs,
+    #[command(flatten)]
+    pub peer: PeerArgs,
 }
+
+/// [`PeerSettings`]: the internal port replicas forward hot-SKU calls on.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Peers")]
+pub struct PeerArgs {
+    /// Internal listener for calls forwarded by other replicas. Set: a single-line Reserve
+    /// whose SKU's lease another replica holds is handed to that replica, so the calls for a
+    /// hot SKU meet in one batch. Unset: this replica neither forwards nor takes forwards.
+    #[arg(long, env = "PEER_LISTEN_ADDR")]
+    pub peer_listen_addr: Option<SocketAddr>,
+
+    /// `ip:port` other replicas reach PEER_LISTEN_ADDR at (in Kubernetes, the pod IP from the
+    /// downward API). Unset: the address PEER_LISTEN_ADDR bound, which then must not be a
+    /// wildcard address.
+    #[arg(long, env = "PEER_ADVERTISE_ADDR")]
+    pub peer_advertise_addr: Option<SocketAddr>,
+
+    /// Secret shared by every replica (at least 32 bytes): each forwarded call is signed with
+    /// it, and a call without a valid signature is refused. Required with PEER_LISTEN_ADDR.
+    #[arg(long, env = "PEER_SECRET", hide_env_values = true, value_parser = secret)]
+    pub peer_secret: Option<SecretString>,
+}
+
+/// Shortest peer secret accepted: an HMAC-SHA256 key should be as long as its output.
+const MIN_PEER_SECRET_BYTES: usize = 32;
 
 /// [`ServerSettings`]: the gRPC port and the ports beside it, and what each call may use.
 #[derive(Debug, Args)]
@@ -358,6 +385,26 @@ pub struct Settings {
     pub inventory: InventoryConfig,
     pub upkeep: Upkeep,
     pub auth: AuthSettings,
+    /// Set: forwarding to the replica holding a SKU's lease is on.
+    pub peer: Option<PeerSettings>,
+}
+
+/// The internal port replicas forward calls on, and what they sign them with.
+#[derive(Clone)]
+pub struct PeerSettings {
+    pub listen_addr: SocketAddr,
+    /// What this replica's leases name as its address; `None`: the bound listen address.
+    pub advertise_addr: Option<SocketAddr>,
+    pub secret: SecretSlice<u8>,
+}
+
+impl std::fmt::Debug for PeerSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerSettings")
+            .field("listen_addr", &self.listen_addr)
+            .field("advertise_addr", &self.advertise_addr)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The gRPC port and the ports beside it, and what each call may use.
@@ -484,6 +531,7 @@ impl Settings {
         let auth = args.auth.settings(&args.server, &mut problems);
         let inventory = args.inventory.settings(&args.redis.leases, &mut problems);
         let upkeep = args.upkeep.settings(&mut problems);
+        let peer = args.peer.settings(&mut problems);
         match (server, database, redis, inventory, upkeep, auth) {
             (
                 Some(server),
@@ -499,6 +547,7 @@ impl Settings {
                 inventory,
                 upkeep,
                 auth,
+                peer,
             }),
             _ => Err(ConfigError(problems)),
         }
@@ -578,6 +627,52 @@ impl RedisArgs {
                 connect_timeout: self.redis_connect_timeout,
             },
             leases,
+        })
+    }
+}
+
+impl PeerArgs {
+    fn settings(&self, problems: &mut Vec<String>) -> Option<PeerSettings> {
+        let Some(listen_addr) = self.peer_listen_addr else {
+            if self.peer_advertise_addr.is_some() || self.peer_secret.is_some() {
+                problems.push("PEER_ADVERTISE_ADDR and PEER_SECRET need PEER_LISTEN_ADDR".into());
+            }
+            return None;
+        };
+        let advertise_addr = match self.peer_advertise_addr {
+            Some(addr) if addr.ip().is_unspecified() || addr.port() == 0 => {
+                problems.push("PEER_ADVERTISE_ADDR must be an address peers can reach".into());
+                None
+            }
+            Some(addr) => Some(Some(addr)),
+            None if listen_addr.ip().is_unspecified() => {
+                problems.push(
+                    "PEER_ADVERTISE_ADDR is required when PEER_LISTEN_ADDR is a wildcard address"
+                        .into(),
+                );
+                None
+            }
+            None => Some(None),
+        };
+        let secret = match &self.peer_secret {
+            Some(secret) if secret.expose_secret().len() >= MIN_PEER_SECRET_BYTES => Some(
+                SecretSlice::from(secret.expose_secret().as_bytes().to_vec()),
+            ),
+            Some(_) => {
+                problems.push(format!(
+                    "PEER_SECRET must be at least {MIN_PEER_SECRET_BYTES} bytes"
+                ));
+                None
+            }
+            None => {
+                problems.push("PEER_SECRET is required with PEER_LISTEN_ADDR".into());
+                None
+            }
+        };
+        Some(PeerSettings {
+            listen_addr,
+            advertise_addr: advertise_addr?,
+            secret: secret?,
         })
     }
 }

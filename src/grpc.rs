@@ -159,7 +159,7 @@ fn respond<T: Encode>(answer: Result<T, Error>) -> Result<Response<T::Message>, 
 }
 
 /// The `grpc-timeout` header (`<digits><unit>`, unit one of H M S m u n), if present and valid.
-fn client_timeout(metadata: &MetadataMap) -> Option<Duration> {
+pub(crate) fn client_timeout(metadata: &MetadataMap) -> Option<Duration> {
     let raw = metadata.get("grpc-timeout")?.to_str().ok()?;
     let (digits, unit) = raw.split_at(raw.len().checked_sub(1)?);
     let value: u64 = digits.parse().ok()?;

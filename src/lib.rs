@@ -10,6 +10,8 @@
 //!   answers encoded; nothing else touches protobuf types.
 //! - [`events`] — the event stream: sequencer, tailer and one watcher per `WatchEvents` call.
 //! - [`grpc`] — the service implementation, thin on purpose.
+//! - [`peer`] — the internal port: a hot SKU's calls forwarded to the replica holding its
+//!   lease, signed with the fleet's secret.
 //! - [`status`] — the one map from core errors to gRPC statuses.
 //! - [`startup`] — building, serving and the shutdown sequence.
 //! - [`upkeep`] — expiry of overdue holds and pruning past retention, in the background.
@@ -19,12 +21,17 @@
 //! - [`metrics`] — the server's instruments; the adapters record their own.
 //! - [`admin`] — the plaintext admin HTTP port: `/metrics`.
 
+// The `Reserve` future nests the routing, coalescing and group-commit futures; computing its
+// layout goes deeper than the default limit of 128.
+#![recursion_limit = "256"]
+
 pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod events;
 pub mod grpc;
 pub mod metrics;
+pub mod peer;
 /// The generated API (`inventory-proto`), re-exported so `crate::proto` names it.
 pub use inventory_proto as proto;
 pub mod reload;

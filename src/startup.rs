@@ -26,9 +26,11 @@ use tonic_health::{
 use crate::{
     Service,
     auth::Gate,
+    config::PeerSettings,
     config::{DatabaseSettings, ReloadSources, ServerSettings, Settings},
     events::{self, EventHub},
     grpc::InventoryApi,
+    peer::{PeerApi, PeerForwarder, PeerSecret},
     proto::{self, inventory_service_server::InventoryServiceServer},
     reload::Reloader,
     tls::ServerTls,
@@ -49,6 +51,8 @@ pub struct Application {
     local_addr: SocketAddr,
     health_listener: Option<TcpListener>,
     admin_listener: Option<TcpListener>,
+    /// The internal port calls forwarded by other replicas arrive on, when forwarding is on.
+    peers: Option<Peers>,
     registry: prometheus::Registry,
     tls: Option<ServerTls>,
     pool: Pool,
@@ -87,6 +91,7 @@ impl Application {
             inventory,
             upkeep,
             auth,
+            peer,
         } = settings;
         let listen_config = listen_config(&database);
         probe_postgres(&database, &listen_config).await?;
@@ -94,6 +99,12 @@ impl Application {
             .context("cannot build the PostgreSQL pool")?;
         let client = connect_redis(redis.config, &redis.client).await?;
         let listeners = Listeners::bind(&server).await?;
+        let peers = match peer {
+            Some(peer) => Some(Peers::bind(&peer).await?),
+            None => None,
+        };
+        let mut lease_settings = redis.leases;
+        lease_settings.advertise = peers.as_ref().map(|p| p.advertise.to_string());
         let tls = server_tls(&server)?;
         if auth.authenticator.is_disabled() {
             tracing::warn!("authentication is DISABLED: every caller may make every call");
@@ -101,15 +112,17 @@ impl Application {
         let core = Core::wire(
             &pool,
             &database.pool,
-            RedisLeases::new(client.clone(), redis.leases),
+            RedisLeases::new(client.clone(), lease_settings),
             inventory,
             server.max_watchers,
+            peers.as_ref().map(|p| p.secret.clone()),
         );
         Ok(Self {
             listener: listeners.grpc,
             local_addr: listeners.local_addr,
             health_listener: listeners.health,
             admin_listener: listeners.admin,
+            peers,
             registry,
             tls,
             pool,
@@ -138,6 +151,13 @@ impl Application {
         self.admin_listener
             .as_ref()
             .and_then(|listener| listener.local_addr().ok())
+    }
+
+    /// The internal peer port's address, when forwarding is on.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peers
+            .as_ref()
+            .and_then(|peers| peers.listener.local_addr().ok())
     }
 
     /// The plaintext health listener's address, if there is one.
@@ -184,6 +204,14 @@ impl Application {
         let (stop_health, health_server) =
             serve_health_plaintext(self.health_listener, health_service.clone());
         let admin_server = serve_admin(self.admin_listener, &self.registry, &self.stopping);
+        let peer_server = self.peers.map(|peers| {
+            serve_peers(
+                peers,
+                Arc::clone(&self.inventory),
+                Arc::clone(&admission.permits),
+                self.stopping.subscribe(),
+            )
+        });
         let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = Server::builder()
             .layer(crate::telemetry::RpcLayer)
@@ -222,6 +250,9 @@ impl Application {
         }
         if let Some(admin_server) = admin_server {
             let _ = admin_server.await;
+        }
+        if let Some(peer_server) = peer_server {
+            let _ = peer_server.await;
         }
         stop_health_server(stop_health, health_server).await;
         self.pool.close();
@@ -375,6 +406,31 @@ impl Listeners {
     }
 }
 
+/// The internal peer port, bound, with what this replica's leases name as its address.
+#[derive(Debug)]
+struct Peers {
+    listener: TcpListener,
+    advertise: SocketAddr,
+    secret: PeerSecret,
+}
+
+impl Peers {
+    async fn bind(settings: &PeerSettings) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(settings.listen_addr)
+            .await
+            .with_context(|| format!("cannot listen on {} (peers)", settings.listen_addr))?;
+        let advertise = match settings.advertise_addr {
+            Some(addr) => addr,
+            None => listener.local_addr()?,
+        };
+        Ok(Self {
+            listener,
+            advertise,
+            secret: PeerSecret::new(secrecy::ExposeSecret::expose_secret(&settings.secret)),
+        })
+    }
+}
+
 async fn bind_optional(
     addr: Option<SocketAddr>,
     what: &str,
@@ -418,13 +474,17 @@ impl Core {
         leases: RedisLeases,
         config: InventoryConfig,
         max_watchers: usize,
+        peer_secret: Option<PeerSecret>,
     ) -> Self {
         let pauses = PausePoints::default();
         let store = PgStore::new(pool.clone(), pool_settings.operation_bound())
             .with_pause_points(pauses.clone());
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
-        let inventory =
-            Arc::new(Inventory::new(store.clone(), leases, config).with_pause_points(pauses));
+        let mut inventory = Inventory::new(store.clone(), leases, config).with_pause_points(pauses);
+        if let Some(secret) = peer_secret {
+            inventory = inventory.with_forwarder(Arc::new(PeerForwarder::new(secret)));
+        }
+        let inventory = Arc::new(inventory);
         let events = EventHub::new(Arc::clone(&inventory), stopping_rx, max_watchers);
         Self {
             store,
@@ -433,6 +493,26 @@ impl Core {
             stopping,
         }
     }
+}
+
+/// The internal peer port: forwarded calls, until `stopping` turns true; then it lets the
+/// calls in flight finish (tonic's graceful shutdown), as the API port does.
+fn serve_peers(
+    peers: Peers,
+    inventory: Arc<Service>,
+    in_flight: Arc<tokio::sync::Semaphore>,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) -> JoinHandle<Result<(), tonic::transport::Error>> {
+    tracing::info!(addr = ?peers.listener.local_addr().ok(), advertised = %peers.advertise, "serving peers");
+    let api = crate::peer::service(PeerApi::new(inventory, peers.secret, in_flight));
+    tokio::spawn(
+        Server::builder()
+            .layer(crate::telemetry::RpcLayer)
+            .add_service(api)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(peers.listener), async move {
+                let _ = stopping.wait_for(|stop| *stop).await;
+            }),
+    )
 }
 
 /// The plaintext health listener, if any. It outlives the main one, so probes see

@@ -107,6 +107,14 @@ fn status_of(error: Error) -> Status {
             [violation("MAX_HOLD", id, message)],
         ),
         Error::LeaseBusy { sku, .. } => aborted(ErrorReason::LeaseBusy, sku.as_str(), message),
+        // Only peers hear it (as `not_holder`); a client would retry like after a lost race.
+        Error::NotHolder { sku } => aborted(ErrorReason::LeaseBusy, sku.as_str(), message),
+        // Already a status: the peer that ran the call mapped it.
+        Error::Relayed(relayed) => Status::with_details(
+            Code::from_i32(relayed.code),
+            relayed.message.clone(),
+            relayed.details.clone().into(),
+        ),
         Error::TooManyWaiters { sku } => exhausted(
             ErrorReason::SkuContended,
             message,

@@ -5,6 +5,7 @@
 
 mod decode;
 mod encode;
+pub mod relay;
 
 pub use decode::Decode;
 pub use encode::{BatchLevels, Encode};

@@ -73,6 +73,8 @@ pub struct TestApp {
     pub health_addr: Option<SocketAddr>,
     /// The admin port (`/metrics`), when the settings asked for one.
     pub admin_addr: Option<SocketAddr>,
+    /// The internal peer port, when forwarding is on.
+    pub peer_addr: Option<SocketAddr>,
     pub client: InventoryServiceClient<Channel>,
     /// Direct access to the test's database, to check what a call did (or did not) change.
     pub db: tokio_postgres::Client,
@@ -202,6 +204,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
             authenticator: inventory_server::auth::Authenticator::disabled(),
             tokens_file: None,
         },
+        peer: None,
     }
 }
 
@@ -233,6 +236,7 @@ pub async fn spawn_app_exporting(settings: Settings, registry: prometheus::Regis
     let addr = application.local_addr();
     let health_addr = application.health_addr();
     let admin_addr = application.admin_addr();
+    let peer_addr = application.peer_addr();
     let inventory = application.inventory();
     let store = application.store();
     let events = application.events();
@@ -251,6 +255,7 @@ pub async fn spawn_app_exporting(settings: Settings, registry: prometheus::Regis
         addr,
         health_addr,
         admin_addr,
+        peer_addr,
         client,
         db,
         inventory,

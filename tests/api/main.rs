@@ -19,6 +19,7 @@ mod events;
 mod extend;
 mod failover;
 mod faults;
+mod forwarding;
 mod helpers;
 mod hostile;
 mod lab;

@@ -47,8 +47,21 @@ use crate::{
     command::Reserve,
     domain::{Reservation, Sku, Ttl},
     error::Error,
-    ports::{Answers, Lease, ReserveGroup, WriteOutcome},
+    ports::{Answers, Lease, Peer, ReserveGroup, WriteOutcome},
 };
+
+/// Where a `Reserve` came from, which decides whether it may be forwarded to the replica
+/// holding its SKU's lease (one hop at most, see [`crate::ports::Forwarder`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// From a client: forwarded when a peer holds the lease.
+    Client,
+    /// Forwarded by a peer: run here while this replica can take the lease, else answered
+    /// [`Error::NotHolder`] so the sender runs it; never forwarded again.
+    Peer,
+    /// From a client, after its forward failed or was refused: waits for the lease here.
+    Local,
+}
 
 /// Most SKU batches one transaction of the committer writes.
 pub const MAX_GROUPS: usize = 64;
@@ -100,6 +113,7 @@ impl Default for CoalesceConfig {
 #[derive(Debug)]
 pub(crate) struct Queued {
     id: u64,
+    origin: Origin,
     pub command: Reserve,
     pub ttl: Ttl,
     pub deadline: Instant,
@@ -137,6 +151,8 @@ pub(crate) enum Turn {
     Lead(Option<Kept>),
     /// The request was written; this is its answer.
     Done(Result<Reservation, Error>),
+    /// Another replica holds the lease: forward the request there.
+    Forward(Peer),
 }
 
 /// The result of joining a queue.
@@ -170,6 +186,7 @@ impl Queues {
         &self,
         sku: &Sku,
         command: &Reserve,
+        origin: Origin,
         ttl: Ttl,
         deadline: Instant,
         max_queued: usize,
@@ -190,6 +207,7 @@ impl Queues {
         let (reply, turn) = oneshot::channel();
         queue.push_back(Queued {
             id: *next_id,
+            origin,
             command: command.clone(),
             ttl,
             deadline,
@@ -214,6 +232,33 @@ impl Queues {
             }
             None => false,
         }
+    }
+
+    /// Whether the SKU has a leader here: its lease is held or being taken by this replica.
+    pub fn has_leader(&self, sku: &Sku) -> bool {
+        let state = self.state.lock().expect("queues lock");
+        state.queues.contains_key(sku)
+    }
+
+    /// The lease was found held by another replica: every queued client request is sent to
+    /// `peer` (when the holder takes forwarded calls), every forwarded one is told
+    /// [`Error::NotHolder`]; the rest stay queued to wait for the lease here.
+    pub fn redirect(&self, sku: &Sku, peer: Option<&Peer>) {
+        let mut state = self.state.lock().expect("queues lock");
+        let Some(queue) = state.queues.get_mut(sku) else {
+            return;
+        };
+        let mut kept = VecDeque::with_capacity(queue.len());
+        for queued in queue.drain(..) {
+            match (queued.origin, peer) {
+                (Origin::Client, Some(peer)) => {
+                    let _ = queued.reply.send(Turn::Forward(peer.clone()));
+                }
+                (Origin::Peer, _) => queued.answer(Err(Error::NotHolder { sku: sku.clone() })),
+                _ => kept.push_back(queued),
+            }
+        }
+        *queue = kept;
     }
 
     /// How many requests wait behind the leader.
@@ -280,7 +325,7 @@ impl Queues {
             match next.reply.send(Turn::Lead(kept)) {
                 Ok(()) => return Ok(()),
                 Err(Turn::Lead(back)) => kept = back,
-                Err(Turn::Done(_)) => unreachable!("a lead was sent"),
+                Err(_) => unreachable!("a lead was sent"),
             }
         }
         if give_up {

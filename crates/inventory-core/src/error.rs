@@ -38,6 +38,14 @@ pub struct Settled {
     pub released: i64,
 }
 
+/// A gRPC status as another replica answered it: code, message and encoded details.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Relayed {
+    pub code: i32,
+    pub message: String,
+    pub details: Vec<u8>,
+}
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A cause kept behind an `Arc`, so an error can be cloned: every request of a batch that
@@ -142,6 +150,15 @@ pub enum Error {
     /// Too many requests are already waiting for this SKU's lease in this replica.
     #[error("too many requests are waiting for {sku}")]
     TooManyWaiters { sku: Sku },
+
+    /// A forwarded `Reserve` reached a replica that no longer holds its SKU's lease (another
+    /// replica does); the sender runs it itself. Only replicas hear this.
+    #[error("this replica does not hold the lease on {sku}")]
+    NotHolder { sku: Sku },
+
+    /// The answer of the replica that ran a forwarded call, passed on as it was given.
+    #[error("{}", .0.message)]
+    Relayed(Relayed),
 
     /// The server is at its limit of calls in flight.
     #[error("the server is at its limit of calls in flight")]

@@ -58,3 +58,38 @@ pub(crate) fn count_batch(handed: bool) {
             )],
         );
 }
+
+/// Counts one `Reserve` handed to the replica holding its SKU's lease, by `result`
+/// (`answered`: the peer ran it; `not_holder`: it no longer held the lease; `failed`: the hop
+/// failed), and times the hop (`inventory.reserve.forward.duration`, the peer's work
+/// included). Either of the last two runs the call here.
+pub(crate) fn count_forward(forwarded: &crate::ports::Forwarded, took: std::time::Duration) {
+    static COUNTER: OnceLock<Counter<u64>> = OnceLock::new();
+    static DURATION: OnceLock<Histogram<f64>> = OnceLock::new();
+    let result = match forwarded {
+        crate::ports::Forwarded::Answered(_) => "answered",
+        crate::ports::Forwarded::NotHolder => "not_holder",
+        crate::ports::Forwarded::Failed(_) => "failed",
+    };
+    let attributes = [KeyValue::new("result", result)];
+    COUNTER
+        .get_or_init(|| {
+            global::meter("inventory-core")
+                .u64_counter("inventory.reserve.forwarded")
+                .with_description(
+                    "Reserve calls handed to the replica holding their SKU's lease, by result",
+                )
+                .build()
+        })
+        .add(1, &attributes);
+    DURATION
+        .get_or_init(|| {
+            global::meter("inventory-core")
+                .f64_histogram("inventory.reserve.forward.duration")
+                .with_unit("s")
+                .with_description("Time from handing a Reserve to a peer to its answer")
+                .with_boundaries(SECONDS_BUCKETS.to_vec())
+                .build()
+        })
+        .record(took.as_secs_f64(), &attributes);
+}

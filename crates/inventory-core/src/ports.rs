@@ -214,8 +214,33 @@ pub struct Lease {
     pub fence: FenceToken,
 }
 
+/// The replica holding a SKU's lease, as its lease names it: the internal address its peers
+/// forward calls to. Opaque to the core.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Peer(pub String);
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What one grant attempt found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    Granted(Lease),
+    /// Someone else holds the lease: `peer` when its value names another replica that takes
+    /// forwarded calls, `None` for a holder that does not (an older release, this replica).
+    Held {
+        peer: Option<Peer>,
+    },
+}
+
 /// Per-SKU leases. They limit contention only: correctness never depends on them.
 pub trait LeaseService: Send + Sync + 'static {
+    /// One grant attempt, no waiting: the lease with the next fencing token, or who holds it.
+    fn try_acquire(&self, sku: &Sku) -> impl Future<Output = Result<Attempt, Error>> + Send;
+
     /// Waits (bounded, with jittered backoff) until the SKU's lease is free and takes it with
     /// the next fencing token, atomically. Past `deadline`: [`Error::LeaseBusy`].
     fn acquire(
@@ -248,6 +273,30 @@ pub trait LeaseService: Send + Sync + 'static {
         sku: &Sku,
         floor: FenceToken,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// What a `Reserve` handed to the replica holding its SKU's lease came to.
+#[derive(Debug)]
+pub enum Forwarded {
+    /// The peer ran it: its answer, as if the call had arrived there.
+    Answered(Result<Reservation, Error>),
+    /// The peer does not hold the lease (another replica does): run the call here.
+    NotHolder,
+    /// The hop failed (refused, unreachable, cut off, timed out). The call may or may not have
+    /// run there; its idempotency key makes running it here safe either way.
+    Failed(Error),
+}
+
+/// Hands a single-line `Reserve` to the replica holding its SKU's lease, so the calls for a
+/// hot SKU meet in one batch, wherever they arrive. The hop carries the caller, the
+/// idempotency key and what is left of the deadline; the peer never forwards it again.
+pub trait Forwarder: Send + Sync + std::fmt::Debug + 'static {
+    fn forward<'a>(
+        &'a self,
+        peer: &'a Peer,
+        command: &'a Reserve,
+        deadline: Instant,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Forwarded> + Send + 'a>>;
 }
 
 /// The positioned event stream: events get positions in commit order, then are read back.

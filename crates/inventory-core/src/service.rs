@@ -5,7 +5,11 @@
 //! lease, since none of them can oversell, and so keep working while Redis is down.
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -13,7 +17,7 @@ use crate::{
     budget::Budget,
     coalesce::{
         CoalesceConfig, CommitTurn, CommitWait, Committer, GroupOutcome, Joined, Kept, Leadership,
-        MAX_GROUPS, MAX_HELD_BATCHES, Queued, Queues, Submitted, Turn, TurnWait, Writing,
+        MAX_GROUPS, MAX_HELD_BATCHES, Origin, Queued, Queues, Submitted, Turn, TurnWait, Writing,
     },
     command::{
         AdjustStock, BatchSetStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
@@ -25,8 +29,8 @@ use crate::{
     events::{Event, Positioned, StreamBounds},
     pause::{PausePoint, PausePoints},
     ports::{
-        Answers, EventStore, Lease, LeaseService, ReservationStore, ReserveGroup, StockStore,
-        Upkeep, WriteOutcome,
+        Answers, Attempt, EventStore, Forwarded, Forwarder, Lease, LeaseService, Peer,
+        ReservationStore, ReserveGroup, StockStore, Upkeep, WriteOutcome,
     },
     rules,
     upkeep::{HeldTotals, Pruned, Retention},
@@ -36,6 +40,19 @@ use crate::{
 /// up with [`Error::LeaseLost`]. One is enough (every fenced SKU is raised at once) unless
 /// Redis keeps losing data mid-request.
 const MAX_FENCE_RECOVERIES: usize = 3;
+
+/// How long a replica sends a SKU's calls straight to the peer it last found holding the
+/// lease, before it looks at the lease again (one grant attempt).
+const HINT_TTL: Duration = Duration::from_secs(1);
+
+/// Most SKUs a replica remembers a holding peer for; past it, stale ones are dropped first.
+const MAX_HINTS: usize = 4096;
+
+/// What the coalescing path came to: an answer, or the peer to forward the call to.
+enum Routed {
+    Done(Result<Reservation, Error>),
+    Forward(Peer),
+}
 
 #[derive(Clone, Debug)]
 pub struct InventoryConfig {
@@ -58,6 +75,22 @@ pub struct Inventory<S, L> {
     committer: Committer,
     /// Batches written under a lease the last leader kept.
     handed_batches: AtomicU64,
+    /// Where single-line calls go when a peer holds their SKU's lease; `None`: never forwarded.
+    forwarder: Option<Arc<dyn Forwarder>>,
+    /// The peer last found holding each SKU's lease, and when.
+    hints: Mutex<HashMap<Sku, (Peer, Instant)>>,
+    forwards: ForwardCounts,
+}
+
+/// How the calls this replica forwarded ended, counted since it started.
+#[derive(Debug, Default)]
+pub struct ForwardCounts {
+    /// The peer ran the call and answered it.
+    pub answered: AtomicU64,
+    /// The peer no longer held the lease; the call ran here.
+    pub not_holder: AtomicU64,
+    /// The hop failed; the call ran here.
+    pub failed: AtomicU64,
 }
 
 impl<S, L> Inventory<S, L>
@@ -75,7 +108,16 @@ where
             queues: Queues::default(),
             committer,
             handed_batches: AtomicU64::new(0),
+            forwarder: None,
+            hints: Mutex::default(),
+            forwards: ForwardCounts::default(),
         }
+    }
+
+    /// The same service, handing single-line calls to the replica holding their SKU's lease.
+    pub fn with_forwarder(mut self, forwarder: Arc<dyn Forwarder>) -> Self {
+        self.forwarder = Some(forwarder);
+        self
     }
 
     /// The same service, reaching these pause points (to share them with an adapter).
@@ -98,6 +140,11 @@ where
     /// (renewed) instead of one taken from Redis.
     pub fn handed_batches(&self) -> u64 {
         self.handed_batches.load(Ordering::Relaxed)
+    }
+
+    /// How the calls this replica forwarded to the holder of their SKU's lease ended.
+    pub fn forwards(&self) -> &ForwardCounts {
+        &self.forwards
     }
 
     /// The lease service this instance takes its leases from.
@@ -168,14 +215,35 @@ where
     /// ends first; which one ran out decides between [`Error::LeaseBusy`] and
     /// [`Error::DeadlineExceeded`].
     pub async fn reserve(&self, command: &Reserve, budget: Budget) -> Result<Reservation, Error> {
+        self.reserve_from(command, budget, Origin::Client).await
+    }
+
+    /// A `Reserve` a peer forwarded here because this replica held its SKU's lease. Run like
+    /// any other, except that it is never forwarded again: if another replica holds the
+    /// lease now, the answer is [`Error::NotHolder`] and the sender runs it.
+    pub async fn reserve_forwarded(
+        &self,
+        command: &Reserve,
+        budget: Budget,
+    ) -> Result<Reservation, Error> {
+        self.reserve_from(command, budget, Origin::Peer).await
+    }
+
+    async fn reserve_from(
+        &self,
+        command: &Reserve,
+        budget: Budget,
+        origin: Origin,
+    ) -> Result<Reservation, Error> {
         let wait = budget.lease_wait(self.config.lease_wait, Instant::now());
-        wait.judge(self.reserve_until(command, wait.until).await)
+        wait.judge(self.reserve_until(command, wait.until, origin).await)
     }
 
     async fn reserve_until(
         &self,
         command: &Reserve,
         deadline: Instant,
+        origin: Origin,
     ) -> Result<Reservation, Error> {
         let ttl = command.ttl.unwrap_or(self.config.default_ttl);
         rules::within_max_hold(ttl, self.config.max_hold)?;
@@ -183,7 +251,7 @@ where
             && self.config.coalesce.max_batch > 1
         {
             return self
-                .reserve_coalesced(&line.sku, command, ttl, deadline)
+                .reserve_routed(&line.sku, command, ttl, deadline, origin)
                 .await;
         }
         let skus: Vec<Sku> = command
@@ -198,27 +266,172 @@ where
         .await?
     }
 
-    /// Queues behind the SKU's leader, or leads: one lease and one transaction for the whole
-    /// queue, each request answered on its own.
-    async fn reserve_coalesced(
+    /// A single-line call: to the peer holding its SKU's lease when there is one (at most one
+    /// hop: a forward that fails or is refused runs here), else through this replica's queue.
+    async fn reserve_routed(
         &self,
         sku: &Sku,
         command: &Reserve,
         ttl: Ttl,
         deadline: Instant,
+        origin: Origin,
     ) -> Result<Reservation, Error> {
+        let mut origin = match (&self.forwarder, origin) {
+            (None, Origin::Client) => Origin::Local,
+            (_, origin) => origin,
+        };
+        // A SKU led here has its lease held or being taken here: no need to look elsewhere.
+        let mut target = match origin {
+            Origin::Client if !self.queues.has_leader(sku) => self.hint(sku),
+            _ => None,
+        };
+        loop {
+            let peer = match target.take() {
+                Some(peer) => peer,
+                // Boxed: the coalescing path's future is large, and this loop holds it beside
+                // the forward's.
+                None => match Box::pin(self.reserve_coalesced(sku, command, origin, ttl, deadline))
+                    .await
+                {
+                    Routed::Done(answer) => return answer,
+                    Routed::Forward(peer) => peer,
+                },
+            };
+            let Some(forwarder) = &self.forwarder else {
+                unreachable!("only a replica with a forwarder forwards");
+            };
+            let started = Instant::now();
+            let forwarded = forwarder.forward(&peer, command, deadline).await;
+            crate::metrics::count_forward(&forwarded, started.elapsed());
+            let counter = match &forwarded {
+                Forwarded::Answered(_) => &self.forwards.answered,
+                Forwarded::NotHolder => &self.forwards.not_holder,
+                Forwarded::Failed(_) => &self.forwards.failed,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            match forwarded {
+                Forwarded::Answered(answer) => return answer,
+                Forwarded::NotHolder => {
+                    tracing::debug!(%sku, %peer, "peer no longer holds the lease; running here");
+                }
+                Forwarded::Failed(error) => {
+                    tracing::debug!(%sku, %peer, %error, "forward failed; running here");
+                }
+            }
+            self.forget_hint(sku, &peer);
+            origin = Origin::Local;
+        }
+    }
+
+    /// The peer last found holding `sku`'s lease, if that was recent.
+    fn hint(&self, sku: &Sku) -> Option<Peer> {
+        let mut hints = self.hints.lock().expect("hints lock");
+        match hints.get(sku) {
+            Some((peer, at)) if at.elapsed() < HINT_TTL => Some(peer.clone()),
+            Some(_) => {
+                hints.remove(sku);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn remember_hint(&self, sku: &Sku, peer: &Peer) {
+        let mut hints = self.hints.lock().expect("hints lock");
+        if hints.len() >= MAX_HINTS && !hints.contains_key(sku) {
+            hints.retain(|_, (_, at)| at.elapsed() < HINT_TTL);
+            if hints.len() >= MAX_HINTS {
+                hints.clear();
+            }
+        }
+        hints.insert(sku.clone(), (peer.clone(), Instant::now()));
+    }
+
+    fn forget_hint(&self, sku: &Sku, peer: &Peer) {
+        let mut hints = self.hints.lock().expect("hints lock");
+        if hints.get(sku).is_some_and(|(hinted, _)| hinted == peer) {
+            hints.remove(sku);
+        }
+    }
+
+    /// Queues behind the SKU's leader, or leads: one lease and one transaction for the whole
+    /// queue, each request answered on its own. A leader that finds the lease held by a peer
+    /// sends the queue's client calls there (see [`Queues::redirect`]).
+    async fn reserve_coalesced(
+        &self,
+        sku: &Sku,
+        command: &Reserve,
+        origin: Origin,
+        ttl: Ttl,
+        deadline: Instant,
+    ) -> Routed {
         let config = &self.config.coalesce;
-        let kept = match self
+        let joined = match self
             .queues
-            .join(sku, command, ttl, deadline, config.max_queued)?
+            .join(sku, command, origin, ttl, deadline, config.max_queued)
         {
+            Ok(joined) => joined,
+            Err(error) => return Routed::Done(Err(error)),
+        };
+        let kept = match joined {
             Joined::Lead => None,
             Joined::Wait { id, turn } => match self.wait_turn(sku, id, turn, deadline).await {
-                Turn::Done(answer) => return answer,
+                Turn::Done(answer) => return Routed::Done(answer),
+                Turn::Forward(peer) => return Routed::Forward(peer),
                 Turn::Lead(kept) => kept,
             },
         };
-        let mut leadership = Leadership::new(&self.queues, sku, kept);
+        let try_first = kept.is_none() && self.forwarder.is_some();
+        let leadership = Leadership::new(&self.queues, sku, kept);
+        let mut granted = None;
+        if try_first {
+            // One grant attempt before taking the batch: it takes the lease, or says which
+            // peer has it, so the queue goes there instead of waiting its turn here. Dropping
+            // the leadership on the way out passes the lead to whoever stays queued.
+            match self.leases.try_acquire(sku).await {
+                Ok(Attempt::Granted(lease)) => {
+                    self.hints.lock().expect("hints lock").remove(sku);
+                    granted = Some(lease);
+                }
+                Ok(Attempt::Held { peer }) => {
+                    if let Some(peer) = &peer {
+                        self.remember_hint(sku, peer);
+                    }
+                    self.queues.redirect(sku, peer.as_ref());
+                    match (origin, peer) {
+                        (Origin::Client, Some(peer)) => return Routed::Forward(peer),
+                        (Origin::Peer, _) => {
+                            return Routed::Done(Err(Error::NotHolder { sku: sku.clone() }));
+                        }
+                        _ => {}
+                    }
+                }
+                Err(error) => {
+                    for queued in self.queues.take(sku, usize::MAX, command) {
+                        queued.answer(Err(error.clone()));
+                    }
+                    return Routed::Done(Err(error));
+                }
+            }
+        }
+        // Boxed, like the coalescing path itself: it is held beside the grant attempt's.
+        Routed::Done(
+            Box::pin(self.lead_batch(leadership, sku, command, ttl, deadline, granted)).await,
+        )
+    }
+
+    /// Writes the leader's batch: its own call and up to `max_batch - 1` queued ones, under
+    /// the lease the last leader kept, the one just `granted`, or one taken now.
+    async fn lead_batch(
+        &self,
+        mut leadership: Leadership<'_>,
+        sku: &Sku,
+        command: &Reserve,
+        ttl: Ttl,
+        deadline: Instant,
+        granted: Option<Lease>,
+    ) -> Result<Reservation, Error> {
+        let config = &self.config.coalesce;
         if !config.linger.is_zero() && self.queues.queued(sku) > 0 {
             // Others are already waiting, so more are likely: give them a moment to join.
             let until = (Instant::now() + config.linger).min(deadline);
@@ -236,7 +449,7 @@ where
             .chain(others)
             .collect();
         let written = self
-            .write_batch(&mut leadership, sku, &batch, batch_deadline)
+            .write_batch(&mut leadership, sku, &batch, batch_deadline, granted)
             .await
             .and_then(|answers| {
                 if answers.len() == batch.len() {
@@ -309,6 +522,7 @@ where
         sku: &Sku,
         batch: &[(Reserve, Ttl)],
         deadline: Instant,
+        mut granted: Option<Lease>,
     ) -> Result<Answers, Error> {
         let mut recoveries = 0;
         loop {
@@ -319,7 +533,10 @@ where
                     (kept.lease, kept.batches)
                 }
                 None => {
-                    let lease = self.leases.acquire(sku, deadline).await?;
+                    let lease = match granted.take() {
+                        Some(lease) => lease,
+                        None => self.leases.acquire(sku, deadline).await?,
+                    };
                     self.pauses.reach(PausePoint::LeaseGranted).await;
                     (lease, 0)
                 }

@@ -9,6 +9,12 @@ pub mod inventory {
     pub mod v1 {
         tonic::include_proto!("inventory.v1");
     }
+    /// Replica-to-replica calls (the internal peer port); not part of the public API.
+    pub mod peer {
+        pub mod v1 {
+            tonic::include_proto!("inventory.peer.v1");
+        }
+    }
 }
 
 pub use inventory::v1::*;

@@ -38,7 +38,7 @@ use fred::{
 use inventory_core::{
     Dependency, Error,
     domain::{FenceToken, Sku},
-    ports::{Lease, LeaseService},
+    ports::{Attempt, Lease, LeaseService, Peer},
 };
 use opentelemetry::KeyValue;
 use tokio::sync::Notify;
@@ -54,6 +54,17 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return token
 end
 return 0
+"#;
+
+/// As [`ACQUIRE`], but a refusal says who holds the lease: returns `{token, ''}` when
+/// granted, `{0, holder}` when not (`''` if the lease expired in between).
+const ACQUIRE_OR_HOLDER: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  return {token, ''}
+end
+return {0, redis.call('GET', KEYS[1]) or ''}
 "#;
 
 /// KEYS: lease, fence. ARGV: holder, lease ttl in ms, fence ttl in ms. If this holder still
@@ -113,6 +124,10 @@ pub struct LeaseSettings {
     /// Most requests of this replica waiting for one SKU's lease; more are refused at once
     /// (`RESOURCE_EXHAUSTED`) instead of piling up.
     pub max_waiters: usize,
+    /// The internal address peers forward calls to, written into every lease this replica
+    /// holds (`<token>@<address>`), so a replica that finds the lease taken knows where to
+    /// send the call. `None`: leases name no address, and this replica forwards nothing.
+    pub advertise: Option<String>,
 }
 
 impl Default for LeaseSettings {
@@ -123,6 +138,7 @@ impl Default for LeaseSettings {
             max_backoff: Duration::from_millis(25),
             fence_ttl: Duration::from_secs(30 * 24 * 60 * 60),
             max_waiters: 256,
+            advertise: None,
         }
     }
 }
@@ -140,6 +156,7 @@ pub struct RedisLeases {
     /// Where a release is published (`KeyPrefix::released_channel`).
     released_channel: String,
     acquire: Script,
+    acquire_or_holder: Script,
     release: Script,
     renew: Script,
     raise_fence: Script,
@@ -166,6 +183,7 @@ impl RedisLeases {
             subscribed,
             released_channel,
             acquire: Script::from_lua(ACQUIRE),
+            acquire_or_holder: Script::from_lua(ACQUIRE_OR_HOLDER),
             release: Script::from_lua(RELEASE),
             renew: Script::from_lua(RENEW),
             raise_fence: Script::from_lua(RAISE_FENCE),
@@ -205,8 +223,24 @@ impl RedisLeases {
         async move { script.evalsha_with_reload(redis.client(), keys, args).await }
     }
 
+    /// A new holder value: a random token, and this replica's peer address when it has one.
+    fn new_holder(&self) -> Result<String, Error> {
+        let token = new_holder_token()?;
+        Ok(match &self.settings.advertise {
+            Some(address) => format!("{token}@{address}"),
+            None => token,
+        })
+    }
+
+    /// The peer a lease's value names, unless it is this replica or names none.
+    fn peer_of(&self, holder: &str) -> Option<Peer> {
+        let (_, address) = holder.split_once('@')?;
+        (!address.is_empty() && self.settings.advertise.as_deref() != Some(address))
+            .then(|| Peer(address.to_owned()))
+    }
+
     /// One grant attempt: `Some(token)` if granted, `None` if busy.
-    pub async fn try_acquire(&self, sku: &Sku, holder: &str) -> Result<Option<FenceToken>, Error> {
+    pub async fn attempt(&self, sku: &Sku, holder: &str) -> Result<Option<FenceToken>, Error> {
         let token = self
             .lease_script("acquire", &self.acquire, sku, holder)
             .await?;
@@ -305,7 +339,7 @@ impl LeaseService for RedisLeases {
     #[tracing::instrument(name = "lease.acquire", skip_all, fields(sku = %sku, attempts, wait_ms))]
     async fn acquire(&self, sku: &Sku, deadline: Instant) -> Result<Lease, Error> {
         let waiting = WaiterGuard::enter(&self.waiters, sku, self.settings.max_waiters)?;
-        let holder = new_holder_token()?;
+        let holder = self.new_holder()?;
         let metrics = crate::metrics::leases();
         let started = Instant::now();
         let outcome = |name: &'static str| {
@@ -323,7 +357,7 @@ impl LeaseService for RedisLeases {
             let released = waiting.released.notified();
             tokio::pin!(released);
             released.as_mut().enable();
-            let granted = match self.try_acquire(sku, &holder).await {
+            let granted = match self.attempt(sku, &holder).await {
                 Ok(granted) => granted,
                 Err(error) => {
                     outcome("unavailable");
@@ -364,6 +398,46 @@ impl LeaseService for RedisLeases {
             step = (step * 2).min(self.settings.max_backoff);
             metrics.retries.add(1, &[]);
         }
+    }
+
+    async fn try_acquire(&self, sku: &Sku) -> Result<Attempt, Error> {
+        let holder = self.new_holder()?;
+        let prefix = self.redis.prefix();
+        let ttl_ms = self.settings.ttl.as_millis().max(1) as i64;
+        let answer: Result<(i64, String), Error> = self
+            .bounded(
+                "acquire",
+                self.acquire_or_holder.evalsha_with_reload(
+                    self.redis.client(),
+                    vec![prefix.lease(sku), prefix.fence(sku)],
+                    vec![
+                        holder.clone(),
+                        ttl_ms.to_string(),
+                        self.fence_ttl_ms().to_string(),
+                    ],
+                ),
+            )
+            .await;
+        let (token, current) = match answer {
+            Ok(answer) => answer,
+            Err(error) => {
+                // As in `acquire`: a grant that still runs after the timeout is given back.
+                self.release_in_background(sku, &holder);
+                return Err(error);
+            }
+        };
+        if token > 0 {
+            return Ok(Attempt::Granted(Lease {
+                sku: sku.clone(),
+                holder,
+                fence: FenceToken::new(token),
+            }));
+        }
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::leases().contended.add(1, &[]);
+        Ok(Attempt::Held {
+            peer: self.peer_of(&current),
+        })
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, Error> {

@@ -97,6 +97,7 @@ fn every_configured_key_is_a_setting_of_the_binary_and_the_ports_match() {
         ("LISTEN_ADDR", "grpc"),
         ("HEALTH_LISTEN_ADDR", "health"),
         ("ADMIN_LISTEN_ADDR", "admin"),
+        ("PEER_LISTEN_ADDR", "peer"),
     ] {
         let expected = format!(
             "- name: {name}\n              containerPort: {}",
@@ -107,6 +108,22 @@ fn every_configured_key_is_a_setting_of_the_binary_and_the_ports_match() {
             "{key} and the {name} container port disagree"
         );
     }
+    // The address peers are given is this pod's, on the peer port.
+    assert!(
+        deployment.contains(&format!(
+            "value: \"$(POD_IP):{}\"",
+            port(&config["PEER_LISTEN_ADDR"])
+        )),
+        "PEER_ADVERTISE_ADDR must name the pod IP and the peer port"
+    );
+    let policy = read("deploy/k8s/base/networkpolicy.yaml");
+    assert!(
+        policy
+            .matches(&format!("port: {}", port(&config["PEER_LISTEN_ADDR"])))
+            .count()
+            == 2,
+        "the network policy lets replicas reach each other's peer port, in and out"
+    );
     // The pod is given the time preStop and the server's drain need.
     let grace: u64 = deployment
         .lines()

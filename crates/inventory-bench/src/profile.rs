@@ -44,8 +44,12 @@ impl CpuSnapshot {
 
     /// CPU seconds spent since `before`, by component. Processes that ended in between are
     /// not counted, so the load's processes must outlive the window.
+    ///
+    /// With several server processes, `server` is their sum and `server (busiest)` the one
+    /// that used the most: on separate machines, that one is the fleet's limit.
     pub fn since(&self, before: &Self) -> BTreeMap<String, f64> {
         let mut by_component = BTreeMap::new();
+        let mut busiest_server: f64 = 0.0;
         for (pid, (name, now)) in &self.0 {
             let then = before.0.get(pid).map_or(0.0, |(_, t)| *t);
             let component = match name.as_str() {
@@ -55,8 +59,12 @@ impl CpuSnapshot {
                 n if n.starts_with("inventory-benc") || n == "pgbench" => "load generator",
                 _ => "other",
             };
+            if component == "server" {
+                busiest_server = busiest_server.max(now - then);
+            }
             *by_component.entry(component.to_owned()).or_insert(0.0) += now - then;
         }
+        by_component.insert("server (busiest)".to_owned(), busiest_server);
         by_component
     }
 }
@@ -98,7 +106,11 @@ pub fn steps(before: &str, after: &str) -> Steps {
             count,
         )
     };
-    let (rpc_us, _) = mean_us("inventory_rpc_duration_seconds", "Reserve\"");
+    // The API's Reserve only, not the peer port's forwarded ones.
+    let (rpc_us, _) = mean_us(
+        "inventory_rpc_duration_seconds",
+        "InventoryService/Reserve\"",
+    );
     let (lease_acquire_us, _) = mean_us("inventory_lease_acquire_duration_seconds", "granted");
     // Coalesced transactions only: the batch sizes are theirs (a lone request's write
     // records `path="single"`).
@@ -150,7 +162,12 @@ pub struct Profile {
 impl Profile {
     pub fn new(cpu: BTreeMap<String, f64>, seconds: f64, reservations: f64, steps: Steps) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        let total: f64 = cpu.values().sum();
+        // `server (busiest)` is one of the servers, already in `server`.
+        let total: f64 = cpu
+            .iter()
+            .filter(|(k, _)| k.as_str() != "server (busiest)")
+            .map(|(_, v)| v)
+            .sum();
         Self {
             cpu_us_per_reservation: cpu
                 .into_iter()

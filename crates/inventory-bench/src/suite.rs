@@ -82,7 +82,7 @@ struct Batched {
     coalesced_ratio: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 struct Measured {
     reservations_per_s: f64,
     p99_us: u64,
@@ -93,6 +93,8 @@ struct Measured {
     batch: Option<usize>,
     /// CPU µs per reservation of PostgreSQL and of the server(s).
     cpu_us: Option<(f64, f64)>,
+    /// CPU µs per reservation of Redis and of the busiest server process.
+    fleet_cpu_us: Option<(f64, f64)>,
     /// WAL bytes and rows written per reservation.
     storage: Option<Storage>,
 }
@@ -114,6 +116,10 @@ impl Measured {
             cpu_us: result.profile.as_ref().map(|p| {
                 let of = |k: &str| p.cpu_us_per_reservation.get(k).copied().unwrap_or(0.0);
                 (of("postgres"), of("server"))
+            }),
+            fleet_cpu_us: result.profile.as_ref().map(|p| {
+                let of = |k: &str| p.cpu_us_per_reservation.get(k).copied().unwrap_or(0.0);
+                (of("redis"), of("server (busiest)"))
             }),
             storage: result.storage,
         }
@@ -224,39 +230,52 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
                 measured,
             });
         }
-        // Replicas sharing the database and the leases (a hot SKU's replicas compete for its
-        // lease), at the most clients: against the one-replica service of the same round.
+        // Replicas sharing the database and the leases, forwarding each hot SKU's calls to
+        // the replica holding its lease, at the most clients: against the one-replica service
+        // of the same round.
         let most = config.clients.iter().copied().max().unwrap_or(0);
         for row in rows.iter().filter(|r| r.clients == most) {
             let same_round = row.rounds.last().expect("measured in this round");
-            serial += 1;
-            let run = ServiceRun {
-                server: &config.server,
-                verify: true,
-                label: format!(
-                    "coalesced-{:?}-{}-{REPLICAS}-replicas-r{round}",
-                    row.scenario, row.clients
-                )
-                .to_lowercase(),
-                serial,
-                scenario: row.scenario,
-                clients: row.clients,
-                replicas: REPLICAS,
-                max_batch: 64,
-                locations: 1,
-                ttl: LONG_HOLD,
-            };
-            let result = service(&config, &databases, run).await?;
-            result.print();
-            let measured = Measured::of(&result, same_round.raw_tps);
-            all_audits_passed &= measured.audit_passed;
+            for replicas in REPLICAS {
+                serial += 1;
+                let run = ServiceRun {
+                    server: &config.server,
+                    verify: true,
+                    label: format!(
+                        "coalesced-{:?}-{}-{replicas}-replicas-r{round}",
+                        row.scenario, row.clients
+                    )
+                    .to_lowercase(),
+                    serial,
+                    scenario: row.scenario,
+                    clients: row.clients,
+                    replicas,
+                    max_batch: 64,
+                    locations: 1,
+                    ttl: LONG_HOLD,
+                };
+                let result = service(&config, &databases, run).await?;
+                result.print();
+                let measured = Measured::of(&result, same_round.raw_tps);
+                all_audits_passed &= measured.audit_passed;
+                replicated.push(Replicated {
+                    scenario: row.scenario,
+                    clients: row.clients,
+                    replicas,
+                    vs_one_replica: measured.reservations_per_s
+                        / same_round.coalesced.reservations_per_s.max(1e-9),
+                    p99_vs_one_replica: measured.p99_us as f64
+                        / (same_round.coalesced.p99_us as f64).max(1.0),
+                    measured,
+                });
+            }
             replicated.push(Replicated {
                 scenario: row.scenario,
                 clients: row.clients,
-                replicas: REPLICAS,
-                vs_one_replica: measured.reservations_per_s
-                    / same_round.coalesced.reservations_per_s.max(1e-9),
-                measured,
+                replicas: 1,
+                vs_one_replica: 1.0,
+                p99_vs_one_replica: 1.0,
+                measured: same_round.coalesced.clone(),
             });
         }
         // Abandonment: Zipf at the most clients, every hold expiring, against long holds.
@@ -428,8 +447,8 @@ struct Located {
     vs_one_location: f64,
 }
 
-/// Server replicas of the replicated rows.
-const REPLICAS: usize = 3;
+/// Server replicas of the replicated rows (besides the one-replica service).
+const REPLICAS: [usize; 2] = [3, 6];
 
 /// Several replicas on one scenario: one round.
 /// A Zipf round where every hold expires (shoppers abandon their carts) against the same load
@@ -456,6 +475,7 @@ struct Replicated {
     measured: Measured,
     /// Over the one-replica coalesced service of the same round.
     vs_one_replica: f64,
+    p99_vs_one_replica: f64,
 }
 
 /// `median (min–max)` of `values`, each printed by `show`.
@@ -507,19 +527,46 @@ fn replicated_table(rounds: &[Replicated]) -> String {
     let Some(first) = rounds.first() else {
         return String::new();
     };
-    let mut table = format!(
-        "\n| {} replicas, one database and Redis | clients | coalesced r/s | ratio to raw SQL | \
-         p99 | batch | vs one replica | audits |\n|---|---:|---:|---:|---:|---:|---:|---|\n",
-        first.replicas
+    let mut table = String::from(
+        "\n| replicas (forwarding), one database and Redis | clients | coalesced r/s | \
+         ratio to raw SQL | p99 | batch | vs one replica | p99 vs one replica | \
+         CPU µs PG / Redis / servers (busiest) | audits |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for scenario in [Scenario::Uniform, Scenario::Hot] {
-        let of: Vec<_> = rounds
-            .iter()
-            .filter(|r| r.scenario == scenario)
-            .map(|r| (&r.measured, r.vs_one_replica))
-            .collect();
-        if !of.is_empty() {
-            table.push_str(&extra_line(&format!("{scenario:?}"), first.clients, &of));
+        for replicas in std::iter::once(1).chain(REPLICAS) {
+            let of: Vec<&Replicated> = rounds
+                .iter()
+                .filter(|r| r.scenario == scenario && r.replicas == replicas)
+                .collect();
+            if of.is_empty() {
+                continue;
+            }
+            let pairs: Vec<_> = of.iter().map(|r| (&r.measured, r.vs_one_replica)).collect();
+            let line = extra_line(&format!("{scenario:?}, {replicas}"), first.clients, &pairs);
+            // `extra_line` ends with `| audits |`: the two p99 and CPU columns go before it.
+            let (head, audits) = line
+                .trim_end()
+                .trim_end_matches('|')
+                .rsplit_once('|')
+                .expect("a table line");
+            let p99s: Vec<f64> = of.iter().map(|r| r.p99_vs_one_replica).collect();
+            let cpu = |f: fn(&Measured) -> Option<f64>| {
+                let values: Vec<f64> = of.iter().filter_map(|r| f(&r.measured)).collect();
+                if values.is_empty() {
+                    "—".to_owned()
+                } else {
+                    format!("{:.0}", median(&values))
+                }
+            };
+            table.push_str(&format!(
+                "{head}| {} | {} / {} / {} ({}) |{audits}|\n",
+                spread(&p99s, ratio),
+                cpu(|m| m.cpu_us.map(|c| c.0)),
+                cpu(|m| m.fleet_cpu_us.map(|c| c.0)),
+                cpu(|m| m.cpu_us.map(|c| c.1)),
+                cpu(|m| m.fleet_cpu_us.map(|c| c.1)),
+            ));
         }
     }
     table
@@ -870,6 +917,20 @@ pub(crate) struct ServiceRun<'a> {
     pub ttl: Duration,
 }
 
+/// Every replica's `/metrics` page, one after the other: the step timings are then the
+/// fleet's (their histograms add up).
+async fn scrape_all(admin_addrs: &[std::net::SocketAddr]) -> String {
+    let mut pages = String::new();
+    for addr in admin_addrs {
+        pages.push_str(&profile::scrape(*addr).await);
+        pages.push('\n');
+    }
+    pages
+}
+
+/// What the bench's replicas sign forwarded calls with.
+const PEER_SECRET: &str = "the benchmark's peer secret, 32+ bytes long";
+
 /// The service under load: a fresh database, its own server process, then the audit.
 pub(crate) async fn service(
     config: &SuiteConfig,
@@ -896,6 +957,7 @@ pub(crate) async fn service(
     let mut admin_addrs = Vec::with_capacity(replicas);
     for replica in 0..replicas {
         let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let peer_addr = format!("127.0.0.1:{}", free_port()?);
         let env = [
             ("DATABASE_URL", url(&db_config)),
             ("REDIS_URL", config.redis_url.clone()),
@@ -909,6 +971,10 @@ pub(crate) async fn service(
                 clients.div_ceil(replicas).max(16).to_string(),
             ),
             ("COALESCE_MAX_BATCH", max_batch.to_string()),
+            // Forwarding on, as deployed: a hot SKU's calls go to the replica holding its
+            // lease (with one replica, nobody else ever holds it).
+            ("PEER_LISTEN_ADDR", peer_addr),
+            ("PEER_SECRET", PEER_SECRET.into()),
             ("RUST_LOG", "warn".into()),
         ]
         .into_iter()
@@ -927,8 +993,6 @@ pub(crate) async fn service(
         .map(ServerProcess::addr)
         .collect::<Vec<_>>()
         .join(",");
-    // The step timings come from the first replica.
-    let admin_addr = admin_addrs[0];
     let outcome = async {
         let load = LoadConfig {
             addr: addr.clone(),
@@ -957,7 +1021,7 @@ pub(crate) async fn service(
         let prepared = load::prepare(load.clone()).await?;
         let wal_before = wal_position(&db_config).await?;
         let tuples_before = tuples_written(&db_config).await?;
-        let (cpu, page) = (CpuSnapshot::take(), profile::scrape(admin_addr).await);
+        let (cpu, page) = (CpuSnapshot::take(), scrape_all(&admin_addrs).await);
         let sampling = (ttl < audit::EXPIRING).then(|| overdue_sampler(db_config.clone()));
         let observed = load::drive(prepared).await?;
         let cpu = CpuSnapshot::take().since(&cpu);
@@ -968,7 +1032,7 @@ pub(crate) async fn service(
             }
             None => None,
         };
-        let steps = profile::steps(&page, &profile::scrape(admin_addr).await);
+        let steps = profile::steps(&page, &scrape_all(&admin_addrs).await);
         let mut audit = audit::audit(&load, &observed, Some(&url(&db_config))).await?;
         if verify {
             audit.verify_ledger(binary, &url(&db_config)).await?;

@@ -183,13 +183,17 @@ impl PeerForwarder {
     async fn hop(&self, peer: &Peer, command: &Reserve, deadline: Instant) -> Forwarded {
         // Leases name an `ip:port`; anything else in one is not a peer of ours.
         let Ok(addr) = peer.0.parse::<SocketAddr>() else {
-            return Forwarded::Failed(Error::internal(format!(
-                "lease names {peer}, which is not an ip:port"
-            )));
+            return Forwarded::Failed {
+                error: Error::internal(format!("lease names {peer}, which is not an ip:port")),
+                sent: false,
+            };
         };
         let left = deadline.saturating_duration_since(Instant::now());
         if left < MIN_HOP_BUDGET {
-            return Forwarded::Failed(Error::DeadlineExceeded);
+            return Forwarded::Failed {
+                error: Error::DeadlineExceeded,
+                sent: false,
+            };
         }
         let call = ForwardedReserve {
             request: Some(relay::reserve_request(command)),
@@ -209,7 +213,8 @@ impl PeerForwarder {
             Ok(answer) => match answer.into_inner().answer {
                 Some(Answer::Reservation(reservation)) => match relay::reservation(reservation) {
                     Ok(reservation) => Forwarded::Answered(Ok(reservation)),
-                    Err(error) => Forwarded::Failed(error),
+                    // It was written there; running it here replays it.
+                    Err(error) => Forwarded::Failed { error, sent: true },
                 },
                 Some(Answer::Error(status)) => Forwarded::Answered(Err(Error::Relayed(Relayed {
                     code: status.code,
@@ -217,13 +222,23 @@ impl PeerForwarder {
                     details: status.details,
                 }))),
                 Some(Answer::NotHolder(NotHolder {})) => Forwarded::NotHolder,
-                None => Forwarded::Failed(Error::internal("the peer's answer was empty")),
+                // A later release's answer this one cannot read: it ran there.
+                None => Forwarded::Failed {
+                    error: Error::internal("the peer's answer was empty"),
+                    sent: true,
+                },
             },
-            Err(status) => Forwarded::Failed(Error::internal(format!(
-                "forward to {peer}: {} {}",
-                status.code(),
-                status.message()
-            ))),
+            // Even a refused connection is counted as sent: the transport does not say
+            // reliably how far a call got, and a wrong "not sent" could turn a write into a
+            // refusal.
+            Err(status) => Forwarded::Failed {
+                error: Error::internal(format!(
+                    "forward to {peer}: {} {}",
+                    status.code(),
+                    status.message()
+                )),
+                sent: true,
+            },
         }
     }
 }

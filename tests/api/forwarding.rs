@@ -156,7 +156,7 @@ async fn a_forward_to_a_replica_that_does_not_hold_the_lease_is_refused_and_writ
 }
 
 #[tokio::test]
-async fn a_lease_naming_a_dead_replica_costs_one_failed_hop_then_the_call_runs_here() {
+async fn a_lease_naming_a_dead_replica_costs_one_failed_hop_then_the_call_waits_here() {
     let apps = fleet(1).await;
     let app = &apps[0];
     stock(app, "HOT", 10).await;

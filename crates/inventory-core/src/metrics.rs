@@ -69,7 +69,7 @@ pub(crate) fn count_forward(forwarded: &crate::ports::Forwarded, took: std::time
     let result = match forwarded {
         crate::ports::Forwarded::Answered(_) => "answered",
         crate::ports::Forwarded::NotHolder => "not_holder",
-        crate::ports::Forwarded::Failed(_) => "failed",
+        crate::ports::Forwarded::Failed { .. } => "failed",
     };
     let attributes = [KeyValue::new("result", result)];
     COUNTER

@@ -282,9 +282,10 @@ pub enum Forwarded {
     Answered(Result<Reservation, Error>),
     /// The peer does not hold the lease (another replica does): run the call here.
     NotHolder,
-    /// The hop failed (refused, unreachable, cut off, timed out). The call may or may not have
-    /// run there; its idempotency key makes running it here safe either way.
-    Failed(Error),
+    /// The hop failed (refused, unreachable, cut off, timed out). When `sent`, the call may or
+    /// may not have run there (it may still run, late); its idempotency key makes running it
+    /// here safe either way, but only an answer decided with that key is definite.
+    Failed { error: Error, sent: bool },
 }
 
 /// Hands a single-line `Reserve` to the replica holding its SKU's lease, so the calls for a

@@ -45,8 +45,41 @@ const MAX_FENCE_RECOVERIES: usize = 3;
 /// lease, before it looks at the lease again (one grant attempt).
 const HINT_TTL: Duration = Duration::from_secs(1);
 
+/// Most times one call is forwarded (each time to the holder found then, one hop each) before
+/// it waits for the lease where it arrived: a handover between the sender's look and the
+/// peer's is followed once; a lease that keeps moving is not chased, nor is a holder that
+/// did not answer (after a failed hop the call waits for the lease at once).
+const MAX_FORWARDS: u32 = 2;
+
+/// With forwarding on, most batches one hold of a hot SKU's lease writes before it is given
+/// back. The other replicas send their calls to the holder instead of waiting for the lease,
+/// so the hold can last longer than [`MAX_HELD_BATCHES`]: only calls that had to wait here
+/// (their forwards failed) are waiting for it, and a handover costs the calls in flight a
+/// second hop.
+const MAX_HELD_BATCHES_FORWARDING: u32 = 64;
+
 /// Most SKUs a replica remembers a holding peer for; past it, stale ones are dropped first.
 const MAX_HINTS: usize = 4096;
+
+/// Whether `error` was decided in PostgreSQL under the call's idempotency key: stored with it,
+/// so a copy of the call that reaches PostgreSQL later replays it instead of writing. The
+/// others (a busy lease, a dependency down, a deadline) were decided before the key was
+/// claimed, and say nothing about a copy of the call sent elsewhere.
+fn decided_with_key(error: &Error) -> bool {
+    !matches!(
+        error,
+        Error::LeaseBusy { .. }
+            | Error::TooManyWaiters { .. }
+            | Error::Saturated
+            | Error::TooManyWatchers
+            | Error::DeadlineExceeded
+            | Error::LeaseLost { .. }
+            | Error::NotHolder { .. }
+            | Error::Relayed(_)
+            | Error::Unavailable { .. }
+            | Error::Internal(_)
+    )
+}
 
 /// What the coalescing path came to: an answer, or the peer to forward the call to.
 enum Routed {
@@ -266,8 +299,10 @@ where
         .await?
     }
 
-    /// A single-line call: to the peer holding its SKU's lease when there is one (at most one
-    /// hop: a forward that fails or is refused runs here), else through this replica's queue.
+    /// A single-line call: to the peer holding its SKU's lease when there is one, else through
+    /// this replica's queue. Each forward is one hop (the peer never forwards it on). One the
+    /// peer refuses (the lease moved on) is looked up again once and sent to the holder found
+    /// then; after a second refusal, or any failed hop, the call waits for the lease here.
     async fn reserve_routed(
         &self,
         sku: &Sku,
@@ -285,6 +320,9 @@ where
             Origin::Client if !self.queues.has_leader(sku) => self.hint(sku),
             _ => None,
         };
+        let mut forwards = 0;
+        // A hop that failed after the call was sent: the peer may still write it.
+        let mut ambiguous = false;
         loop {
             let peer = match target.take() {
                 Some(peer) => peer,
@@ -293,6 +331,11 @@ where
                 None => match Box::pin(self.reserve_coalesced(sku, command, origin, ttl, deadline))
                     .await
                 {
+                    Routed::Done(Err(error)) if ambiguous && !decided_with_key(&error) => {
+                        // Nothing was written here, but the call may yet be written where it
+                        // was sent: not a refusal the caller may take as "nothing changed".
+                        return Err(Error::DeadlineExceeded);
+                    }
                     Routed::Done(answer) => return answer,
                     Routed::Forward(peer) => peer,
                 },
@@ -306,20 +349,29 @@ where
             let counter = match &forwarded {
                 Forwarded::Answered(_) => &self.forwards.answered,
                 Forwarded::NotHolder => &self.forwards.not_holder,
-                Forwarded::Failed(_) => &self.forwards.failed,
+                Forwarded::Failed { .. } => &self.forwards.failed,
             };
             counter.fetch_add(1, Ordering::Relaxed);
-            match forwarded {
-                Forwarded::Answered(answer) => return answer,
+            match &forwarded {
+                Forwarded::Answered(_) => {}
                 Forwarded::NotHolder => {
-                    tracing::debug!(%sku, %peer, "peer no longer holds the lease; running here");
+                    tracing::debug!(%sku, %peer, "peer no longer holds the lease; looking again");
                 }
-                Forwarded::Failed(error) => {
-                    tracing::debug!(%sku, %peer, %error, "forward failed; running here");
+                Forwarded::Failed { error, sent } => {
+                    tracing::debug!(%sku, %peer, %error, sent, "forward failed; running here");
+                    ambiguous |= *sent;
                 }
             }
+            if let Forwarded::Answered(answer) = forwarded {
+                return answer;
+            }
             self.forget_hint(sku, &peer);
-            origin = Origin::Local;
+            forwards += 1;
+            // A holder that did not answer is not chased: its lease runs out, and the call
+            // waits for it here.
+            if forwards >= MAX_FORWARDS || matches!(forwarded, Forwarded::Failed { .. }) {
+                origin = Origin::Local;
+            }
         }
     }
 
@@ -542,7 +594,12 @@ where
                 }
             };
             crate::metrics::count_batch(batches > 0);
-            let keep = batches + 1 < MAX_HELD_BATCHES && self.queues.queued(sku) > 0;
+            let max_held = if self.forwarder.is_some() {
+                MAX_HELD_BATCHES_FORWARDING
+            } else {
+                MAX_HELD_BATCHES
+            };
+            let keep = batches + 1 < max_held && self.queues.queued(sku) > 0;
             let group = ReserveGroup {
                 sku: sku.clone(),
                 fence: lease.fence,

@@ -119,3 +119,44 @@ fn up_to_max_in_flight_transactions_are_written_at_once_and_the_rest_wait() {
         Submitted::Lead(_)
     ));
 }
+
+#[test]
+fn a_redirect_sends_client_calls_to_the_holder_refuses_forwarded_ones_and_keeps_returned_ones() {
+    let queues = Queues::default();
+    let sku = Sku::parse("HOT").unwrap();
+    let ttl = Ttl::parse(Duration::from_secs(60)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let command = |key: &str| group("HOT", &[key]).batch.remove(0).0;
+    let join = |key: &str, origin| match queues
+        .join(&sku, &command(key), origin, ttl, deadline, 16)
+        .unwrap()
+    {
+        Joined::Wait { turn, .. } => turn,
+        Joined::Lead => panic!("{key} should queue"),
+    };
+    assert!(matches!(
+        queues
+            .join(&sku, &command("leader"), Origin::Client, ttl, deadline, 16)
+            .unwrap(),
+        Joined::Lead
+    ));
+    let mut client = join("client", Origin::Client);
+    let mut forwarded = join("forwarded", Origin::Peer);
+    let mut returned = join("returned", Origin::Local);
+    let holder = Peer("10.0.0.2:50053".into());
+
+    queues.redirect(&sku, Some(&holder));
+    assert!(matches!(client.try_recv(), Ok(Turn::Forward(peer)) if peer == holder));
+    assert!(matches!(
+        forwarded.try_recv(),
+        Ok(Turn::Done(Err(Error::NotHolder { .. })))
+    ));
+    assert!(returned.try_recv().is_err(), "a returned call waits here");
+    assert_eq!(queues.queued(&sku), 1);
+
+    // A holder that takes no forwards (an older release): client calls wait here too.
+    let mut client = join("client-2", Origin::Client);
+    queues.redirect(&sku, None);
+    assert!(client.try_recv().is_err());
+    assert_eq!(queues.queued(&sku), 2);
+}

@@ -29,6 +29,32 @@ pub struct Applied {
     pub unavailable_ms: Option<f64>,
     /// `Reserve` answers to calls made while it lasted, by status code.
     pub reserve_codes: BTreeMap<String, u64>,
+    /// A fault on a lease holder: which replica held which SKU, and how long after the fault
+    /// began that SKU was first sold again (a `Reserve` of it made since, answered OK).
+    pub holder: Option<HolderFault>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct HolderFault {
+    /// `None`: no replica held a lease when the fault came; it hit replica 0.
+    pub replica: Option<usize>,
+    pub sku: Option<String>,
+    pub sold_again_ms: Option<f64>,
+}
+
+/// How long after `from_ms` a `Reserve` of `sku` made since was first answered OK.
+pub fn sold_again_ms(history: &History, sku: &str, from_ms: f64) -> Option<f64> {
+    history
+        .ops
+        .iter()
+        .filter(|o| {
+            o.kind == OpKind::Reserve
+                && o.outcome == Outcome::Ok
+                && o.invoked_ms >= from_ms
+                && o.lines.iter().any(|l| l.sku == sku)
+        })
+        .map(|o| o.completed_ms - from_ms)
+        .min_by(f64::total_cmp)
 }
 
 #[derive(Debug, Serialize)]
@@ -146,6 +172,19 @@ impl RunReport {
                     (promoted - a.started_ms) / 1000.0,
                     unavailable / 1000.0
                 );
+            }
+            if let Some(holder) = &a.holder {
+                let line = match (holder.replica, &holder.sku, holder.sold_again_ms) {
+                    (Some(replica), Some(sku), Some(ms)) => format!(
+                        "replica {replica} held {sku}'s lease; {sku} sold again after {:.2} s",
+                        ms / 1000.0
+                    ),
+                    (Some(replica), Some(sku), None) => {
+                        format!("replica {replica} held {sku}'s lease; {sku} never sold again")
+                    }
+                    _ => "no replica held a lease at that moment; replica 0 took it".to_owned(),
+                };
+                let _ = writeln!(out, "            {line}");
             }
         }
         let _ = writeln!(out, "calls:");
@@ -304,7 +343,10 @@ pub fn svg(report: &RunReport, history: &History) -> String {
 
 fn fault_colour(fault: &Fault) -> &'static str {
     match fault {
-        Fault::PauseReplica { .. } | Fault::KillReplica { .. } => "#1f77b4",
+        Fault::PauseReplica { .. }
+        | Fault::KillReplica { .. }
+        | Fault::PauseHolder { .. }
+        | Fault::KillHolder { .. } => "#1f77b4",
         Fault::RedisPause { .. } | Fault::RedisSlow { .. } => "#ff7f0e",
         Fault::PostgresRestart | Fault::PostgresCut { .. } | Fault::PostgresSlow { .. } => {
             "#9467bd"

@@ -31,6 +31,8 @@ use crate::{
 pub const REPLICAS: usize = 3;
 /// The replicas' lease TTL: short, so a pause outlasts it quickly.
 pub const LEASE_TTL: Duration = Duration::from_secs(1);
+/// What the replicas sign forwarded calls with.
+const PEER_SECRET: &str = "the fault suite's peer secret, 32+ bytes";
 /// A client's deadline for one call.
 const CALL_TIMEOUT: Duration = Duration::from_millis(1500);
 /// How long a replica may drain when stopped at the end of a run.
@@ -130,6 +132,8 @@ struct Targets<'a, 'p> {
     replicas: &'a mut [ServerProcess],
     skus: &'a [String],
     key_prefix: &'a str,
+    /// Each replica's peer port, to tell from a lease which replica holds it.
+    peer_ports: &'a [u16],
     /// The two releases of a rolling upgrade (the previous one only there), and the URL
     /// their `migrate` runs against.
     current: &'a std::path::Path,
@@ -207,9 +211,18 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     let mut replicas = Vec::new();
+    // Forwarding on: each replica's peer port, which its leases name.
+    let mut peer_ports = Vec::new();
     for i in 0..REPLICAS {
         let log = config.out.join(format!("replica-{i}.log"));
-        replicas.push(ServerProcess::start(first, env.clone(), log).await?);
+        let port = inventory_testkit::ports::free_port()?;
+        let mut env = env.clone();
+        env.extend([
+            ("PEER_LISTEN_ADDR".to_owned(), format!("127.0.0.1:{port}")),
+            ("PEER_SECRET".to_owned(), PEER_SECRET.to_owned()),
+        ]);
+        replicas.push(ServerProcess::start(first, env, log).await?);
+        peer_ports.push(port);
     }
     let endpoints = Endpoints::new(&replicas.iter().map(ServerProcess::addr).collect::<Vec<_>>())?;
     let skus: Vec<String> = (0..config.skus)
@@ -272,6 +285,7 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
         replicas: &mut replicas,
         skus: &skus,
         key_prefix: &key_prefix,
+        peer_ports: &peer_ports,
         current: &config.server,
         previous: config.previous.as_deref(),
         database_url,
@@ -291,7 +305,11 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
             break;
         }
         match apply(&p.fault, &mut targets, &recorder).await {
-            Ok(Effect { down, promoted_ms }) => {
+            Ok(Effect {
+                down,
+                promoted_ms,
+                holder,
+            }) => {
                 let healed_ms = recorder.now_ms();
                 if let Some(down) = down {
                     outages.push(Outage {
@@ -309,6 +327,11 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
                     promoted_ms,
                     unavailable_ms: None,
                     reserve_codes: Default::default(),
+                    holder: holder.map(|(replica, sku)| report::HolderFault {
+                        replica,
+                        sku,
+                        sold_again_ms: None,
+                    }),
                 });
             }
             Err(error) => {
@@ -383,6 +406,12 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
     }
     for a in &mut applied {
         a.reserve_codes = report::reserve_codes(&history, a.started_ms, a.healed_ms);
+        if let Some(holder) = &mut a.holder {
+            holder.sold_again_ms = holder
+                .sku
+                .as_deref()
+                .and_then(|sku| report::sold_again_ms(&history, sku, a.started_ms));
+        }
         if a.fault.fails_over() {
             a.unavailable_ms = Some(report::longest_without_reserve(
                 &history,
@@ -432,6 +461,38 @@ struct Effect {
     down: Option<Down>,
     /// When the monitor had promoted the standby (a failover), from the start of the load.
     promoted_ms: Option<f64>,
+    /// A fault on a lease holder: the replica and the SKU it held (`None`s: none was found).
+    holder: Option<(Option<usize>, Option<String>)>,
+}
+
+/// The replica holding a lease of one of the run's SKUs, as the lease's value names its peer
+/// port (`<token>@127.0.0.1:<port>`), and that SKU. Under load one is almost always held; a
+/// few looks, 10 ms apart, cover a moment between two holds. `(None, None)`: none was.
+async fn lease_holder(t: &Targets<'_, '_>) -> anyhow::Result<(Option<usize>, Option<String>)> {
+    use fred::interfaces::{ClientLike as _, KeysInterface as _};
+    let config = fred::types::config::Config::from_url(&t.redis.url())?;
+    let client = fred::types::Builder::from_config(config)
+        .with_performance_config(|p| p.default_command_timeout = Duration::from_secs(1))
+        .build()?;
+    client.init().await?;
+    let mut found = (None, None);
+    'looking: for _ in 0..100 {
+        for sku in t.skus {
+            let key = format!("{}:{{{sku}}}:lease", t.key_prefix);
+            let value: Option<String> = client.get(key).await?;
+            let port = value
+                .as_deref()
+                .and_then(|v| v.rsplit_once(':'))
+                .and_then(|(_, port)| port.parse::<u16>().ok());
+            if let Some(replica) = port.and_then(|p| t.peer_ports.iter().position(|&q| q == p)) {
+                found = (Some(replica), Some(sku.clone()));
+                break 'looking;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = client.quit().await;
+    Ok(found)
 }
 
 /// Applies one fault and heals it.
@@ -445,8 +506,8 @@ async fn apply(
     if fault.fails_over() {
         let promoted_ms = fail_over(fault, t.database.formation()?, recorder).await?;
         return Ok(Effect {
-            down: None,
             promoted_ms: Some(promoted_ms),
+            ..Effect::default()
         });
     }
     let down = match *fault {
@@ -478,6 +539,28 @@ async fn apply(
             tokio::time::sleep(ms(down_ms)).await;
             t.replicas[replica].restart().await?;
             None
+        }
+        Fault::PauseHolder { for_ms } => {
+            let (replica, sku) = lease_holder(t).await?;
+            let target = replica.unwrap_or(0);
+            t.replicas[target].pause().await?;
+            tokio::time::sleep(ms(for_ms)).await;
+            t.replicas[target].resume().await?;
+            return Ok(Effect {
+                holder: Some((replica, sku)),
+                ..Effect::default()
+            });
+        }
+        Fault::KillHolder { down_ms } => {
+            let (replica, sku) = lease_holder(t).await?;
+            let target = replica.unwrap_or(0);
+            t.replicas[target].kill().await?;
+            tokio::time::sleep(ms(down_ms)).await;
+            t.replicas[target].restart().await?;
+            return Ok(Effect {
+                holder: Some((replica, sku)),
+                ..Effect::default()
+            });
         }
         Fault::RedisPause { node, for_ms } => {
             let node = match t.redis.topology {
@@ -583,7 +666,7 @@ async fn apply(
     };
     Ok(Effect {
         down,
-        promoted_ms: None,
+        ..Effect::default()
     })
 }
 

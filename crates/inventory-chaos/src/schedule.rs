@@ -18,6 +18,12 @@ pub enum Fault {
     PauseReplica { replica: usize, for_ms: u64 },
     /// SIGKILL a server replica; start it again after `down_ms`.
     KillReplica { replica: usize, down_ms: u64 },
+    /// SIGSTOP the replica holding a SKU's lease (found in Redis at that moment) while the
+    /// others forward that SKU's calls to it, past the lease TTL; then SIGCONT.
+    PauseHolder { for_ms: u64 },
+    /// SIGKILL the replica holding a SKU's lease while the others forward to it; start it
+    /// again after `down_ms`.
+    KillHolder { down_ms: u64 },
     /// SIGSTOP a Redis data node (the single one, Sentinel's primary, or cluster node `node`),
     /// then SIGCONT: commands time out, then run late. Long enough, it sets off a failover.
     RedisPause { node: usize, for_ms: u64 },
@@ -99,6 +105,8 @@ impl Fault {
         match self {
             Fault::PauseReplica { .. } => "pause_replica",
             Fault::KillReplica { .. } => "kill_replica",
+            Fault::PauseHolder { .. } => "pause_holder",
+            Fault::KillHolder { .. } => "kill_holder",
             Fault::RedisPause { .. } => "redis_pause",
             Fault::RedisRestartEmpty { .. } => "redis_restart_empty",
             Fault::RedisCut { .. } => "redis_cut",
@@ -147,6 +155,8 @@ pub struct Planned {
 enum Kind {
     Pause,
     Kill,
+    PauseHolder,
+    KillHolder,
     RedisPause,
     RedisRestart,
     RedisCut,
@@ -172,7 +182,13 @@ impl Kind {
 }
 
 fn kinds(topology: Topology) -> Vec<Kind> {
-    let mut kinds = vec![Kind::Pause, Kind::Kill, Kind::RedisPause];
+    let mut kinds = vec![
+        Kind::Pause,
+        Kind::Kill,
+        Kind::PauseHolder,
+        Kind::KillHolder,
+        Kind::RedisPause,
+    ];
     if topology.fails_over() {
         kinds.extend([
             Kind::PgKill,
@@ -265,6 +281,12 @@ fn random_fault(kind: Kind, ttl: u64, rng: &mut StdRng) -> Fault {
             replica: rng.random_range(0..3),
             down_ms: rng.random_range(200..=1_500),
         },
+        Kind::PauseHolder => Fault::PauseHolder {
+            for_ms: rng.random_range(ttl + ttl / 2..=ttl * 3),
+        },
+        Kind::KillHolder => Fault::KillHolder {
+            down_ms: rng.random_range(200..=1_500),
+        },
         Kind::RedisPause => Fault::RedisPause {
             node: rng.random_range(0..3),
             for_ms: rng.random_range(500..=2_500),
@@ -316,12 +338,14 @@ const FAILOVER_MS: u64 = 15_000;
 fn nominal_length(fault: &Fault) -> u64 {
     match *fault {
         Fault::PauseReplica { for_ms, .. }
+        | Fault::PauseHolder { for_ms }
         | Fault::RedisPause { for_ms, .. }
         | Fault::RedisCut { for_ms }
         | Fault::RedisSlow { for_ms, .. }
         | Fault::PostgresCut { for_ms }
         | Fault::PostgresSlow { for_ms, .. } => for_ms,
         Fault::KillReplica { down_ms, .. }
+        | Fault::KillHolder { down_ms }
         | Fault::RedisRestartEmpty { down_ms }
         | Fault::ClusterNodeKill { down_ms, .. } => down_ms,
         // Promotion takes about a second after down-after-milliseconds (1 s).

@@ -58,11 +58,16 @@ fn a_pause_outlasts_the_lease() {
     let pauses: Vec<u64> = planned
         .iter()
         .filter_map(|p| match p.fault {
-            Fault::PauseReplica { for_ms, .. } => Some(for_ms),
+            Fault::PauseReplica { for_ms, .. } | Fault::PauseHolder { for_ms } => Some(for_ms),
             _ => None,
         })
         .collect();
     assert!(!pauses.is_empty());
+    assert!(
+        planned
+            .iter()
+            .any(|p| matches!(p.fault, Fault::PauseHolder { .. }))
+    );
     assert!(pauses.iter().all(|&ms| ms > 1_000));
 }
 
@@ -72,11 +77,11 @@ fn where_postgres_fails_over_a_failover_comes_first_and_every_other() {
         let planned = plan(seed, Topology::PgFailover, Duration::from_secs(600), TTL);
         let kinds = kinds(Topology::PgFailover).len();
         assert!(planned[0].fault.fails_over(), "{:?}", planned[0]);
-        // Within a round (4 failovers, 6 others), the two take turns while both last.
+        // Within a round (4 failovers, 8 others), the two take turns while both last.
         for pair in planned[..8].windows(2) {
             assert_ne!(pair[0].fault.fails_over(), pair[1].fault.fails_over());
         }
-        assert_eq!(kinds, 10);
+        assert_eq!(kinds, 12);
     }
 }
 

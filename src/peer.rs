@@ -9,14 +9,16 @@
 //! back unchanged. One hop at most: a forward that is refused (`not_holder`) or fails runs at
 //! the sender, whose idempotency key makes that safe even when the peer did write it.
 //!
-//! Every forwarded call is signed with the fleet's shared secret: HMAC-SHA256 over the time
-//! it was signed and the encoded call (`x-inventory-peer-signature: <unix ms>.<hex>`). The
-//! secret never travels, so a lease value pointing somewhere else (anyone who can write Redis
-//! could write one) leaks nothing but that call, which only its own key can replay, and only
-//! within [`MAX_CLOCK_SKEW`].
+//! Calls and answers travel signed with the fleet's shared secret (`SignedMessage`: the exact
+//! bytes, when they were signed, HMAC-SHA256). A call's signature names the replica it is for
+//! (its advertised address), and a receiver takes each signature once within
+//! [`MAX_CLOCK_SKEW`], so a captured call cannot be played again, here or at another replica.
+//! An answer's signature covers the call's, so only the replica that was asked can answer. The
+//! secret never travels: a lease value pointing somewhere else (anyone who can write Redis
+//! could write one) gets that one call and cannot answer it.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet, VecDeque},
     net::SocketAddr,
     pin::Pin,
     sync::{Arc, Mutex},
@@ -49,19 +51,18 @@ use crate::{
     proto::{
         self,
         inventory::peer::v1::{
-            ForwardedAnswer, ForwardedReserve, NotHolder, RelayedStatus, forwarded_answer::Answer,
-            peer_service_client::PeerServiceClient, peer_service_server::PeerService,
+            ForwardedAnswer, ForwardedReserve, NotHolder, RelayedStatus, SignedMessage,
+            forwarded_answer::Answer, peer_service_client::PeerServiceClient,
+            peer_service_server::PeerService,
         },
     },
     status::to_status,
     wire::{Decode as _, Encode as _, relay},
 };
 
-/// The metadata key of a forwarded call's signature.
-const SIGNATURE: &str = "x-inventory-peer-signature";
-
-/// How far a signature's time may be from the receiver's clock.
-pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(30);
+/// How far a signature's time may be from the receiver's clock; a call signed earlier is
+/// refused, and each signature is taken once within it.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(10);
 
 /// A peer that does not accept a connection within this is treated as gone: the call runs
 /// here instead (a dead peer must not cost a TCP timeout).
@@ -70,8 +71,25 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
 /// Less time than this left: not worth a hop; the call runs here.
 const MIN_HOP_BUDGET: Duration = Duration::from_millis(5);
 
+/// A call whose caller set no deadline: how long the hop may take past the lease wait, for the
+/// peer's batch to be written (as the statement timeout bounds it here), before the peer
+/// counts as stalled.
+const HOP_WRITE_ALLOWANCE: Duration = Duration::from_secs(5);
+
 /// Most peers a replica keeps a connection to; past it, the connections start over.
 const MAX_PEERS: usize = 256;
+
+/// What a call's signature covers besides its body: the method, and the replica it is for.
+fn call_context(to: &str) -> Vec<u8> {
+    format!("inventory.peer.v1.PeerService/Reserve call to {to}\n").into_bytes()
+}
+
+/// What an answer's signature covers besides its body: the call's signature.
+fn answer_context(call_signature: &[u8]) -> Vec<u8> {
+    let mut context = b"inventory.peer.v1.PeerService/Reserve answer\n".to_vec();
+    context.extend_from_slice(call_signature);
+    context
+}
 
 /// The fleet's shared peer secret, as an HMAC key.
 #[derive(Clone, Debug)]
@@ -82,59 +100,70 @@ impl PeerSecret {
         Self(hmac::Key::new(hmac::HMAC_SHA256, secret))
     }
 
-    /// What is signed: the method, the signing time and the encoded call.
-    fn signed(at_ms: u64, call: &ForwardedReserve) -> Vec<u8> {
-        let mut bytes = b"inventory.peer.v1.PeerService/Reserve\n".to_vec();
+    fn signed_bytes(context: &[u8], at_ms: i64, body: &[u8]) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(context.len() + 8 + body.len());
+        bytes.extend_from_slice(context);
         bytes.extend_from_slice(&at_ms.to_be_bytes());
-        call.encode(&mut bytes).expect("a Vec grows as needed");
+        bytes.extend_from_slice(body);
         bytes
     }
 
-    /// The signature header's value for `call`, signed now.
-    fn sign(&self, call: &ForwardedReserve) -> String {
-        let at_ms = unix_ms(SystemTime::now());
-        let tag = hmac::sign(&self.0, &Self::signed(at_ms, call));
-        format!("{at_ms}.{}", hex(tag.as_ref()))
-    }
-
-    /// Whether `metadata` carries a valid, recent signature of `call`.
-    fn verify(&self, metadata: &MetadataMap, call: &ForwardedReserve) -> Result<(), Status> {
-        let refused = |why: &str| Status::unauthenticated(format!("peer call refused: {why}"));
-        let value = metadata
-            .get(SIGNATURE)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| refused("no signature"))?;
-        let (at, tag) = value
-            .split_once('.')
-            .ok_or_else(|| refused("malformed signature"))?;
-        let at_ms: u64 = at.parse().map_err(|_| refused("malformed signature"))?;
-        let tag = unhex(tag).ok_or_else(|| refused("malformed signature"))?;
-        let skew = unix_ms(SystemTime::now()).abs_diff(at_ms);
-        if u128::from(skew) > MAX_CLOCK_SKEW.as_millis() {
-            return Err(refused("signature too old or from the future"));
+    /// `message`, encoded and signed now under `context`.
+    fn sign(&self, context: &[u8], message: &impl prost::Message) -> SignedMessage {
+        let body = message.encode_to_vec();
+        let signed_at_ms = unix_ms(SystemTime::now());
+        let signature = hmac::sign(&self.0, &Self::signed_bytes(context, signed_at_ms, &body));
+        SignedMessage {
+            body,
+            signed_at_ms,
+            signature: signature.as_ref().to_vec(),
         }
-        hmac::verify(&self.0, &Self::signed(at_ms, call), &tag)
-            .map_err(|_| refused("bad signature"))
+    }
+
+    /// Whether `message` was signed with this secret under `context`.
+    fn verify(&self, context: &[u8], message: &SignedMessage) -> bool {
+        hmac::verify(
+            &self.0,
+            &Self::signed_bytes(context, message.signed_at_ms, &message.body),
+            &message.signature,
+        )
+        .is_ok()
     }
 }
 
-fn unix_ms(at: SystemTime) -> u64 {
+fn unix_ms(at: SystemTime) -> i64 {
     at.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// The call signatures a receiver took within the last [`MAX_CLOCK_SKEW`]: each is taken
+/// once. Older ones are refused by their time, so they need not be kept.
+#[derive(Debug, Default)]
+struct Seen {
+    signatures: HashSet<Vec<u8>>,
+    /// In the order they were taken, with their signing time.
+    order: VecDeque<(i64, Vec<u8>)>,
 }
 
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
+impl Seen {
+    /// `false` if `signature` was taken before.
+    fn take(&mut self, signature: &[u8], signed_at_ms: i64, now_ms: i64) -> bool {
+        let window = i64::try_from(MAX_CLOCK_SKEW.as_millis()).unwrap_or(i64::MAX);
+        while let Some((at, _)) = self.order.front() {
+            if *at >= now_ms.saturating_sub(window) {
+                break;
+            }
+            let (_, old) = self.order.pop_front().expect("a front exists");
+            self.signatures.remove(&old);
+        }
+        if !self.signatures.insert(signature.to_vec()) {
+            return false;
+        }
+        // Kept as long as its signing time could still pass the skew check.
+        self.order
+            .push_back((signed_at_ms.max(now_ms), signature.to_vec()));
+        true
     }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 /// The sending side: hands calls to peers over the internal port.
@@ -180,7 +209,13 @@ impl PeerForwarder {
         client
     }
 
-    async fn hop(&self, peer: &Peer, command: &Reserve, deadline: Instant) -> Forwarded {
+    async fn hop(
+        &self,
+        peer: &Peer,
+        command: &Reserve,
+        lease_wait_until: Instant,
+        answer_by: Option<Instant>,
+    ) -> Forwarded {
         // Leases name an `ip:port`; anything else in one is not a peer of ours.
         let Ok(addr) = peer.0.parse::<SocketAddr>() else {
             return Forwarded::Failed {
@@ -188,57 +223,72 @@ impl PeerForwarder {
                 sent: false,
             };
         };
-        let left = deadline.saturating_duration_since(Instant::now());
+        let now = Instant::now();
+        let lease_wait = lease_wait_until.saturating_duration_since(now);
+        let left = match answer_by {
+            Some(by) => by.saturating_duration_since(now),
+            None => lease_wait + HOP_WRITE_ALLOWANCE,
+        };
         if left < MIN_HOP_BUDGET {
             return Forwarded::Failed {
                 error: Error::DeadlineExceeded,
                 sent: false,
             };
         }
-        let call = ForwardedReserve {
-            request: Some(relay::reserve_request(command)),
-            caller: command.caller.as_str().to_owned(),
-        };
-        let signature = self.secret.sign(&call);
+        let call = self.secret.sign(
+            &call_context(&peer.0),
+            &ForwardedReserve {
+                request: Some(relay::reserve_request(command)),
+                caller: command.caller.as_str().to_owned(),
+                lease_wait: prost_types::Duration::try_from(lease_wait).ok(),
+            },
+        );
+        let call_signature = call.signature.clone();
         let mut request = Request::new(call);
         request.set_timeout(left);
-        if let Ok(value) = MetadataValue::try_from(signature) {
-            request.metadata_mut().insert(SIGNATURE, value);
-        }
         let context = tracing::Span::current().context();
         global::get_text_map_propagator(|propagator| {
             propagator.inject_context(&context, &mut MetadataInjector(request.metadata_mut()));
         });
-        match self.client(addr).reserve(request).await {
-            Ok(answer) => match answer.into_inner().answer {
-                Some(Answer::Reservation(reservation)) => match relay::reservation(reservation) {
-                    Ok(reservation) => Forwarded::Answered(Ok(reservation)),
-                    // It was written there; running it here replays it.
-                    Err(error) => Forwarded::Failed { error, sent: true },
-                },
-                Some(Answer::Error(status)) => Forwarded::Answered(Err(Error::Relayed(Relayed {
-                    code: status.code,
-                    message: status.message,
-                    details: status.details,
-                }))),
-                Some(Answer::NotHolder(NotHolder {})) => Forwarded::NotHolder,
-                // A later release's answer this one cannot read: it ran there.
-                None => Forwarded::Failed {
-                    error: Error::internal("the peer's answer was empty"),
-                    sent: true,
-                },
-            },
-            // Even a refused connection is counted as sent: the transport does not say
-            // reliably how far a call got, and a wrong "not sent" could turn a write into a
-            // refusal.
-            Err(status) => Forwarded::Failed {
-                error: Error::internal(format!(
+        let failed = |error: Error| Forwarded::Failed { error, sent: true };
+        let signed = match self.client(addr).reserve(request).await {
+            Ok(answer) => answer.into_inner(),
+            // The peer refuses these before it runs anything, but they come unsigned: even
+            // they count as sent, or a forged one could turn a write into a refusal.
+            Err(status) => {
+                return failed(Error::internal(format!(
                     "forward to {peer}: {} {}",
                     status.code(),
                     status.message()
-                )),
-                sent: true,
+                )));
+            }
+        };
+        if !self
+            .secret
+            .verify(&answer_context(&call_signature), &signed)
+        {
+            return failed(Error::internal(format!(
+                "forward to {peer}: the answer is not signed for this call"
+            )));
+        }
+        let answer = match ForwardedAnswer::decode(signed.body.as_slice()) {
+            Ok(answer) => answer,
+            Err(error) => return failed(Error::internal(format!("forward to {peer}: {error}"))),
+        };
+        match answer.answer {
+            Some(Answer::Reservation(reservation)) => match relay::reservation(reservation) {
+                Ok(reservation) => Forwarded::Answered(Ok(reservation)),
+                // It was written there; running it here replays it.
+                Err(error) => failed(error),
             },
+            Some(Answer::Error(status)) => Forwarded::Answered(Err(Error::Relayed(Relayed {
+                code: status.code,
+                message: status.message,
+                details: status.details,
+            }))),
+            Some(Answer::NotHolder(NotHolder {})) => Forwarded::NotHolder,
+            // A later release's answer this one cannot read: it ran there.
+            None => failed(Error::internal("the peer's answer was empty")),
         }
     }
 }
@@ -248,10 +298,14 @@ impl Forwarder for PeerForwarder {
         &'a self,
         peer: &'a Peer,
         command: &'a Reserve,
-        deadline: Instant,
+        lease_wait_until: Instant,
+        answer_by: Option<Instant>,
     ) -> Pin<Box<dyn Future<Output = Forwarded> + Send + 'a>> {
         let span = tracing::info_span!("reserve.forward", peer = %peer);
-        Box::pin(self.hop(peer, command, deadline).instrument(span))
+        Box::pin(
+            self.hop(peer, command, lease_wait_until, answer_by)
+                .instrument(span),
+        )
     }
 }
 
@@ -274,22 +328,57 @@ impl Injector for MetadataInjector<'_> {
 pub struct PeerApi {
     inventory: Arc<Service>,
     secret: PeerSecret,
+    /// What calls for this replica are signed for: its advertised address.
+    call_context: Vec<u8>,
+    seen: Mutex<Seen>,
     /// The API's admission: forwarded calls count against the same limit.
     in_flight: Arc<Semaphore>,
 }
 
 impl PeerApi {
-    pub fn new(inventory: Arc<Service>, secret: PeerSecret, in_flight: Arc<Semaphore>) -> Self {
+    pub fn new(
+        inventory: Arc<Service>,
+        secret: PeerSecret,
+        advertised: SocketAddr,
+        in_flight: Arc<Semaphore>,
+    ) -> Self {
         Self {
             inventory,
             secret,
+            call_context: call_context(&advertised.to_string()),
+            seen: Mutex::default(),
             in_flight,
         }
     }
+
+    /// The call in `signed`, if it is signed for this replica, recent, and not seen before.
+    fn open(&self, signed: &SignedMessage) -> Result<ForwardedReserve, Status> {
+        let refused = |why: &str| Status::unauthenticated(format!("peer call refused: {why}"));
+        if !self.secret.verify(&self.call_context, signed) {
+            return Err(refused("bad signature"));
+        }
+        let now_ms = unix_ms(SystemTime::now());
+        if u128::from(now_ms.abs_diff(signed.signed_at_ms)) > MAX_CLOCK_SKEW.as_millis() {
+            return Err(refused("signed too long ago, or in the future"));
+        }
+        if !self.seen.lock().expect("seen lock").take(
+            &signed.signature,
+            signed.signed_at_ms,
+            now_ms,
+        ) {
+            return Err(refused("already taken"));
+        }
+        ForwardedReserve::decode(signed.body.as_slice())
+            .map_err(|error| Status::invalid_argument(format!("peer call: {error}")))
+    }
 }
 
-/// The command a forwarded call carries, for the caller the sender authenticated.
-fn command(call: ForwardedReserve) -> Result<Reserve, Error> {
+/// The command a forwarded call carries, for the caller the sender authenticated, and how
+/// long it may wait for the lease.
+fn command(call: ForwardedReserve) -> Result<(Reserve, Option<Duration>), Error> {
+    let lease_wait = call
+        .lease_wait
+        .and_then(|wait| Duration::try_from(wait).ok());
     let caller = if call.caller.is_empty() {
         Caller::anonymous()
     } else {
@@ -300,7 +389,10 @@ fn command(call: ForwardedReserve) -> Result<Reserve, Error> {
     let request = call.request.ok_or_else(|| {
         Error::InvalidArgument(vec![FieldViolation::new("request", "must be set")])
     })?;
-    request.into_command(&Principal::new(caller, Role::Reserver))
+    Ok((
+        request.into_command(&Principal::new(caller, Role::Reserver))?,
+        lease_wait,
+    ))
 }
 
 /// The answer as it travels back: the reservation, `not_holder`, or the status the caller
@@ -328,34 +420,42 @@ impl PeerService for PeerApi {
     #[tracing::instrument(skip_all, fields(rpc = "PeerReserve"))]
     async fn reserve(
         &self,
-        request: Request<ForwardedReserve>,
-    ) -> Result<Response<ForwardedAnswer>, Status> {
-        self.secret.verify(request.metadata(), request.get_ref())?;
-        let admitted = Arc::clone(&self.in_flight)
-            .try_acquire_owned()
-            .map_err(|_| to_status(Error::Saturated))?;
+        request: Request<SignedMessage>,
+    ) -> Result<Response<SignedMessage>, Status> {
+        let call = self.open(request.get_ref())?;
+        let call_signature = request.get_ref().signature.clone();
         let budget = Budget::from_timeout(
             crate::grpc::client_timeout(request.metadata()),
             Instant::now(),
         );
-        let command = match command(request.into_inner()) {
-            Ok(command) => command,
-            Err(error) => return Ok(Response::new(answer(Err(error)))),
+        let result = match Arc::clone(&self.in_flight).try_acquire_owned() {
+            // Signed like any answer: a definite refusal, relayed as it is.
+            Err(_) => Err(Error::Saturated),
+            Ok(admitted) => match command(call) {
+                Err(error) => Err(error),
+                Ok((command, lease_wait)) => {
+                    // On a task of its own, as the API runs a Reserve: a sender that gives up
+                    // must not cancel it between a lease and its release.
+                    let inventory = Arc::clone(&self.inventory);
+                    let work = tokio::spawn(
+                        async move {
+                            let _admitted = admitted;
+                            inventory
+                                .reserve_forwarded(&command, budget, lease_wait)
+                                .await
+                        }
+                        .instrument(tracing::Span::current()),
+                    );
+                    budget
+                        .run(async { work.await.unwrap_or_else(|e| Err(Error::internal(e))) })
+                        .await
+                }
+            },
         };
-        // On a task of its own, as the API runs a Reserve: a sender that gives up must not
-        // cancel it between a lease and its release.
-        let inventory = Arc::clone(&self.inventory);
-        let work = tokio::spawn(
-            async move {
-                let _admitted = admitted;
-                inventory.reserve_forwarded(&command, budget).await
-            }
-            .instrument(tracing::Span::current()),
-        );
-        let result = budget
-            .run(async { work.await.unwrap_or_else(|e| Err(Error::internal(e))) })
-            .await;
-        Ok(Response::new(answer(result)))
+        Ok(Response::new(
+            self.secret
+                .sign(&answer_context(&call_signature), &answer(result)),
+        ))
     }
 }
 

@@ -204,12 +204,13 @@ impl Application {
         let (stop_health, health_server) =
             serve_health_plaintext(self.health_listener, health_service.clone());
         let admin_server = serve_admin(self.admin_listener, &self.registry, &self.stopping);
+        let (stop_peers, peers_stopped) = tokio::sync::oneshot::channel::<()>();
         let peer_server = self.peers.map(|peers| {
             serve_peers(
                 peers,
                 Arc::clone(&self.inventory),
                 Arc::clone(&admission.permits),
-                self.stopping.subscribe(),
+                peers_stopped,
             )
         });
         let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -251,6 +252,9 @@ impl Application {
         if let Some(admin_server) = admin_server {
             let _ = admin_server.await;
         }
+        // The peer port outlives the drain: this replica's leases may still name it, and a
+        // call forwarded here meanwhile is served, not refused at the door.
+        let _ = stop_peers.send(());
         if let Some(peer_server) = peer_server {
             let _ = peer_server.await;
         }
@@ -509,22 +513,27 @@ fn plaintext(
     })
 }
 
-/// The internal peer port: forwarded calls, until `stopping` turns true; then it lets the
-/// calls in flight finish (tonic's graceful shutdown), as the API port does.
+/// The internal peer port: forwarded calls, until `stop` (after the API port drained); then
+/// it lets the calls in flight finish (tonic's graceful shutdown).
 fn serve_peers(
     peers: Peers,
     inventory: Arc<Service>,
     in_flight: Arc<tokio::sync::Semaphore>,
-    mut stopping: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::oneshot::Receiver<()>,
 ) -> JoinHandle<Result<(), tonic::transport::Error>> {
     tracing::info!(addr = ?peers.listener.local_addr().ok(), advertised = %peers.advertise, "serving peers");
-    let api = crate::peer::service(PeerApi::new(inventory, peers.secret, in_flight));
+    let api = crate::peer::service(PeerApi::new(
+        inventory,
+        peers.secret,
+        peers.advertise,
+        in_flight,
+    ));
     tokio::spawn(
         Server::builder()
             .layer(crate::telemetry::RpcLayer)
             .add_service(api)
             .serve_with_incoming_shutdown(plaintext(peers.listener), async move {
-                let _ = stopping.wait_for(|stop| *stop).await;
+                let _ = stop.await;
             }),
     )
 }

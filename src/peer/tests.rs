@@ -14,63 +14,56 @@ fn call(key: &str) -> ForwardedReserve {
             ..Default::default()
         }),
         caller: "checkout".into(),
+        lease_wait: None,
     }
 }
 
-fn signed(secret: &PeerSecret, call: &ForwardedReserve) -> MetadataMap {
-    let mut metadata = MetadataMap::new();
-    metadata.insert(SIGNATURE, secret.sign(call).parse().unwrap());
-    metadata
-}
+const HERE: &str = "10.0.0.1:50053";
 
 #[test]
-fn a_call_signed_with_the_fleet_secret_is_accepted() {
+fn a_call_signed_for_this_replica_is_taken_once() {
     let secret = PeerSecret::new(&[7; 32]);
-    let call = call("k-1");
-    assert!(secret.verify(&signed(&secret, &call), &call).is_ok());
+    let signed = secret.sign(&call_context(HERE), &call("k-1"));
+    assert!(secret.verify(&call_context(HERE), &signed));
+    let mut seen = Seen::default();
+    let now = unix_ms(SystemTime::now());
+    assert!(seen.take(&signed.signature, signed.signed_at_ms, now));
+    assert!(
+        !seen.take(&signed.signature, signed.signed_at_ms, now),
+        "a replayed call is refused"
+    );
+    // Once its time can no longer pass the skew check, it is forgotten.
+    let later = now + i64::try_from(MAX_CLOCK_SKEW.as_millis()).unwrap() + 1;
+    assert!(seen.take(b"another", later, later));
+    assert_eq!(seen.order.len(), 1);
 }
 
 #[test]
-fn a_changed_call_a_wrong_secret_or_no_signature_is_refused() {
+fn a_call_for_another_replica_a_changed_body_or_a_wrong_secret_is_refused() {
     let secret = PeerSecret::new(&[7; 32]);
-    let original = call("k-1");
-    let metadata = signed(&secret, &original);
-    let code = |result: Result<(), Status>| result.unwrap_err().code();
-    assert_eq!(
-        code(secret.verify(&metadata, &call("k-2"))),
-        tonic::Code::Unauthenticated
-    );
-    let other = PeerSecret::new(&[8; 32]);
-    assert_eq!(
-        code(other.verify(&metadata, &original)),
-        tonic::Code::Unauthenticated
-    );
-    assert_eq!(
-        code(secret.verify(&MetadataMap::new(), &original)),
-        tonic::Code::Unauthenticated
-    );
+    let signed = secret.sign(&call_context(HERE), &call("k-1"));
+    assert!(!secret.verify(&call_context("10.0.0.2:50053"), &signed));
+    let mut changed = signed.clone();
+    changed.body = call("k-2").encode_to_vec();
+    assert!(!secret.verify(&call_context(HERE), &changed));
+    let mut retimed = signed.clone();
+    retimed.signed_at_ms += 1;
+    assert!(!secret.verify(&call_context(HERE), &retimed));
+    assert!(!PeerSecret::new(&[8; 32]).verify(&call_context(HERE), &signed));
 }
 
 #[test]
-fn an_old_signature_is_refused() {
+fn an_answer_is_good_for_the_call_it_answers_only() {
     let secret = PeerSecret::new(&[7; 32]);
-    let call = call("k-1");
-    let at_ms = unix_ms(SystemTime::now() - MAX_CLOCK_SKEW - Duration::from_secs(1));
-    let tag = hmac::sign(&secret.0, &PeerSecret::signed(at_ms, &call));
-    let mut metadata = MetadataMap::new();
-    metadata.insert(
-        SIGNATURE,
-        format!("{at_ms}.{}", hex(tag.as_ref())).parse().unwrap(),
+    let first = secret.sign(&call_context(HERE), &call("k-1"));
+    let second = secret.sign(&call_context(HERE), &call("k-2"));
+    let sku = inventory_core::domain::Sku::parse("SKU-1").unwrap();
+    let answered = secret.sign(
+        &answer_context(&first.signature),
+        &answer(Err(Error::NotHolder { sku })),
     );
-    let refused = secret.verify(&metadata, &call).unwrap_err();
-    assert!(refused.message().contains("too old"), "{refused:?}");
-}
-
-#[test]
-fn hex_round_trips_and_rejects_odd_or_foreign_text() {
-    assert_eq!(unhex(&hex(&[0, 1, 254, 255])), Some(vec![0, 1, 254, 255]));
-    assert_eq!(unhex("abc"), None);
-    assert_eq!(unhex("zz"), None);
+    assert!(secret.verify(&answer_context(&first.signature), &answered));
+    assert!(!secret.verify(&answer_context(&second.signature), &answered));
 }
 
 #[test]
@@ -89,7 +82,8 @@ fn not_holder_travels_as_its_own_answer_and_errors_as_their_status() {
 
 #[test]
 fn a_forwarded_call_decodes_to_the_command_it_was_made_from() {
-    let command = command(call("k-1")).expect("decodes");
+    let (command, lease_wait) = command(call("k-1")).expect("decodes");
+    assert_eq!(lease_wait, None);
     let again = relay::reserve_request(&command);
     assert_eq!(again, call("k-1").request.unwrap());
     assert_eq!(command.caller.as_str(), "checkout");

@@ -138,7 +138,7 @@ async fn a_forward_to_a_replica_that_does_not_hold_the_lease_is_refused_and_writ
     let peer = Peer(b.peer_addr.unwrap().to_string());
     let deadline = Instant::now() + Duration::from_secs(10);
     let command = single_line("stale", "HOT");
-    let outcome = forwarder.forward(&peer, &command, deadline).await;
+    let outcome = forwarder.forward(&peer, &command, deadline, None).await;
     assert!(matches!(outcome, Forwarded::NotHolder), "{outcome:?}");
 
     held.resume();
@@ -147,7 +147,7 @@ async fn a_forward_to_a_replica_that_does_not_hold_the_lease_is_refused_and_writ
     assert_eq!(a.level("HOT").await, (10, 1));
 
     // With the lease free, the same forward is run by B (which takes it) and answered.
-    let outcome = forwarder.forward(&peer, &command, deadline).await;
+    let outcome = forwarder.forward(&peer, &command, deadline, None).await;
     let Forwarded::Answered(Ok(reservation)) = outcome else {
         panic!("B should run it: {outcome:?}");
     };
@@ -201,20 +201,26 @@ async fn a_peer_call_without_a_valid_signature_is_refused() {
     ))
     .await
     .unwrap();
-    let call = v1::ForwardedReserve {
+    let body = prost::Message::encode_to_vec(&v1::ForwardedReserve {
         request: Some(reserve("forged", &[("HOT", 1)])),
         caller: String::new(),
-    };
-    let refused = client.reserve(call.clone()).await.unwrap_err();
-    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
-
-    let mut request = tonic::Request::new(call);
-    request.metadata_mut().insert(
-        "x-inventory-peer-signature",
-        "1.00112233445566778899aabbccddeeff".parse().unwrap(),
-    );
-    let refused = client.reserve(request).await.unwrap_err();
-    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+        lease_wait: None,
+    });
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    for signature in [Vec::new(), vec![0x5a; 32]] {
+        let refused = client
+            .reserve(v1::SignedMessage {
+                body: body.clone(),
+                signed_at_ms: now_ms,
+                signature,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    }
     assert_eq!(stored_keys(app).await, 0);
     assert_eq!(app.level("HOT").await, (10, 0));
 }
@@ -263,4 +269,76 @@ async fn three_replicas_racing_for_a_hot_sku_sell_each_unit_once_and_replay_anyw
         assert_eq!(again.reservation_id, reservation.reservation_id);
     }
     assert_eq!(apps[0].level("HOT").await, (40, 40));
+}
+
+#[tokio::test]
+async fn a_hop_that_got_no_answer_never_turns_into_a_refusal_and_its_key_settles_it() {
+    // A's peer port is reached through a proxy that can hold every byte: a frozen holder.
+    let a_peer = inventory_testkit::ports::loopback(inventory_testkit::ports::free_port().unwrap());
+    let proxy = inventory_testkit::proxy::Proxy::start(a_peer)
+        .await
+        .unwrap();
+    let first = test_settings(fresh_database().await);
+    let (database, prefix) = (
+        first.database.config.clone(),
+        first.redis.client.key_prefix.clone(),
+    );
+    let mut a = test_settings(database.clone());
+    a.redis.client.key_prefix = prefix.clone();
+    // A's lease outlasts everything below: only A may write HOT meanwhile.
+    a.redis.leases.ttl = Duration::from_secs(60);
+    a.peer = Some(PeerSettings {
+        listen_addr: a_peer,
+        advertise_addr: Some(proxy.addr()),
+        secret: SECRET.to_vec().into(),
+    });
+    let mut b = test_settings(database);
+    b.redis.client.key_prefix = prefix;
+    b.peer = peers();
+    // B waits for a lease at most this long: the bound, not the caller's deadline.
+    b.inventory.lease_wait = Duration::from_millis(500);
+    let (a, b) = (spawn_app_with(a).await, spawn_app_with(b).await);
+    stock(&a, "HOT", 10).await;
+    let (held, leader) = hold_leader(&a, "HOT").await;
+    proxy.set_stalled(true);
+
+    // B sends the call to A and hears nothing back (the caller set no deadline: the hop gives
+    // up after B's lease wait and the write allowance); the lease stays A's. The wait here
+    // then ends at B's bound before the key was claimed, while the call may still be written
+    // at A: the answer must not say "nothing changed" (ABORTED), only that the outcome is
+    // unknown.
+    let unknown = b
+        .client
+        .clone()
+        .reserve(reserve("late", &[("HOT", 1)]))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::DeadlineExceeded, "{unknown:?}");
+    assert_eq!(
+        b.inventory
+            .forwards()
+            .failed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+
+    // A thaws: the held call reaches it late, and may or may not be written there. Retrying
+    // the key settles it either way: one reservation, never two.
+    proxy.set_stalled(false);
+    held.resume();
+    leader.await.unwrap().unwrap();
+    let settled = b
+        .client
+        .clone()
+        .reserve(reserve("late", &[("HOT", 1)]))
+        .await
+        .expect("the retry settles the key")
+        .into_inner();
+    assert_eq!(settled.state(), ReservationState::Held);
+    assert_eq!(
+        a.count("SELECT count(*) FROM reservations WHERE idempotency_key = 'late'")
+            .await,
+        1
+    );
+    assert_eq!(a.level("HOT").await, (10, 2));
 }

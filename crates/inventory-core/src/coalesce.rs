@@ -127,6 +127,11 @@ impl Queued {
         Reply(self.reply).answer(result);
     }
 
+    /// Whether a peer forwarded it here.
+    pub fn forwarded(&self) -> bool {
+        self.origin == Origin::Peer
+    }
+
     /// The request, to write, and where its answer goes.
     pub fn into_parts(self) -> ((Reserve, Ttl), Reply) {
         ((self.command, self.ttl), Reply(self.reply))

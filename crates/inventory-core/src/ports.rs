@@ -230,10 +230,12 @@ impl std::fmt::Display for Peer {
 pub enum Attempt {
     Granted(Lease),
     /// Someone else holds the lease: `peer` when its value names another replica that takes
-    /// forwarded calls, `None` for a holder that does not (an older release, this replica).
+    /// forwarded calls, `None` for a holder that does not (an older release).
     Held {
         peer: Option<Peer>,
     },
+    /// This replica holds it (another of its own writes): wait for it here.
+    HeldHere,
 }
 
 /// Per-SKU leases. They limit contention only: correctness never depends on them.
@@ -292,11 +294,14 @@ pub enum Forwarded {
 /// hot SKU meet in one batch, wherever they arrive. The hop carries the caller, the
 /// idempotency key and what is left of the deadline; the peer never forwards it again.
 pub trait Forwarder: Send + Sync + std::fmt::Debug + 'static {
+    /// `lease_wait_until`: how long the peer may wait for the lease (this replica's bound);
+    /// `answer_by`: the caller's deadline, if it set one.
     fn forward<'a>(
         &'a self,
         peer: &'a Peer,
         command: &'a Reserve,
-        deadline: Instant,
+        lease_wait_until: Instant,
+        answer_by: Option<Instant>,
     ) -> std::pin::Pin<Box<dyn Future<Output = Forwarded> + Send + 'a>>;
 }
 

@@ -51,10 +51,10 @@ const HINT_TTL: Duration = Duration::from_secs(1);
 /// did not answer (after a failed hop the call waits for the lease at once).
 const MAX_FORWARDS: u32 = 2;
 
-/// With forwarding on, most batches one hold of a hot SKU's lease writes before it is given
-/// back. The other replicas send their calls to the holder instead of waiting for the lease,
-/// so the hold can last longer than [`MAX_HELD_BATCHES`]: only calls that had to wait here
-/// (their forwards failed) are waiting for it, and a handover costs the calls in flight a
+/// Most batches one hold of a hot SKU's lease writes before it is given back, while peers
+/// forward calls to it (a batch holds a forwarded call). They send their calls to the holder
+/// instead of waiting for the lease, so the hold can last longer than [`MAX_HELD_BATCHES`]:
+/// only calls whose forwards failed wait for it, and a handover costs the calls in flight a
 /// second hop.
 const MAX_HELD_BATCHES_FORWARDING: u32 = 64;
 
@@ -248,34 +248,48 @@ where
     /// ends first; which one ran out decides between [`Error::LeaseBusy`] and
     /// [`Error::DeadlineExceeded`].
     pub async fn reserve(&self, command: &Reserve, budget: Budget) -> Result<Reservation, Error> {
-        self.reserve_from(command, budget, Origin::Client).await
+        self.reserve_from(command, budget, self.config.lease_wait, Origin::Client)
+            .await
     }
 
     /// A `Reserve` a peer forwarded here because this replica held its SKU's lease. Run like
     /// any other, except that it is never forwarded again: if another replica holds the
     /// lease now, the answer is [`Error::NotHolder`] and the sender runs it.
+    ///
+    /// `lease_wait`: how long the sender would still have waited for the lease; the wait here
+    /// ends then, or at this replica's own bound if that comes first.
     pub async fn reserve_forwarded(
         &self,
         command: &Reserve,
         budget: Budget,
+        lease_wait: Option<Duration>,
     ) -> Result<Reservation, Error> {
-        self.reserve_from(command, budget, Origin::Peer).await
+        let lease_wait = lease_wait.map_or(self.config.lease_wait, |wait| {
+            wait.min(self.config.lease_wait)
+        });
+        self.reserve_from(command, budget, lease_wait, Origin::Peer)
+            .await
     }
 
     async fn reserve_from(
         &self,
         command: &Reserve,
         budget: Budget,
+        lease_wait: Duration,
         origin: Origin,
     ) -> Result<Reservation, Error> {
-        let wait = budget.lease_wait(self.config.lease_wait, Instant::now());
-        wait.judge(self.reserve_until(command, wait.until, origin).await)
+        let wait = budget.lease_wait(lease_wait, Instant::now());
+        wait.judge(
+            self.reserve_until(command, wait.until, budget.answer_by(), origin)
+                .await,
+        )
     }
 
     async fn reserve_until(
         &self,
         command: &Reserve,
         deadline: Instant,
+        answer_by: Option<Instant>,
         origin: Origin,
     ) -> Result<Reservation, Error> {
         let ttl = command.ttl.unwrap_or(self.config.default_ttl);
@@ -284,7 +298,7 @@ where
             && self.config.coalesce.max_batch > 1
         {
             return self
-                .reserve_routed(&line.sku, command, ttl, deadline, origin)
+                .reserve_routed(&line.sku, command, ttl, deadline, answer_by, origin)
                 .await;
         }
         let skus: Vec<Sku> = command
@@ -309,6 +323,7 @@ where
         command: &Reserve,
         ttl: Ttl,
         deadline: Instant,
+        answer_by: Option<Instant>,
         origin: Origin,
     ) -> Result<Reservation, Error> {
         let mut origin = match (&self.forwarder, origin) {
@@ -344,7 +359,7 @@ where
                 unreachable!("only a replica with a forwarder forwards");
             };
             let started = Instant::now();
-            let forwarded = forwarder.forward(&peer, command, deadline).await;
+            let forwarded = forwarder.forward(&peer, command, deadline, answer_by).await;
             crate::metrics::count_forward(&forwarded, started.elapsed());
             let counter = match &forwarded {
                 Forwarded::Answered(_) => &self.forwards.answered,
@@ -458,6 +473,8 @@ where
                         _ => {}
                     }
                 }
+                // One of this replica's own writes holds it (a cart): wait for it here.
+                Ok(Attempt::HeldHere) => {}
                 Err(error) => {
                     for queued in self.queues.take(sku, usize::MAX, command) {
                         queued.answer(Err(error.clone()));
@@ -468,21 +485,24 @@ where
         }
         // Boxed, like the coalescing path itself: it is held beside the grant attempt's.
         Routed::Done(
-            Box::pin(self.lead_batch(leadership, sku, command, ttl, deadline, granted)).await,
+            Box::pin(self.lead_batch(leadership, sku, (command, ttl), origin, deadline, granted))
+                .await,
         )
     }
 
-    /// Writes the leader's batch: its own call and up to `max_batch - 1` queued ones, under
-    /// the lease the last leader kept, the one just `granted`, or one taken now.
+    /// Writes the leader's batch: its own call (`own`, from `origin`) and up to
+    /// `max_batch - 1` queued ones, under the lease the last leader kept, the one just
+    /// `granted`, or one taken now.
     async fn lead_batch(
         &self,
         mut leadership: Leadership<'_>,
         sku: &Sku,
-        command: &Reserve,
-        ttl: Ttl,
+        own: (&Reserve, Ttl),
+        origin: Origin,
         deadline: Instant,
         granted: Option<Lease>,
     ) -> Result<Reservation, Error> {
+        let (command, ttl) = own;
         let config = &self.config.coalesce;
         if !config.linger.is_zero() && self.queues.queued(sku) > 0 {
             // Others are already waiting, so more are likely: give them a moment to join.
@@ -490,6 +510,14 @@ where
             tokio::time::sleep_until(until.into()).await;
         }
         let queued = self.queues.take(sku, config.max_batch - 1, command);
+        // Peers forward to this replica instead of waiting for the lease: it may keep it
+        // longer (see `MAX_HELD_BATCHES_FORWARDING`). Otherwise replicas (of an older release
+        // too) take turns as before.
+        let max_held = if origin == Origin::Peer || queued.iter().any(Queued::forwarded) {
+            MAX_HELD_BATCHES_FORWARDING
+        } else {
+            MAX_HELD_BATCHES
+        };
         // The lease is waited for as long as the most patient request of the batch may wait.
         let batch_deadline = queued
             .iter()
@@ -501,7 +529,14 @@ where
             .chain(others)
             .collect();
         let written = self
-            .write_batch(&mut leadership, sku, &batch, batch_deadline, granted)
+            .write_batch(
+                &mut leadership,
+                sku,
+                &batch,
+                batch_deadline,
+                granted,
+                max_held,
+            )
             .await
             .and_then(|answers| {
                 if answers.len() == batch.len() {
@@ -575,6 +610,7 @@ where
         batch: &[(Reserve, Ttl)],
         deadline: Instant,
         mut granted: Option<Lease>,
+        max_held: u32,
     ) -> Result<Answers, Error> {
         let mut recoveries = 0;
         loop {
@@ -594,11 +630,6 @@ where
                 }
             };
             crate::metrics::count_batch(batches > 0);
-            let max_held = if self.forwarder.is_some() {
-                MAX_HELD_BATCHES_FORWARDING
-            } else {
-                MAX_HELD_BATCHES
-            };
             let keep = batches + 1 < max_held && self.queues.queued(sku) > 0;
             let group = ReserveGroup {
                 sku: sku.clone(),

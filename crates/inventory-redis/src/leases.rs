@@ -232,7 +232,8 @@ impl RedisLeases {
         })
     }
 
-    /// The peer a lease's value names, unless it is this replica or names none.
+    /// The peer a lease's value names, unless it is this replica or names none (an older
+    /// release's token).
     fn peer_of(&self, holder: &str) -> Option<Peer> {
         let (_, address) = holder.split_once('@')?;
         (!address.is_empty() && self.settings.advertise.as_deref() != Some(address))
@@ -435,6 +436,10 @@ impl LeaseService for RedisLeases {
         }
         self.refused.fetch_add(1, Ordering::Relaxed);
         crate::metrics::leases().contended.add(1, &[]);
+        let named = current.split_once('@').map(|(_, address)| address);
+        if named.is_some() && named == self.settings.advertise.as_deref() {
+            return Ok(Attempt::HeldHere);
+        }
         Ok(Attempt::Held {
             peer: self.peer_of(&current),
         })

@@ -256,6 +256,44 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether a `Reserve` that ended in this error was decided in PostgreSQL under its
+    /// idempotency key (a refusal is stored with the key), so a copy of the call that reaches
+    /// PostgreSQL later replays it instead of writing. The others ended before the key was
+    /// claimed (or on a release the schema moved past), and say nothing about a copy of the
+    /// call sent elsewhere. Exhaustive on purpose: a new error must be placed here.
+    pub fn decided_with_key(&self) -> bool {
+        match self {
+            Self::InvalidArgument(_)
+            | Self::UnknownSkus(_)
+            | Self::UnknownLocation(_)
+            | Self::UnknownReservation(_)
+            | Self::InsufficientStock(_)
+            | Self::WrongState { .. }
+            | Self::NotHeld { .. }
+            | Self::PartlyReleased { .. }
+            | Self::OrderCancelled { .. }
+            | Self::MaxHoldExceeded { .. }
+            | Self::BelowReserved { .. }
+            | Self::VersionMismatch { .. }
+            | Self::CountBelowReserved { .. }
+            | Self::StockLimit { .. }
+            | Self::CursorPruned { .. }
+            | Self::CursorNotInHistory { .. }
+            | Self::IdempotencyKeyReused => true,
+            Self::LeaseBusy { .. }
+            | Self::TooManyWaiters { .. }
+            | Self::NotHolder { .. }
+            | Self::Relayed(_)
+            | Self::Saturated
+            | Self::TooManyWatchers
+            | Self::DeadlineExceeded
+            | Self::LeaseLost { .. }
+            | Self::SchemaTooNew { .. }
+            | Self::Unavailable { .. }
+            | Self::Internal(_) => false,
+        }
+    }
+
     pub fn unavailable(dependency: Dependency, source: impl Into<BoxError>) -> Self {
         Self::Unavailable {
             dependency,

@@ -61,26 +61,6 @@ const MAX_HELD_BATCHES_FORWARDING: u32 = 64;
 /// Most SKUs a replica remembers a holding peer for; past it, stale ones are dropped first.
 const MAX_HINTS: usize = 4096;
 
-/// Whether `error` was decided in PostgreSQL under the call's idempotency key: stored with it,
-/// so a copy of the call that reaches PostgreSQL later replays it instead of writing. The
-/// others (a busy lease, a dependency down, a deadline) were decided before the key was
-/// claimed, and say nothing about a copy of the call sent elsewhere.
-fn decided_with_key(error: &Error) -> bool {
-    !matches!(
-        error,
-        Error::LeaseBusy { .. }
-            | Error::TooManyWaiters { .. }
-            | Error::Saturated
-            | Error::TooManyWatchers
-            | Error::DeadlineExceeded
-            | Error::LeaseLost { .. }
-            | Error::NotHolder { .. }
-            | Error::Relayed(_)
-            | Error::Unavailable { .. }
-            | Error::Internal(_)
-    )
-}
-
 /// What the coalescing path came to: an answer, or the peer to forward the call to.
 enum Routed {
     Done(Result<Reservation, Error>),
@@ -346,7 +326,7 @@ where
                 None => match Box::pin(self.reserve_coalesced(sku, command, origin, ttl, deadline))
                     .await
                 {
-                    Routed::Done(Err(error)) if ambiguous && !decided_with_key(&error) => {
+                    Routed::Done(Err(error)) if ambiguous && !error.decided_with_key() => {
                         // Nothing was written here, but the call may yet be written where it
                         // was sent: not a refusal the caller may take as "nothing changed".
                         return Err(Error::DeadlineExceeded);
@@ -361,30 +341,27 @@ where
             let started = Instant::now();
             let forwarded = forwarder.forward(&peer, command, deadline, answer_by).await;
             crate::metrics::count_forward(&forwarded, started.elapsed());
-            let counter = match &forwarded {
-                Forwarded::Answered(_) => &self.forwards.answered,
-                Forwarded::NotHolder => &self.forwards.not_holder,
-                Forwarded::Failed { .. } => &self.forwards.failed,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            match &forwarded {
-                Forwarded::Answered(_) => {}
+            match forwarded {
+                Forwarded::Answered(answer) => {
+                    self.forwards.answered.fetch_add(1, Ordering::Relaxed);
+                    return answer;
+                }
                 Forwarded::NotHolder => {
+                    self.forwards.not_holder.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(%sku, %peer, "peer no longer holds the lease; looking again");
                 }
                 Forwarded::Failed { error, sent } => {
+                    self.forwards.failed.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(%sku, %peer, %error, sent, "forward failed; running here");
-                    ambiguous |= *sent;
+                    ambiguous |= sent;
+                    // A holder that did not answer is not chased: its lease runs out, and the
+                    // call waits for it here.
+                    origin = Origin::Local;
                 }
-            }
-            if let Forwarded::Answered(answer) = forwarded {
-                return answer;
             }
             self.forget_hint(sku, &peer);
             forwards += 1;
-            // A holder that did not answer is not chased: its lease runs out, and the call
-            // waits for it here.
-            if forwards >= MAX_FORWARDS || matches!(forwarded, Forwarded::Failed { .. }) {
+            if forwards >= MAX_FORWARDS {
                 origin = Origin::Local;
             }
         }
@@ -412,6 +389,11 @@ where
             }
         }
         hints.insert(sku.clone(), (peer.clone(), Instant::now()));
+    }
+
+    /// This replica holds `sku`'s lease now: no peer does.
+    fn forget_hints(&self, sku: &Sku) {
+        self.hints.lock().expect("hints lock").remove(sku);
     }
 
     fn forget_hint(&self, sku: &Sku, peer: &Peer) {
@@ -457,7 +439,7 @@ where
             // the leadership on the way out passes the lead to whoever stays queued.
             match self.leases.try_acquire(sku).await {
                 Ok(Attempt::Granted(lease)) => {
-                    self.hints.lock().expect("hints lock").remove(sku);
+                    self.forget_hints(sku);
                     granted = Some(lease);
                 }
                 Ok(Attempt::Held { peer }) => {

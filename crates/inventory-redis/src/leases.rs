@@ -232,12 +232,18 @@ impl RedisLeases {
         })
     }
 
-    /// The peer a lease's value names, unless it is this replica or names none (an older
-    /// release's token).
-    fn peer_of(&self, holder: &str) -> Option<Peer> {
-        let (_, address) = holder.split_once('@')?;
-        (!address.is_empty() && self.settings.advertise.as_deref() != Some(address))
-            .then(|| Peer(address.to_owned()))
+    /// Who holds a lease whose value is `holder`: this replica, the peer it names, or a holder
+    /// that names none (an older release's token).
+    fn held_by(&self, holder: &str) -> Attempt {
+        match holder.split_once('@') {
+            Some((_, address)) if self.settings.advertise.as_deref() == Some(address) => {
+                Attempt::HeldHere
+            }
+            Some((_, address)) if !address.is_empty() => Attempt::Held {
+                peer: Some(Peer(address.to_owned())),
+            },
+            _ => Attempt::Held { peer: None },
+        }
     }
 
     /// One grant attempt: `Some(token)` if granted, `None` if busy.
@@ -250,13 +256,13 @@ impl RedisLeases {
 
     /// Runs a script that takes the next fencing token for `holder` (grant or renew): KEYS
     /// lease and fence, ARGV holder and the two TTLs. Returns the token, or 0 if refused.
-    async fn lease_script(
+    async fn lease_script<T: fred::types::FromValue>(
         &self,
         command: &'static str,
         script: &Script,
         sku: &Sku,
         holder: &str,
-    ) -> Result<i64, Error> {
+    ) -> Result<T, Error> {
         let prefix = self.redis.prefix();
         let ttl_ms = self.settings.ttl.as_millis().max(1) as i64;
         self.bounded(
@@ -403,21 +409,8 @@ impl LeaseService for RedisLeases {
 
     async fn try_acquire(&self, sku: &Sku) -> Result<Attempt, Error> {
         let holder = self.new_holder()?;
-        let prefix = self.redis.prefix();
-        let ttl_ms = self.settings.ttl.as_millis().max(1) as i64;
         let answer: Result<(i64, String), Error> = self
-            .bounded(
-                "acquire",
-                self.acquire_or_holder.evalsha_with_reload(
-                    self.redis.client(),
-                    vec![prefix.lease(sku), prefix.fence(sku)],
-                    vec![
-                        holder.clone(),
-                        ttl_ms.to_string(),
-                        self.fence_ttl_ms().to_string(),
-                    ],
-                ),
-            )
+            .lease_script("acquire", &self.acquire_or_holder, sku, &holder)
             .await;
         let (token, current) = match answer {
             Ok(answer) => answer,
@@ -436,13 +429,7 @@ impl LeaseService for RedisLeases {
         }
         self.refused.fetch_add(1, Ordering::Relaxed);
         crate::metrics::leases().contended.add(1, &[]);
-        let named = current.split_once('@').map(|(_, address)| address);
-        if named.is_some() && named == self.settings.advertise.as_deref() {
-            return Ok(Attempt::HeldHere);
-        }
-        Ok(Attempt::Held {
-            peer: self.peer_of(&current),
-        })
+        Ok(self.held_by(&current))
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, Error> {

@@ -418,11 +418,12 @@ impl Postgres {
     /// so far can be recovered from the archive.
     pub async fn flush_archive(&self) -> anyhow::Result<()> {
         let admin = connect(&self.admin_config()?).await?;
+        // The segment is named from what the switch returns (the end of the segment it
+        // closed), not from the current position: anything written after the switch (the
+        // server under test, a checkpoint) is already in the next segment, which is archived
+        // only when it fills.
         let segment: String = admin
-            .query_one(
-                "SELECT pg_walfile_name(pg_current_wal_lsn()) FROM pg_switch_wal()",
-                &[],
-            )
+            .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
             .await?
             .get(0);
         let started = std::time::Instant::now();

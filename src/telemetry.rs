@@ -8,7 +8,8 @@
 //!   standard `OTEL_*` variables. Export runs in the background: an unreachable collector
 //!   never blocks serving.
 //! - Metrics: one meter provider feeds both the Prometheus registry behind the admin
-//!   `/metrics` page and, when an OTLP endpoint is set, the OTLP exporter.
+//!   `/metrics` page and, when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._METRICS_ENDPOINT`) is
+//!   set, the OTLP exporter. Each signal follows its own variable.
 
 mod rpc;
 
@@ -52,17 +53,38 @@ impl Telemetry {
     }
 }
 
-fn otlp_endpoint(settings: &TelemetrySettings) -> Option<String> {
-    if std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true")) {
+/// The signals exported over OTLP, each with the variable that names its own endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Signal {
+    Traces,
+    Metrics,
+}
+
+impl Signal {
+    fn endpoint_variable(self) -> &'static str {
+        match self {
+            Self::Traces => "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            Self::Metrics => "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        }
+    }
+}
+
+/// Where `signal` is exported, if anywhere: the configured endpoint, else the signal's own
+/// variable, else `OTEL_EXPORTER_OTLP_ENDPOINT`, as the OpenTelemetry specification orders
+/// them. A signal is exported only when one of them names an endpoint, so setting only
+/// `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` exports metrics and no traces.
+fn otlp_endpoint(
+    settings: &TelemetrySettings,
+    signal: Signal,
+    env: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    if env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
         return None;
     }
     settings.otlp_endpoint.clone().or_else(|| {
-        [
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-        ]
-        .iter()
-        .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+        [signal.endpoint_variable(), "OTEL_EXPORTER_OTLP_ENDPOINT"]
+            .iter()
+            .find_map(|name| env(name).filter(|v| !v.is_empty()))
     })
 }
 
@@ -78,14 +100,15 @@ fn resource() -> Resource {
 /// Installs the global subscriber, propagator and providers. Call once per process.
 pub fn init(format: LogFormat, settings: &TelemetrySettings) -> anyhow::Result<Telemetry> {
     global::set_text_map_propagator(TraceContextPropagator::new());
-    let endpoint = otlp_endpoint(settings);
+    let env = |name: &str| std::env::var(name).ok();
 
-    let tracer = match &endpoint {
+    // Each exporter is given its endpoint explicitly: left to itself, the SDK would fall
+    // back to localhost for a signal whose variable is unset.
+    let tracer = match otlp_endpoint(settings, Signal::Traces, env) {
         Some(endpoint) => {
-            let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-            if settings.otlp_endpoint.is_some() {
-                exporter = exporter.with_endpoint(endpoint.clone());
-            }
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint);
             Some(
                 SdkTracerProvider::builder()
                     .with_batch_exporter(exporter.build()?)
@@ -109,11 +132,10 @@ pub fn init(format: LogFormat, settings: &TelemetrySettings) -> anyhow::Result<T
                 .with_registry(registry.clone())
                 .build()?,
         );
-    if let Some(endpoint) = &endpoint {
-        let mut exporter = opentelemetry_otlp::MetricExporter::builder().with_tonic();
-        if settings.otlp_endpoint.is_some() {
-            exporter = exporter.with_endpoint(endpoint.clone());
-        }
+    if let Some(endpoint) = otlp_endpoint(settings, Signal::Metrics, env) {
+        let exporter = opentelemetry_otlp::MetricExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint);
         meter = meter.with_periodic_exporter(exporter.build()?);
     }
     let meter = meter.build();
@@ -151,4 +173,65 @@ pub fn init(format: LogFormat, settings: &TelemetrySettings) -> anyhow::Result<T
         meter,
         registry,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(settings: Option<&str>, signal: Signal, vars: &[(&str, &str)]) -> Option<String> {
+        let settings = TelemetrySettings {
+            otlp_endpoint: settings.map(str::to_owned),
+        };
+        otlp_endpoint(&settings, signal, |name| {
+            vars.iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+        })
+    }
+
+    #[test]
+    fn each_signal_is_exported_only_where_its_own_or_the_shared_variable_points() {
+        let metrics_only = [("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:4317")];
+        assert_eq!(
+            endpoint(None, Signal::Metrics, &metrics_only).as_deref(),
+            Some("http://m:4317")
+        );
+        assert_eq!(endpoint(None, Signal::Traces, &metrics_only), None);
+
+        let traces_only = [("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317")];
+        assert_eq!(endpoint(None, Signal::Metrics, &traces_only), None);
+        assert_eq!(
+            endpoint(None, Signal::Traces, &traces_only).as_deref(),
+            Some("http://t:4317")
+        );
+
+        let both = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://shared:4317"),
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:4317"),
+        ];
+        assert_eq!(
+            endpoint(None, Signal::Metrics, &both).as_deref(),
+            Some("http://m:4317")
+        );
+        assert_eq!(
+            endpoint(None, Signal::Traces, &both).as_deref(),
+            Some("http://shared:4317")
+        );
+        assert_eq!(endpoint(None, Signal::Traces, &[]), None);
+    }
+
+    #[test]
+    fn the_sdk_switch_and_the_configured_endpoint_win() {
+        let disabled = [
+            ("OTEL_SDK_DISABLED", "TRUE"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://shared:4317"),
+        ];
+        assert_eq!(endpoint(None, Signal::Metrics, &disabled), None);
+        let set = [("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:4317")];
+        assert_eq!(
+            endpoint(Some("http://c:4317"), Signal::Metrics, &set).as_deref(),
+            Some("http://c:4317")
+        );
+    }
 }

@@ -1,6 +1,8 @@
-//! Who may call what. Callers present a bearer token (`authorization: Bearer <token>`) or, with
-//! mutual TLS, their client certificate. Credentials are configured only as SHA-256 digests
-//! and never logged. Each caller has one role:
+//! Who may call what, and how much. Callers present a bearer token (`authorization: Bearer
+//! <token>`: an opaque token, or a JWT signed by a key of the configured JWKS) or, with mutual
+//! TLS, their client certificate (pinned by digest, or named by its SPIFFE ID or DNS name
+//! under the client CA). Opaque tokens and pinned certificates are configured only as SHA-256
+//! digests; no credential is ever logged. Each caller has one role:
 //!
 //! | role | may call | reservations it sees |
 //! |---|---|---|
@@ -13,16 +15,31 @@
 //! not exist. The caller's name also scopes idempotency keys, so one client can never replay
 //! or collide with another's key. Health and reflection need no credentials.
 //!
-//! The credentials file is re-read while the server runs ([`Gate::replace`]), so tokens rotate
-//! without a restart.
+//! The credentials file and the JWKS file are re-read while the server runs
+//! ([`Gate::replace`]), so tokens and signing keys rotate without a restart. A line of the
+//! credentials file may also give its caller limits (`max_in_flight`, `max_holds`,
+//! `max_held_units`), over the defaults every caller has ([`CallerLimits`]).
 
-use std::{collections::HashMap, fmt, path::Path, sync::Arc};
+mod jwt;
+
+use std::{
+    collections::HashMap,
+    fmt,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
 
 use arc_swap::ArcSwap;
 
-use inventory_core::domain::{Caller, Scope};
+use inventory_core::{
+    Error,
+    domain::{Caller, Scope},
+    quota::HoldCaps,
+};
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
+
+pub use jwt::JwtSettings;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -33,7 +50,7 @@ pub enum Role {
 }
 
 impl Role {
-    fn parse(raw: &str) -> Option<Self> {
+    pub(crate) fn parse(raw: &str) -> Option<Self> {
         Some(match raw {
             "reader" => Self::Reader,
             "reserver" => Self::Reserver,
@@ -67,20 +84,71 @@ pub enum Action {
     Adjust,
 }
 
-/// An authenticated caller and its role.
+/// What one caller may take at once. `None` is unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallerLimits {
+    /// Calls of this caller in flight in one replica; more are refused with
+    /// `RESOURCE_EXHAUSTED` (`CALLER_SATURATED`).
+    pub max_in_flight: Option<u32>,
+    /// Live holds and held units, fleet-wide (`CALLER_QUOTA_EXCEEDED`).
+    pub caps: HoldCaps,
+}
+
+impl CallerLimits {
+    /// Reads `key=value` options over `self`; a problem names the option.
+    fn with_options<'a>(mut self, options: impl Iterator<Item = &'a str>) -> Result<Self, String> {
+        for option in options {
+            let Some((key, value)) = option.split_once('=') else {
+                return Err(format!("'{option}' is not <limit>=<number>"));
+            };
+            let number: u64 = value
+                .parse()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{key} must be a positive whole number"))?;
+            match key {
+                "max_in_flight" => {
+                    self.max_in_flight = Some(
+                        u32::try_from(number)
+                            .map_err(|_| "max_in_flight is too large".to_owned())?,
+                    );
+                }
+                "max_holds" => self.caps.max_holds = Some(number),
+                "max_held_units" => self.caps.max_held_units = Some(number),
+                _ => {
+                    return Err(format!(
+                        "unknown limit '{key}' (max_in_flight, max_holds or max_held_units)"
+                    ));
+                }
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// An authenticated caller, its role and its limits.
 #[derive(Clone, Debug)]
 pub struct Principal {
     caller: Caller,
     role: Role,
+    limits: CallerLimits,
 }
 
 impl Principal {
     pub fn new(caller: Caller, role: Role) -> Self {
-        Self { caller, role }
+        Self {
+            caller,
+            role,
+            limits: CallerLimits::default(),
+        }
     }
 
     pub fn caller(&self) -> &Caller {
         &self.caller
+    }
+
+    pub fn limits(&self) -> &CallerLimits {
+        &self.limits
     }
 
     /// The reservations this caller may read: `watcher` and `admin` read every caller's.
@@ -100,12 +168,70 @@ impl Principal {
     }
 }
 
+/// Where the credentials come from, and the limits of callers no line names: what the
+/// authenticator is built from, at start and at every reload.
+#[derive(Clone, Debug, Default)]
+pub struct AuthSources {
+    pub tokens_file: Option<PathBuf>,
+    pub jwt: Option<JwtSettings>,
+    pub defaults: CallerLimits,
+}
+
+impl AuthSources {
+    /// Every file whose change matters.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = self.tokens_file.iter().cloned().collect();
+        files.extend(self.jwt.iter().map(|jwt| jwt.jwks_file.clone()));
+        files
+    }
+
+    /// The files' bytes, in [`Self::files`] order, or the first that cannot be read.
+    pub fn read(&self) -> Result<Vec<Vec<u8>>, String> {
+        self.files()
+            .iter()
+            .map(|path| std::fs::read(path).map_err(|error| format!("{}: {error}", path.display())))
+            .collect()
+    }
+
+    /// The authenticator the files describe; every problem is reported.
+    pub fn load(&self) -> Result<Authenticator, Vec<String>> {
+        let contents = self.read().map_err(|problem| vec![problem])?;
+        self.parse(&contents)
+    }
+
+    /// [`Self::load`] from bytes already read (see [`Self::read`]).
+    pub fn parse(&self, contents: &[Vec<u8>]) -> Result<Authenticator, Vec<String>> {
+        let mut contents = contents.iter();
+        let mut authenticator = match &self.tokens_file {
+            Some(_) => Authenticator::parse_with(
+                &String::from_utf8_lossy(contents.next().map_or(&[][..], Vec::as_slice)),
+                self.defaults,
+                self.jwt.is_some(),
+            )?,
+            None => Authenticator::empty(self.defaults),
+        };
+        if let Some(settings) = &self.jwt {
+            let text = String::from_utf8_lossy(contents.next().map_or(&[][..], Vec::as_slice));
+            authenticator.jwt = Some(jwt::Verifier::parse(settings, &text)?);
+        }
+        Ok(authenticator)
+    }
+}
+
 /// The configured credentials, or the explicit choice to run without.
 #[derive(Clone)]
 pub struct Authenticator {
     disabled: bool,
     tokens: HashMap<[u8; 32], Principal>,
     certificates: HashMap<[u8; 32], Principal>,
+    /// Client certificates by a URI SAN (a SPIFFE ID), exactly.
+    uris: HashMap<String, Principal>,
+    /// Client certificates by a DNS SAN, exactly (lower case).
+    dns_names: HashMap<String, Principal>,
+    /// Every caller a line names, with its limits: the callers metrics name.
+    named: HashMap<String, CallerLimits>,
+    defaults: CallerLimits,
+    jwt: Option<jwt::Verifier>,
 }
 
 impl fmt::Debug for Authenticator {
@@ -115,7 +241,39 @@ impl fmt::Debug for Authenticator {
             .field("disabled", &self.disabled)
             .field("tokens", &self.tokens.len())
             .field("certificates", &self.certificates.len())
+            .field("uris", &self.uris.len())
+            .field("dns_names", &self.dns_names.len())
+            .field("jwt", &self.jwt.is_some())
             .finish()
+    }
+}
+
+/// Which table a credential goes to, and its key there.
+enum Credential {
+    Token([u8; 32]),
+    Certificate([u8; 32]),
+    Uri(String),
+    Dns(String),
+}
+
+impl Credential {
+    fn parse(raw: &str) -> Result<Self, String> {
+        let digest = |hex| parse_digest(hex).ok_or("the digest must be 64 hex digits".to_owned());
+        match raw.split_once(':') {
+            Some(("token-sha256", hex)) => Ok(Self::Token(digest(hex)?)),
+            Some(("cert-sha256", hex)) => Ok(Self::Certificate(digest(hex)?)),
+            Some(("spiffe", _)) if raw.len() > "spiffe://".len() && raw.starts_with("spiffe://") => {
+                Ok(Self::Uri(raw.to_owned()))
+            }
+            Some(("uri", uri)) if !uri.is_empty() => Ok(Self::Uri(uri.to_owned())),
+            Some(("dns", name)) if !name.is_empty() && !name.contains('*') => {
+                Ok(Self::Dns(name.to_ascii_lowercase()))
+            }
+            _ => Err(
+                "credential must be token-sha256:<hex>, cert-sha256:<hex>, spiffe://<trust domain>/<path>, uri:<uri> or dns:<name>"
+                    .into(),
+            ),
+        }
     }
 }
 
@@ -124,8 +282,20 @@ impl Authenticator {
     pub fn disabled() -> Self {
         Self {
             disabled: true,
+            ..Self::empty(CallerLimits::default())
+        }
+    }
+
+    fn empty(defaults: CallerLimits) -> Self {
+        Self {
+            disabled: false,
             tokens: HashMap::new(),
             certificates: HashMap::new(),
+            uris: HashMap::new(),
+            dns_names: HashMap::new(),
+            named: HashMap::new(),
+            defaults,
+            jwt: None,
         }
     }
 
@@ -133,74 +303,125 @@ impl Authenticator {
         self.disabled
     }
 
-    /// Reads a credentials file: one `<name> <role> <credential>` per line, where credential
-    /// is `token-sha256:<64 hex>` or `cert-sha256:<64 hex>` (of the certificate's DER);
-    /// `#` starts a comment. Every problem is reported with its line number.
-    pub fn from_file(path: &Path) -> Result<Self, Vec<String>> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|error| vec![format!("AUTH_TOKENS_FILE {}: {error}", path.display())])?;
-        Self::parse(&text)
+    /// A credentials file alone, with no default limits and no JWT.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, Vec<String>> {
+        AuthSources {
+            tokens_file: Some(path.to_owned()),
+            ..AuthSources::default()
+        }
+        .load()
+        .map_err(|problems| {
+            problems
+                .into_iter()
+                .map(|problem| format!("AUTH_TOKENS_FILE {problem}"))
+                .collect()
+        })
     }
 
+    /// A credentials file's text, with no default limits and no JWT.
     pub fn parse(text: &str) -> Result<Self, Vec<String>> {
-        let mut authenticator = Self {
-            disabled: false,
-            tokens: HashMap::new(),
-            certificates: HashMap::new(),
-        };
+        Self::parse_with(text, CallerLimits::default(), false)
+    }
+
+    /// Reads a credentials file: one `<name> <role> <credential> [<limit>=<n> ...]` per line,
+    /// where credential is `token-sha256:<64 hex>` (of a bearer token),
+    /// `cert-sha256:<64 hex>` (of a client certificate's DER), `spiffe://...` or `uri:<uri>`
+    /// (a client certificate's URI SAN), or `dns:<name>` (its DNS SAN); `#` starts a
+    /// comment. Limits are `max_in_flight`, `max_holds`, `max_held_units`; a caller on
+    /// several lines gives its limits on one, or the same on each. Every problem is
+    /// reported with its line number. `jwt`: signed tokens are accepted too, so a file
+    /// that names no credential (only limits, or nothing) is fine.
+    fn parse_with(text: &str, defaults: CallerLimits, jwt: bool) -> Result<Self, Vec<String>> {
+        let mut authenticator = Self::empty(defaults);
         let mut problems = Vec::new();
+        let mut limited: HashMap<String, (usize, CallerLimits)> = HashMap::new();
         for (index, line) in text.lines().enumerate() {
             let line = line.split('#').next().unwrap_or_default().trim();
             if line.is_empty() {
                 continue;
             }
             let number = index + 1;
+            let problem = |text: String| format!("AUTH_TOKENS_FILE line {number}: {text}");
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [name, role, credential] = fields[..] else {
-                problems.push(format!(
-                    "AUTH_TOKENS_FILE line {number}: expected <name> <role> <credential>"
+            let [name, role, credential, options @ ..] = &fields[..] else {
+                problems.push(problem(
+                    "expected <name> <role> <credential> [<limit>=<n> ...]".into(),
                 ));
                 continue;
             };
             let Some(role) = Role::parse(role) else {
-                problems.push(format!(
-                    "AUTH_TOKENS_FILE line {number}: role must be reader, reserver, watcher or admin"
+                problems.push(problem(
+                    "role must be reader, reserver, watcher or admin".into(),
                 ));
                 continue;
             };
             let caller = match Caller::parse(name) {
                 Ok(caller) => caller,
-                Err(problem) => {
-                    problems.push(format!("AUTH_TOKENS_FILE line {number}: name {problem}"));
+                Err(text) => {
+                    problems.push(problem(format!("name {text}")));
                     continue;
                 }
             };
-            let (table, digest) = match credential.split_once(':') {
-                Some(("token-sha256", hex)) => (&mut authenticator.tokens, hex),
-                Some(("cert-sha256", hex)) => (&mut authenticator.certificates, hex),
-                _ => {
-                    problems.push(format!(
-                        "AUTH_TOKENS_FILE line {number}: credential must be token-sha256:<hex> or cert-sha256:<hex>"
-                    ));
+            let credential = match Credential::parse(credential) {
+                Ok(credential) => credential,
+                Err(text) => {
+                    problems.push(problem(text));
                     continue;
                 }
             };
-            let Some(digest) = parse_digest(digest) else {
-                problems.push(format!(
-                    "AUTH_TOKENS_FILE line {number}: the digest must be 64 hex digits"
-                ));
-                continue;
+            let limits = match defaults.with_options(options.iter().copied()) {
+                Ok(limits) => limits,
+                Err(text) => {
+                    problems.push(problem(text));
+                    continue;
+                }
             };
-            if table.insert(digest, Principal { caller, role }).is_some() {
-                problems.push(format!(
-                    "AUTH_TOKENS_FILE line {number}: this credential is listed twice"
-                ));
+            if !options.is_empty() {
+                match limited.get(*name) {
+                    Some((first, earlier)) if *earlier != limits => {
+                        problems.push(problem(format!(
+                            "{name} has other limits on line {first}: give them on one line"
+                        )));
+                        continue;
+                    }
+                    Some(_) => {}
+                    None => {
+                        limited.insert((*name).to_owned(), (number, limits));
+                    }
+                }
+            }
+            let principal = Principal {
+                caller,
+                role,
+                limits,
+            };
+            let listed_twice = match credential {
+                Credential::Token(digest) => authenticator.tokens.insert(digest, principal),
+                Credential::Certificate(digest) => {
+                    authenticator.certificates.insert(digest, principal)
+                }
+                Credential::Uri(uri) => authenticator.uris.insert(uri, principal),
+                Credential::Dns(name) => authenticator.dns_names.insert(name, principal),
+            }
+            .is_some();
+            if listed_twice {
+                problems.push(problem("this credential is listed twice".into()));
+            }
+            authenticator
+                .named
+                .entry((*name).to_owned())
+                .or_insert(defaults);
+        }
+        // Limits given on one line hold for every credential of that caller.
+        for (name, (_, limits)) in limited {
+            authenticator.named.insert(name.clone(), limits);
+            for principal in authenticator.principals_mut() {
+                if principal.caller.as_str() == name {
+                    principal.limits = limits;
+                }
             }
         }
-        if problems.is_empty()
-            && authenticator.tokens.is_empty()
-            && authenticator.certificates.is_empty()
-        {
+        if problems.is_empty() && authenticator.named.is_empty() && !jwt {
             problems.push("AUTH_TOKENS_FILE lists no credentials".into());
         }
         if problems.is_empty() {
@@ -210,6 +431,14 @@ impl Authenticator {
         }
     }
 
+    fn principals_mut(&mut self) -> impl Iterator<Item = &mut Principal> {
+        self.tokens
+            .values_mut()
+            .chain(self.certificates.values_mut())
+            .chain(self.uris.values_mut())
+            .chain(self.dns_names.values_mut())
+    }
+
     /// The caller, if its credentials allow `action`. Without authentication every call is
     /// the anonymous caller's, with every right.
     pub fn authorize<T>(&self, request: &Request<T>, action: Action) -> Result<Principal, Status> {
@@ -217,6 +446,7 @@ impl Authenticator {
             return Ok(Principal {
                 caller: Caller::anonymous(),
                 role: Role::Admin,
+                limits: self.defaults,
             });
         }
         let principal = self.identify(request)?;
@@ -226,10 +456,23 @@ impl Authenticator {
                 principal.caller.as_str()
             )));
         }
-        Ok(principal.clone())
+        Ok(principal)
     }
 
-    fn identify<T>(&self, request: &Request<T>) -> Result<&Principal, Status> {
+    /// The name metrics give `caller`: itself if a line of the credentials file names it
+    /// (or it is the anonymous caller of a server without authentication), else
+    /// [`OTHER_CALLERS`], so signed tokens cannot grow a series per subject.
+    pub fn label(&self, caller: &Caller) -> String {
+        if self.disabled && caller.as_str().is_empty() {
+            ANONYMOUS.to_owned()
+        } else if self.named.contains_key(caller.as_str()) {
+            caller.as_str().to_owned()
+        } else {
+            OTHER_CALLERS.to_owned()
+        }
+    }
+
+    fn identify<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
         if let Some(header) = request.metadata().get("authorization") {
             // Never echo the header: it holds the secret.
             let token = header
@@ -239,42 +482,150 @@ impl Authenticator {
                 .ok_or_else(|| {
                     Status::unauthenticated("the authorization header must be 'Bearer <token>'")
                 })?;
-            return self
-                .tokens
-                .get(&sha256(token.as_bytes()))
-                .ok_or_else(|| Status::unauthenticated("unknown token"));
+            if let Some(principal) = self.tokens.get(&sha256(token.as_bytes())) {
+                return Ok(principal.clone());
+            }
+            return match &self.jwt {
+                Some(verifier) if jwt::looks_like_jwt(token) => {
+                    let (name, role) = verifier.verify(token).map_err(|problem| {
+                        Status::unauthenticated(format!("invalid token: {problem}"))
+                    })?;
+                    let caller = Caller::parse(&name).map_err(|problem| {
+                        Status::unauthenticated(format!(
+                            "invalid token: the caller claim {problem}"
+                        ))
+                    })?;
+                    let limits = self.named.get(&name).copied().unwrap_or(self.defaults);
+                    Ok(Principal {
+                        caller,
+                        role,
+                        limits,
+                    })
+                }
+                _ => Err(Status::unauthenticated("unknown token")),
+            };
         }
         if let Some(leaf) = request
             .peer_certs()
             .and_then(|certificates| certificates.first().cloned())
         {
             return self
-                .certificates
-                .get(&sha256(leaf.as_ref()))
+                .certificate(leaf.as_ref())
                 .ok_or_else(|| Status::unauthenticated("unknown client certificate"));
         }
         Err(Status::unauthenticated(
             "credentials required: send 'authorization: Bearer <token>'",
         ))
     }
+
+    /// A client certificate the TLS layer already verified against the client CA: its
+    /// pinned digest first, else its SANs (URI, then DNS). A certificate whose SANs name two
+    /// different callers is refused rather than guessed at.
+    fn certificate(&self, der: &[u8]) -> Option<Principal> {
+        if let Some(principal) = self.certificates.get(&sha256(der)) {
+            return Some(principal.clone());
+        }
+        if self.uris.is_empty() && self.dns_names.is_empty() {
+            return None;
+        }
+        let (_, certificate) = x509_parser::parse_x509_certificate(der).ok()?;
+        let names = certificate.subject_alternative_name().ok()??;
+        let mut found: Option<&Principal> = None;
+        for name in &names.value.general_names {
+            let principal = match name {
+                x509_parser::extensions::GeneralName::URI(uri) => self.uris.get(*uri),
+                x509_parser::extensions::GeneralName::DNSName(dns) => {
+                    self.dns_names.get(&dns.to_ascii_lowercase())
+                }
+                _ => None,
+            };
+            match (found, principal) {
+                (_, None) => {}
+                (None, Some(principal)) => found = Some(principal),
+                (Some(first), Some(other)) if first.caller != other.caller => return None,
+                (Some(_), Some(_)) => {}
+            }
+        }
+        found.cloned()
+    }
 }
 
-/// The credentials in force, swapped whole when the credentials file changes: a call in
-/// flight keeps the set it was authorized with, the next call sees the new one.
+/// The metric label of calls whose caller no line names (or that were not authenticated).
+pub const OTHER_CALLERS: &str = "_OTHER";
+/// The metric label of the one caller of a server without authentication.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// The credentials in force, swapped whole when the credentials or JWKS file changes: a call
+/// in flight keeps the set it was authorized with, the next call sees the new one. Also
+/// counts each limited caller's calls in flight in this replica, across reloads.
 #[derive(Clone, Debug)]
-pub struct Gate(Arc<ArcSwap<Authenticator>>);
+pub struct Gate {
+    current: Arc<ArcSwap<Authenticator>>,
+    in_flight: InFlight,
+}
 
 impl Gate {
     pub fn new(authenticator: Authenticator) -> Self {
-        Self(Arc::new(ArcSwap::from_pointee(authenticator)))
+        Self {
+            current: Arc::new(ArcSwap::from_pointee(authenticator)),
+            in_flight: Arc::default(),
+        }
     }
 
     pub fn authorize<T>(&self, request: &Request<T>, action: Action) -> Result<Principal, Status> {
-        self.0.load().authorize(request, action)
+        self.current.load().authorize(request, action)
+    }
+
+    /// See [`Authenticator::label`].
+    pub fn label(&self, caller: &Caller) -> String {
+        self.current.load().label(caller)
     }
 
     pub fn replace(&self, authenticator: Authenticator) {
-        self.0.store(Arc::new(authenticator));
+        self.current.store(Arc::new(authenticator));
+    }
+
+    /// A place among the caller's calls in flight, held until the permit drops, or
+    /// [`Error::CallerSaturated`] when it has its `max_in_flight` already.
+    pub fn admit(&self, principal: &Principal) -> Result<CallerPermit, Error> {
+        let Some(limit) = principal.limits.max_in_flight else {
+            return Ok(CallerPermit(None));
+        };
+        let name = principal.caller.as_str();
+        let mut counts = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let count = counts.entry(name.to_owned()).or_default();
+        if *count >= limit {
+            return Err(Error::CallerSaturated {
+                caller: principal.caller.clone(),
+                limit,
+            });
+        }
+        *count += 1;
+        Ok(CallerPermit(Some((
+            Arc::clone(&self.in_flight),
+            name.to_owned(),
+        ))))
+    }
+}
+
+/// One call's place among its caller's calls in flight; given back on drop.
+#[derive(Debug)]
+pub struct CallerPermit(Option<(InFlight, String)>);
+
+/// Calls in flight by caller, for the callers with a limit.
+type InFlight = Arc<Mutex<HashMap<String, u32>>>;
+
+impl Drop for CallerPermit {
+    fn drop(&mut self) {
+        if let Some((counts, name)) = self.0.take() {
+            let mut counts = counts.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(count) = counts.get_mut(&name) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    counts.remove(&name);
+                }
+            }
+        }
     }
 }
 

@@ -14,7 +14,12 @@ use inventory_postgres::{PgConfig, PoolSettings, retention::Retention};
 use inventory_redis::{KeyPrefix, LeaseSettings, RedisConfig, RedisSettings, RedisTlsFiles};
 use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
 
-use crate::{auth::Authenticator, upkeep::Upkeep};
+use crate::{
+    access::AccessLogSettings,
+    auth::{AuthSources, Authenticator, CallerLimits, JwtSettings},
+    upkeep::Upkeep,
+};
+use inventory_core::quota::HoldCaps;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -145,6 +150,16 @@ pub struct ServerArgs {
     #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_in_flight: u32,
+
+    /// One JSON line per call on standard output (caller, method, code, duration, reservation
+    /// or order id), written off the calls' path.
+    #[arg(long, env = "ACCESS_LOG", default_value_t = true, value_parser = clap::builder::BoolishValueParser::new())]
+    pub access_log: bool,
+
+    /// The share of successful reads (and health checks) the access log keeps, 0 to 1;
+    /// writes and failed calls are always logged.
+    #[arg(long, env = "ACCESS_LOG_READ_SAMPLE", default_value_t = 0.01)]
+    pub access_log_read_sample: f64,
 
     /// Most WatchEvents streams open at once in this replica; more get RESOURCE_EXHAUSTED.
     #[arg(long, env = "MAX_WATCHERS", default_value_t = 256,
@@ -366,6 +381,46 @@ pub struct AuthArgs {
     /// Serve every call without credentials. Only for local use; never the default.
     #[arg(long, env = "AUTH_DISABLED", default_value_t = false, value_parser = clap::builder::BoolishValueParser::new())]
     pub auth_disabled: bool,
+
+    /// JWKS file whose keys sign the JWT bearer tokens accepted (re-read when it changes).
+    /// Needs JWT_ISSUER and JWT_AUDIENCE.
+    #[arg(long, env = "JWT_JWKS_FILE")]
+    pub jwt_jwks_file: Option<PathBuf>,
+
+    /// The `iss` every JWT must carry.
+    #[arg(long, env = "JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// An `aud` every JWT must carry.
+    #[arg(long, env = "JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// The JWT claim that names the caller.
+    #[arg(long, env = "JWT_CALLER_CLAIM", default_value = "sub")]
+    pub jwt_caller_claim: String,
+
+    /// The JWT claim that carries the caller's role.
+    #[arg(long, env = "JWT_ROLE_CLAIM", default_value = "inventory_role")]
+    pub jwt_role_claim: String,
+
+    /// Clock skew allowed on a JWT's `exp` and `nbf`.
+    #[arg(long, env = "JWT_LEEWAY", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub jwt_leeway: Duration,
+
+    /// Calls one caller may have in flight in one replica, unless its credentials line says
+    /// otherwise (`max_in_flight=`); unset: only MAX_IN_FLIGHT bounds it.
+    #[arg(long, env = "CALLER_MAX_IN_FLIGHT")]
+    pub caller_max_in_flight: Option<u32>,
+
+    /// Live holds one caller may have, fleet-wide, unless its line says otherwise
+    /// (`max_holds=`); unset: unlimited.
+    #[arg(long, env = "CALLER_MAX_HOLDS")]
+    pub caller_max_holds: Option<u64>,
+
+    /// Units one caller's live holds may keep, fleet-wide, unless its line says otherwise
+    /// (`max_held_units=`); unset: unlimited.
+    #[arg(long, env = "CALLER_MAX_HELD_UNITS")]
+    pub caller_max_held_units: Option<u64>,
 }
 
 /// A linger is a latency every queued call pays; more than this is a misconfiguration.
@@ -422,6 +477,7 @@ pub struct ServerSettings {
     pub max_message_bytes: usize,
     pub max_connection_age: Duration,
     pub shutdown_grace: Duration,
+    pub access_log: AccessLogSettings,
 }
 
 #[derive(Debug)]
@@ -442,15 +498,16 @@ pub struct RedisConnection {
 #[derive(Debug)]
 pub struct AuthSettings {
     pub authenticator: Authenticator,
-    /// Re-read on SIGHUP and whenever it changes.
-    pub tokens_file: Option<PathBuf>,
+    /// What it was built from, re-read on SIGHUP and whenever a file changes; `None`
+    /// without authentication.
+    pub sources: Option<AuthSources>,
 }
 
 impl Settings {
     /// The files the running server re-reads, so credentials rotate without a restart.
     pub fn reload_sources(&self) -> ReloadSources {
         ReloadSources {
-            auth_tokens_file: self.auth.tokens_file.clone(),
+            auth: self.auth.sources.clone(),
             tls: self.server.tls_files.clone(),
         }
     }
@@ -459,7 +516,7 @@ impl Settings {
 /// Files the running server re-reads, so credentials rotate without a restart.
 #[derive(Clone, Debug, Default)]
 pub struct ReloadSources {
-    pub auth_tokens_file: Option<PathBuf>,
+    pub auth: Option<AuthSources>,
     pub tls: Option<TlsFiles>,
 }
 
@@ -701,6 +758,9 @@ impl ServerArgs {
             .as_ref()
             .and_then(|files| files.read().map_err(|found| problems.extend(found)).ok());
         nonzero([("MAX_CONNECTION_AGE", self.max_connection_age)], problems);
+        if !(0.0..=1.0).contains(&self.access_log_read_sample) {
+            problems.push("ACCESS_LOG_READ_SAMPLE must be between 0 and 1".into());
+        }
         Some(ServerSettings {
             listen_addr: self.listen_addr,
             health_listen_addr: self.health_listen_addr,
@@ -712,6 +772,11 @@ impl ServerArgs {
             max_message_bytes: self.max_message_bytes as usize,
             max_connection_age: self.max_connection_age,
             shutdown_grace: self.shutdown_grace,
+            access_log: AccessLogSettings {
+                enabled: self.access_log,
+                read_sample: self.access_log_read_sample,
+                sink: crate::access::Sink::Stdout,
+            },
         })
     }
 }
@@ -745,32 +810,98 @@ impl TlsArgs {
 }
 
 impl AuthArgs {
+    /// The JWT settings, if a JWKS file is set; each missing companion is a problem.
+    fn jwt(&self, problems: &mut Vec<String>) -> Option<JwtSettings> {
+        let Some(jwks_file) = &self.jwt_jwks_file else {
+            if self.jwt_issuer.is_some() || self.jwt_audience.is_some() {
+                problems.push("JWT_ISSUER and JWT_AUDIENCE need JWT_JWKS_FILE".into());
+            }
+            return None;
+        };
+        let required = |value: &Option<String>, name: &str, problems: &mut Vec<String>| {
+            let value = value.clone().filter(|v| !v.trim().is_empty());
+            if value.is_none() {
+                problems.push(format!("JWT_JWKS_FILE needs {name}"));
+            }
+            value
+        };
+        let issuer = required(&self.jwt_issuer, "JWT_ISSUER", problems);
+        let audience = required(&self.jwt_audience, "JWT_AUDIENCE", problems);
+        for (name, claim) in [
+            ("JWT_CALLER_CLAIM", &self.jwt_caller_claim),
+            ("JWT_ROLE_CLAIM", &self.jwt_role_claim),
+        ] {
+            if claim.trim().is_empty() {
+                problems.push(format!("{name} must name a claim"));
+            }
+        }
+        Some(JwtSettings {
+            jwks_file: jwks_file.clone(),
+            issuer: issuer?,
+            audience: audience?,
+            caller_claim: self.jwt_caller_claim.clone(),
+            role_claim: self.jwt_role_claim.clone(),
+            leeway: self.jwt_leeway,
+        })
+    }
+
+    fn defaults(&self, problems: &mut Vec<String>) -> CallerLimits {
+        for (name, zero) in [
+            ("CALLER_MAX_IN_FLIGHT", self.caller_max_in_flight == Some(0)),
+            ("CALLER_MAX_HOLDS", self.caller_max_holds == Some(0)),
+            (
+                "CALLER_MAX_HELD_UNITS",
+                self.caller_max_held_units == Some(0),
+            ),
+        ] {
+            if zero {
+                problems.push(format!("{name} must be at least 1 (unset it for no limit)"));
+            }
+        }
+        CallerLimits {
+            max_in_flight: self.caller_max_in_flight,
+            caps: HoldCaps {
+                max_holds: self.caller_max_holds,
+                max_held_units: self.caller_max_held_units,
+            },
+        }
+    }
+
     /// `server`: where bearer tokens would arrive, to refuse taking them in the clear.
     fn settings(&self, server: &ServerArgs, problems: &mut Vec<String>) -> Option<AuthSettings> {
-        let authenticator = match (&self.auth_tokens_file, self.auth_disabled) {
-            (Some(_), true) => {
-                problems.push("AUTH_TOKENS_FILE and AUTH_DISABLED exclude each other".into());
+        let jwt = self.jwt(problems);
+        let credentials = self.auth_tokens_file.is_some() || self.jwt_jwks_file.is_some();
+        let defaults = self.defaults(problems);
+        let sources = AuthSources {
+            tokens_file: self.auth_tokens_file.clone(),
+            jwt,
+            defaults,
+        };
+        let authenticator = match (credentials, self.auth_disabled) {
+            (true, true) => {
+                problems.push(
+                    "AUTH_TOKENS_FILE (or JWT_JWKS_FILE) and AUTH_DISABLED exclude each other"
+                        .into(),
+                );
                 None
             }
-            (Some(path), false) => Authenticator::from_file(path)
-                .map_err(|found| problems.extend(found))
-                .ok(),
-            (None, true) => Some(Authenticator::disabled()),
-            (None, false) => {
+            (true, false) => sources.load().map_err(|found| problems.extend(found)).ok(),
+            (false, true) => Some(Authenticator::disabled()),
+            (false, false) => {
                 problems.push(
-                    "authentication is required: set AUTH_TOKENS_FILE, or AUTH_DISABLED=true for local use"
+                    "authentication is required: set AUTH_TOKENS_FILE or JWT_JWKS_FILE, or AUTH_DISABLED=true for local use"
                         .into(),
                 );
                 None
             }
         };
-        if self.auth_tokens_file.is_some()
+        if credentials
             && !server.tls.is_on()
             && !server.listen_addr.ip().is_loopback()
             && !self.allow_plaintext_tokens
         {
             problems.push(format!(
-                "AUTH_TOKENS_FILE without TLS would take bearer tokens in the clear on {}: set \
+                "credentials without TLS would take bearer tokens in the clear on {}: set \
                  TLS_CERT_FILE and TLS_KEY_FILE, listen on loopback, or set \
                  ALLOW_PLAINTEXT_TOKENS=true if a sidecar terminates TLS in front of this port",
                 server.listen_addr
@@ -778,7 +909,7 @@ impl AuthArgs {
         }
         Some(AuthSettings {
             authenticator: authenticator?,
-            tokens_file: self.auth_tokens_file.clone(),
+            sources: credentials.then_some(sources),
         })
     }
 }

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use inventory_core::{Error, budget::Budget};
+use inventory_core::{Error, budget::Budget, quota::HoldCaps};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, metadata::MetadataMap};
@@ -19,7 +19,8 @@ use tracing::Instrument as _;
 
 use crate::{
     Service,
-    auth::{Action, Gate},
+    access::Subject,
+    auth::{Action, CallerPermit, Gate},
     events::EventHub,
     proto,
     status::to_status,
@@ -59,14 +60,17 @@ impl InventoryApi {
 
     /// What every unary call does before its use case runs: authorize, admit, set the call's
     /// [`Budget`] from its deadline, decode the request for the caller.
-    fn begin<R: Decode>(
+    fn begin<R: Decode + Subject>(
         &self,
         request: Request<R>,
         action: Action,
     ) -> Result<Call<R::Command>, Status> {
         let principal = self.auth.authorize(&request, action)?;
+        crate::access::attribute(&request, || self.auth.label(principal.caller()));
         let admitted = self.admit()?;
+        let caller_admitted = self.auth.admit(&principal).map_err(to_status)?;
         let budget = Budget::from_timeout(client_timeout(request.metadata()), Instant::now());
+        let caps = principal.limits().caps;
         let command = request
             .into_inner()
             .into_command(&principal)
@@ -74,7 +78,8 @@ impl InventoryApi {
         Ok(Call {
             command,
             budget,
-            admitted,
+            caps,
+            admitted: (admitted, caller_admitted),
         })
     }
 
@@ -88,7 +93,7 @@ impl InventoryApi {
         call: impl FnOnce(Arc<Service>, R::Command, Budget) -> Fut,
     ) -> Result<Response<T::Message>, Status>
     where
-        R: Decode,
+        R: Decode + Subject,
         Fut: Future<Output = Result<T, Error>>,
         T: Encode,
     {
@@ -96,6 +101,7 @@ impl InventoryApi {
             command,
             budget,
             admitted,
+            ..
         } = self.begin(request, action)?;
         let answer = budget
             .run(call(Arc::clone(&self.inventory), command, budget))
@@ -115,20 +121,21 @@ impl InventoryApi {
         &self,
         request: Request<R>,
         action: Action,
-        call: impl FnOnce(Arc<Service>, R::Command, Budget) -> Fut,
+        call: impl FnOnce(Arc<Service>, R::Command, Budget, HoldCaps) -> Fut,
     ) -> Result<Response<T::Message>, Status>
     where
-        R: Decode,
+        R: Decode + Subject,
         Fut: Future<Output = Result<T, Error>> + Send + 'static,
         T: Encode + Send + 'static,
     {
         let Call {
             command,
             budget,
+            caps,
             admitted,
         } = self.begin(request, action)?;
         // Boxed: the use case's future is large, and spawning copies whatever is spawned.
-        let work = Box::pin(call(Arc::clone(&self.inventory), command, budget));
+        let work = Box::pin(call(Arc::clone(&self.inventory), command, budget, caps));
         let work = tokio::spawn(
             async move {
                 let _admitted = admitted;
@@ -150,7 +157,10 @@ impl InventoryApi {
 struct Call<C> {
     command: C,
     budget: Budget,
-    admitted: OwnedSemaphorePermit,
+    /// The caller's caps on what it holds (checked by `Reserve`).
+    caps: HoldCaps,
+    /// Its place among the replica's calls in flight and among its caller's.
+    admitted: (OwnedSemaphorePermit, CallerPermit),
 }
 
 /// The use case's answer on the wire: a message, or the status its error maps to.
@@ -289,7 +299,9 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         self.unary_detached(
             request,
             Action::Reserve,
-            |inventory, command, budget| async move { inventory.reserve(&command, budget).await },
+            |inventory, command, budget, caps| async move {
+                inventory.reserve_capped(&command, caps, budget).await
+            },
         )
         .await
     }
@@ -376,6 +388,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         request: Request<proto::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
         let principal = self.auth.authorize(&request, Action::Watch)?;
+        crate::access::attribute(&request, || self.auth.label(principal.caller()));
         let command = request
             .into_inner()
             .into_command(&principal)

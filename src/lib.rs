@@ -4,7 +4,9 @@
 //!
 //! # Layout
 //! - [`proto`] — the generated API, re-exported from `inventory-proto`.
-//! - [`auth`] — bearer tokens and client certificates, roles, the caller that scopes keys.
+//! - [`auth`] — bearer tokens (opaque or JWT) and client certificates (pinned or by SAN), roles,
+//!   the caller that scopes keys, per-caller limits.
+//! - [`access`] — the caller label of every call's metrics, and the access log.
 //! - [`config`] — flags and environment, checked before anything starts.
 //! - [`wire`] — protobuf in and out: requests decoded to core commands for their caller,
 //!   answers encoded; nothing else touches protobuf types.
@@ -25,6 +27,7 @@
 // layout goes deeper than the default limit of 128.
 #![recursion_limit = "256"]
 
+pub mod access;
 pub mod admin;
 pub mod auth;
 pub mod config;

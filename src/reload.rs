@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, watch};
 
 use crate::{
-    auth::{Authenticator, Gate},
+    auth::{AuthSources, Gate},
     config::ReloadSources,
     tls::ServerTls,
 };
@@ -53,7 +53,12 @@ impl Reloader {
 
     /// Every file whose change matters.
     fn files(&self) -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = self.sources.auth_tokens_file.iter().cloned().collect();
+        let mut files: Vec<PathBuf> = self
+            .sources
+            .auth
+            .as_ref()
+            .map(AuthSources::files)
+            .unwrap_or_default();
         if let Some(tls) = &self.sources.tls {
             files.push(tls.cert.clone());
             files.push(tls.key.clone());
@@ -62,10 +67,15 @@ impl Reloader {
         files
     }
 
-    fn read_auth(&self) -> Option<([u8; 32], Vec<u8>)> {
-        let path = self.sources.auth_tokens_file.as_ref()?;
-        let bytes = std::fs::read(path).ok()?;
-        Some((Sha256::digest(&bytes).into(), bytes))
+    /// The credential files' bytes and their digest.
+    fn read_auth(&self, sources: &AuthSources) -> Result<([u8; 32], Vec<Vec<u8>>), String> {
+        let contents = sources.read()?;
+        let mut hash = Sha256::new();
+        for part in &contents {
+            hash.update((part.len() as u64).to_be_bytes());
+            hash.update(part);
+        }
+        Ok((hash.finalize().into(), contents))
     }
 
     fn read_tls(&self) -> Option<([u8; 32], crate::config::TlsSettings)> {
@@ -88,29 +98,27 @@ impl Reloader {
     }
 
     fn apply(&mut self, announce: bool) {
-        if let Some(path) = self.sources.auth_tokens_file.clone() {
-            match self.read_auth() {
-                None => tracing::warn!(
-                    path = %path.display(),
-                    "cannot read AUTH_TOKENS_FILE; the credentials in force stay"
+        if let Some(sources) = self.sources.auth.clone() {
+            match self.read_auth(&sources) {
+                Err(problem) => tracing::warn!(
+                    problem,
+                    "cannot read a credentials file; the credentials in force stay"
                 ),
-                Some((digest, _)) if Some(digest) == self.auth_digest => {}
-                Some((digest, bytes)) => {
-                    match Authenticator::parse(&String::from_utf8_lossy(&bytes)) {
-                        Ok(authenticator) => {
-                            self.gate.replace(authenticator);
-                            self.auth_digest = Some(digest);
-                            if announce {
-                                tracing::info!(path = %path.display(), "credentials reloaded");
-                            }
+                Ok((digest, _)) if Some(digest) == self.auth_digest => {}
+                Ok((digest, contents)) => match sources.parse(&contents) {
+                    Ok(authenticator) => {
+                        self.gate.replace(authenticator);
+                        self.auth_digest = Some(digest);
+                        if announce {
+                            tracing::info!(files = ?sources.files(), "credentials reloaded");
                         }
-                        Err(problems) => tracing::warn!(
-                            path = %path.display(),
-                            ?problems,
-                            "the new AUTH_TOKENS_FILE is invalid; the credentials in force stay"
-                        ),
                     }
-                }
+                    Err(problems) => tracing::warn!(
+                        files = ?sources.files(),
+                        ?problems,
+                        "the new credentials are invalid; the credentials in force stay"
+                    ),
+                },
             }
         }
         if let (Some(files), Some(server_tls)) = (&self.sources.tls, &self.tls) {

@@ -69,6 +69,7 @@ pub struct Application {
     max_connection_age: Duration,
     upkeep: Upkeep,
     shutdown_grace: Duration,
+    access_log: crate::access::AccessLogSettings,
 }
 
 impl Application {
@@ -139,6 +140,7 @@ impl Application {
             max_connection_age: server.max_connection_age,
             upkeep,
             shutdown_grace: server.shutdown_grace,
+            access_log: server.access_log.clone(),
         })
     }
 
@@ -214,8 +216,9 @@ impl Application {
             )
         });
         let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
+        let access = crate::access::AccessLog::start(&self.access_log);
         let router = Server::builder()
-            .layer(crate::telemetry::RpcLayer)
+            .layer(crate::telemetry::RpcLayer::with_access_log(access))
             .max_connection_age(self.max_connection_age)
             .max_connection_age_grace(self.shutdown_grace)
             .add_service(health_service)
@@ -530,7 +533,7 @@ fn serve_peers(
     ));
     tokio::spawn(
         Server::builder()
-            .layer(crate::telemetry::RpcLayer)
+            .layer(crate::telemetry::RpcLayer::default())
             .add_service(api)
             .serve_with_incoming_shutdown(plaintext(peers.listener), async move {
                 let _ = stop.await;

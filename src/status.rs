@@ -122,6 +122,31 @@ fn status_of(error: Error) -> Status {
             Some(sku.as_str()),
         ),
         Error::Saturated => exhausted(ErrorReason::ServerSaturated, message, HashMap::new(), None),
+        Error::CallerSaturated { caller, limit } => exhausted(
+            ErrorReason::CallerSaturated,
+            message,
+            metadata([
+                ("caller", caller.as_str().to_owned()),
+                ("limit", limit.to_string()),
+            ]),
+            None,
+        ),
+        Error::QuotaExceeded {
+            caller,
+            quota,
+            limit,
+            current,
+        } => exhausted(
+            ErrorReason::CallerQuotaExceeded,
+            message,
+            metadata([
+                ("caller", caller.as_str().to_owned()),
+                ("quota", quota.as_str().to_owned()),
+                ("limit", limit.to_string()),
+                ("current", current.to_string()),
+            ]),
+            Some(quota.as_str()),
+        ),
         Error::TooManyWatchers => {
             exhausted(ErrorReason::TooManyWatchers, message, HashMap::new(), None)
         }

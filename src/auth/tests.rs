@@ -39,10 +39,7 @@ fn the_role_table_gives_each_role_exactly_its_calls() {
 #[test]
 fn only_admin_changes_and_only_watcher_and_admin_read_every_callers_reservations() {
     let name = Caller::parse("svc").unwrap();
-    let principal = |role| Principal {
-        caller: name.clone(),
-        role,
-    };
+    let principal = |role| Principal::new(name.clone(), role);
     let own = Scope::Own(name.clone());
     for role in [Role::Reader, Role::Reserver] {
         assert_eq!(principal(role).read_scope(), own);
@@ -52,4 +49,77 @@ fn only_admin_changes_and_only_watcher_and_admin_read_every_callers_reservations
     assert_eq!(principal(Role::Watcher).write_scope(), own);
     assert_eq!(principal(Role::Admin).read_scope(), Scope::All);
     assert_eq!(principal(Role::Admin).write_scope(), Scope::All);
+}
+
+#[test]
+fn san_credentials_and_limits_are_read_and_each_bad_one_named() {
+    let good = format!(
+        "checkout reserver spiffe://shop.example/ns/orders/sa/checkout max_in_flight=8 max_holds=100\n\
+         checkout reserver token-sha256:{}\n\
+         erp admin dns:ERP-Sync.shop.example max_held_units=5000\n",
+        digest_hex(b"t")
+    );
+    let auth = Authenticator::parse(&good).unwrap();
+    assert_eq!(auth.uris.len(), 1);
+    assert_eq!(auth.dns_names.len(), 1);
+    assert!(
+        auth.dns_names.contains_key("erp-sync.shop.example"),
+        "lower case"
+    );
+    // Limits given on one line hold for every credential of the caller.
+    let token = &auth.tokens[&sha256(b"t")];
+    assert_eq!(token.limits.max_in_flight, Some(8));
+    assert_eq!(token.limits.caps.max_holds, Some(100));
+    assert_eq!(auth.named["erp"].caps.max_held_units, Some(5000));
+
+    let bad = "a reserver spiffe:/nope\n\
+               b reserver dns:*.shop.example\n\
+               c reserver uri:x max_holds=0\n\
+               d reserver uri:y max_everything=1\n\
+               e reserver uri:z max_holds=1\n\
+               e reserver uri:w max_holds=2\n";
+    let problems = Authenticator::parse(bad).unwrap_err();
+    assert_eq!(problems.len(), 5, "{problems:#?}");
+    assert!(problems[0].contains("line 1") && problems[0].contains("spiffe://"));
+    assert!(problems[1].contains("line 2"));
+    assert!(problems[2].contains("line 3") && problems[2].contains("positive"));
+    assert!(problems[3].contains("line 4") && problems[3].contains("unknown limit"));
+    assert!(problems[4].contains("line 6") && problems[4].contains("line 5"));
+}
+
+#[test]
+fn metrics_name_only_configured_callers() {
+    let auth = Authenticator::parse(&format!(
+        "orders reserver token-sha256:{}\n",
+        digest_hex(b"t")
+    ))
+    .unwrap();
+    assert_eq!(auth.label(&Caller::parse("orders").unwrap()), "orders");
+    assert_eq!(
+        auth.label(&Caller::parse("someone").unwrap()),
+        OTHER_CALLERS
+    );
+    assert_eq!(
+        Authenticator::disabled().label(&Caller::anonymous()),
+        ANONYMOUS
+    );
+}
+
+#[test]
+fn a_callers_in_flight_places_are_counted_and_given_back() {
+    let gate = Gate::new(Authenticator::disabled());
+    let mut limited = Principal::new(Caller::parse("orders").unwrap(), Role::Reserver);
+    limited.limits.max_in_flight = Some(2);
+    let first = gate.admit(&limited).unwrap();
+    let _second = gate.admit(&limited).unwrap();
+    assert!(matches!(
+        gate.admit(&limited),
+        Err(Error::CallerSaturated { limit: 2, .. })
+    ));
+    drop(first);
+    assert!(gate.admit(&limited).is_ok());
+    let unlimited = Principal::new(Caller::parse("pos").unwrap(), Role::Reserver);
+    for _ in 0..10 {
+        std::mem::forget(gate.admit(&unlimited).unwrap());
+    }
 }

@@ -3,6 +3,7 @@ use std::path::PathBuf;
 use tonic::Request;
 
 use super::*;
+use crate::auth::Authenticator;
 use crate::{
     auth::{Action, digest_hex},
     config::{TlsFiles, TlsSettings},
@@ -46,7 +47,10 @@ fn a_broken_credentials_file_is_refused_whole_and_a_good_one_replaces_the_set() 
     std::fs::write(&file, admin("first")).unwrap();
     let gate = Gate::new(Authenticator::from_file(&file).unwrap());
     let sources = ReloadSources {
-        auth_tokens_file: Some(file.clone()),
+        auth: Some(crate::auth::AuthSources {
+            tokens_file: Some(file.clone()),
+            ..Default::default()
+        }),
         tls: None,
     };
     let mut reloader = Reloader::new(sources, gate.clone(), None);
@@ -98,7 +102,7 @@ fn broken_tls_material_is_refused_and_the_certificate_in_force_stays() {
     let material: TlsSettings = files.read().unwrap();
     let server_tls = ServerTls::new(&material).unwrap();
     let sources = ReloadSources {
-        auth_tokens_file: None,
+        auth: None,
         tls: Some(files.clone()),
     };
     let mut reloader = Reloader::new(

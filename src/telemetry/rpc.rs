@@ -14,7 +14,8 @@
 //! - Metrics: `rpc.server.duration` (the convention's, in milliseconds, with `rpc.system`,
 //!   `rpc.service`, `rpc.method`, `rpc.grpc.status_code`) and our own
 //!   `inventory.rpc.duration` (seconds, by request path and status name), both from the same
-//!   clock.
+//!   clock, and both with `caller`: a configured caller's name or `_OTHER` (see
+//!   [`crate::access`]).
 
 use std::{
     collections::HashMap,
@@ -34,6 +35,8 @@ use prost::Message as _;
 use tonic::{Code, codegen::http};
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::access::{AccessLog, CallNote, Entry};
 
 /// The value standing for any method this server does not serve.
 pub const OTHER: &str = "_OTHER";
@@ -136,21 +139,34 @@ impl Extractor for HeaderExtractor<'_> {
 }
 
 /// A tower layer that opens the server span of each call, continuing the caller's trace, and
-/// records its duration and status code.
+/// records its duration, status code and caller, and its access-log line.
 #[derive(Clone, Debug, Default)]
-pub struct RpcLayer;
+pub struct RpcLayer {
+    access: Option<AccessLog>,
+}
+
+impl RpcLayer {
+    /// Calls are also written to `access`.
+    pub fn with_access_log(access: Option<AccessLog>) -> Self {
+        Self { access }
+    }
+}
 
 impl<S> tower::Layer<S> for RpcLayer {
     type Service = RpcService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RpcService { inner }
+        RpcService {
+            inner,
+            access: self.access.clone(),
+        }
     }
 }
 
 #[derive(Clone, Debug)]
 pub struct RpcService<S> {
     inner: S,
+    access: Option<AccessLog>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -169,8 +185,10 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let method = recognise(request.uri().path());
+        let note = CallNote::default();
+        request.extensions_mut().insert(note.clone());
         let span = server_span(method);
         if method.is_none() {
             span.record("rpc.method_original", request.uri().path());
@@ -182,6 +200,8 @@ where
             span: span.clone(),
             started: Instant::now(),
             done: false,
+            note,
+            access: self.access.clone(),
         };
         Box::pin(
             async move {
@@ -206,6 +226,8 @@ struct Call {
     span: tracing::Span,
     started: Instant,
     done: bool,
+    note: CallNote,
+    access: Option<AccessLog>,
 }
 
 impl Call {
@@ -219,7 +241,26 @@ impl Call {
                 message.unwrap_or_else(|| code.description().to_owned()),
             );
         }
-        finished(self.method, code, self.started.elapsed());
+        let took = self.started.elapsed();
+        let caller = self.note.caller();
+        finished(self.method, code, took, &caller);
+        if let Some(access) = &self.access {
+            let (full, name) = self
+                .method
+                .map_or((OTHER, OTHER), |m| (m.full.as_str(), m.name.as_str()));
+            let context = self.span.context();
+            let trace = context.span().span_context().trace_id();
+            access.record(Entry {
+                at: std::time::SystemTime::now(),
+                caller,
+                method: full,
+                name,
+                code,
+                took,
+                note: self.note.clone(),
+                trace_id: (trace != TraceId::INVALID).then(|| trace.to_string()),
+            });
+        }
     }
 }
 
@@ -314,9 +355,10 @@ fn instruments() -> &'static Instruments {
     })
 }
 
-/// Records a finished call. Every label borrows from the static method table: nothing is
-/// allocated per call but the status name.
-fn finished(method: Option<&'static Method>, code: Code, took: Duration) {
+/// Records a finished call. Every label but the caller's borrows from the static method
+/// table; the caller is a configured caller's name or `_OTHER` (see
+/// [`crate::auth::Authenticator::label`]), so the series stay bounded.
+fn finished(method: Option<&'static Method>, code: Code, took: Duration, caller: &str) {
     let (path, service, name): (&'static str, &'static str, &'static str) = match method {
         Some(m) => (&m.path, &m.service, &m.name),
         None => (OTHER, OTHER, OTHER),
@@ -329,6 +371,7 @@ fn finished(method: Option<&'static Method>, code: Code, took: Duration) {
             // written against it keep working); `_OTHER` for a path that names no method.
             KeyValue::new("rpc.method", path),
             KeyValue::new("rpc.grpc.status_code", format!("{code:?}")),
+            KeyValue::new("caller", caller.to_owned()),
         ],
     );
     instruments.convention.record(
@@ -338,6 +381,7 @@ fn finished(method: Option<&'static Method>, code: Code, took: Duration) {
             KeyValue::new("rpc.service", service),
             KeyValue::new("rpc.method", name),
             KeyValue::new("rpc.grpc.status_code", code as i64),
+            KeyValue::new("caller", caller.to_owned()),
         ],
     );
 }

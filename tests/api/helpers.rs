@@ -162,6 +162,11 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
             max_message_bytes: 262_144,
             max_connection_age: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(5),
+            // Off unless a test reads it: the test binary's stdout is the test report.
+            access_log: inventory_server::access::AccessLogSettings {
+                enabled: false,
+                ..Default::default()
+            },
         },
         database: DatabaseSettings {
             listen: None,
@@ -202,7 +207,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
         },
         auth: AuthSettings {
             authenticator: inventory_server::auth::Authenticator::disabled(),
-            tokens_file: None,
+            sources: None,
         },
         peer: None,
     }

@@ -22,6 +22,7 @@ mod faults;
 mod forwarding;
 mod helpers;
 mod hostile;
+mod identity;
 mod lab;
 mod ledger;
 mod list;

@@ -7,7 +7,7 @@ use std::{
 };
 
 use inventory_server::{
-    auth::{Authenticator, digest_hex},
+    auth::{AuthSources, Authenticator, digest_hex},
     config::TlsFiles,
     proto::{WatchEventsRequest, inventory_service_client::InventoryServiceClient},
 };
@@ -65,7 +65,10 @@ async fn a_rotated_token_file_takes_effect_within_a_second_and_open_streams_go_o
     .unwrap();
     let mut settings = test_settings(fresh_database().await);
     settings.auth.authenticator = Authenticator::from_file(&file).unwrap();
-    settings.auth.tokens_file = Some(file.clone());
+    settings.auth.sources = Some(AuthSources {
+        tokens_file: Some(file.clone()),
+        ..AuthSources::default()
+    });
     let app = spawn_app_with(settings).await;
     let mut client = app.client.clone();
     assert_eq!(read_code(&mut client, "old-admin").await, Code::NotFound);

@@ -143,7 +143,7 @@ async fn the_spans_of_one_reserve_reach_the_collector_under_the_callers_trace() 
     );
 }
 
-async fn scrape(addr: std::net::SocketAddr) -> String {
+pub(crate) async fn scrape(addr: std::net::SocketAddr) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: inventory\r\nConnection: close\r\n\r\n")

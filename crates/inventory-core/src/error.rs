@@ -6,7 +6,8 @@ use std::{fmt, sync::Arc};
 
 use std::time::{Duration, SystemTime};
 
-use crate::domain::{LocationId, OrderId, ReservationId, ReservationState, Sku};
+use crate::domain::{Caller, LocationId, OrderId, ReservationId, ReservationState, Sku};
+use crate::quota::Quota;
 
 /// A line that could not be held: what was asked and what was left.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -164,6 +165,20 @@ pub enum Error {
     #[error("the server is at its limit of calls in flight")]
     Saturated,
 
+    /// The caller has its limit of calls in flight in this replica (its `max_in_flight`).
+    #[error("caller {} has its limit of {limit} calls in flight", .caller.as_str())]
+    CallerSaturated { caller: Caller, limit: u32 },
+
+    /// The reservation would take its caller past a cap on what it holds; nothing was
+    /// reserved.
+    #[error("caller {} would pass its {quota} of {limit} (it holds {current})", .caller.as_str())]
+    QuotaExceeded {
+        caller: Caller,
+        quota: Quota,
+        limit: u64,
+        current: u64,
+    },
+
     /// The replica is at its limit of open event streams (`MAX_WATCHERS`).
     #[error("the server is at its limit of open event streams")]
     TooManyWatchers,
@@ -285,6 +300,8 @@ impl Error {
             | Self::NotHolder { .. }
             | Self::Relayed(_)
             | Self::Saturated
+            | Self::CallerSaturated { .. }
+            | Self::QuotaExceeded { .. }
             | Self::TooManyWatchers
             | Self::DeadlineExceeded
             | Self::LeaseLost { .. }

@@ -14,6 +14,7 @@
 //! - [`error`] — every failure a caller can observe, one variant per distinct client action.
 //! - [`events`] — the changes the outbox records, as the event stream delivers them.
 //! - [`ports`] — what the core needs from storage and from the lease service.
+//! - [`quota`] — per-caller caps on live holds and held units.
 //! - [`pause`] — named pause points that tests hold with latches; empty in production.
 //! - [`rules`] — the decisions (enough stock? which answer? which state?) as pure functions of
 //!   what a transaction read; the storage adapter applies them.
@@ -36,6 +37,7 @@ pub mod events;
 pub mod metrics;
 pub mod pause;
 pub mod ports;
+pub mod quota;
 pub mod rules;
 pub mod service;
 pub mod upkeep;

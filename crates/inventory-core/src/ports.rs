@@ -15,9 +15,10 @@ use crate::{
         ListStockMovements, MovementPage, ReservationPage, ReservationRef, Reserve, SetStock,
         SettleReservation, StockLevels, TransferStock, Transferred,
     },
-    domain::{FenceToken, Location, Reservation, Sku, StockLevel, Ttl},
+    domain::{Caller, FenceToken, IdempotencyKey, Location, Reservation, Sku, StockLevel, Ttl},
     error::Error,
     events::{Event, Positioned, StreamBounds},
+    quota::Holdings,
     upkeep::{HeldTotals, Pruned, Report, Retention},
 };
 
@@ -203,6 +204,14 @@ pub trait ReservationStore: Send + Sync + 'static {
     /// Expires up to `batch` holds past their `expires_at`, returning their stock; safe to run
     /// from many replicas at once. Returns how many it expired.
     fn expire_due(&self, batch: usize) -> impl Future<Output = Result<usize, Error>> + Send;
+
+    /// What `caller` holds now (live, unexpired holds and their units still held), and
+    /// whether `key` is already claimed by it: what a cap is checked against.
+    fn holdings(
+        &self,
+        caller: &Caller,
+        key: &IdempotencyKey,
+    ) -> impl Future<Output = Result<Holdings, Error>> + Send;
 }
 
 /// A granted lease: the random token that identifies its holder, and its fencing token.

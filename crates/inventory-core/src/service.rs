@@ -32,6 +32,7 @@ use crate::{
         Answers, Attempt, EventStore, Forwarded, Forwarder, Lease, LeaseService, Peer,
         ReservationStore, ReserveGroup, StockStore, Upkeep, WriteOutcome,
     },
+    quota::HoldCaps,
     rules,
     upkeep::{HeldTotals, Pruned, Retention},
 };
@@ -827,6 +828,25 @@ where
                 .unwrap_or_default(),
             reservations: page.reservations,
         })
+    }
+
+    /// [`Self::reserve`] for a caller with caps on what it may hold: refused with
+    /// [`Error::QuotaExceeded`] when the reservation would pass one, unless its key was used
+    /// already (a retry replays its answer). See [`crate::quota`].
+    pub async fn reserve_capped(
+        &self,
+        command: &Reserve,
+        caps: HoldCaps,
+        budget: Budget,
+    ) -> Result<Reservation, Error> {
+        if !caps.is_unlimited() {
+            let holdings = self
+                .store
+                .holdings(&command.caller, &command.idempotency_key)
+                .await?;
+            caps.check(command, &holdings)?;
+        }
+        self.reserve(command, budget).await
     }
 
     /// Moves a live hold's expiry (see [`rules::extend`]). Needs no lease: no stock moves.

@@ -15,9 +15,10 @@ use inventory_core::{
     Error,
     command::{Cursor, ListReservations, ReservationPage, ReservationRef},
     domain::{
-        Allocation, Caller, FenceToken, LocationId, OrderId, Reservation, ReservationId,
-        ReservationLine, ReservationState, Sku,
+        Allocation, Caller, FenceToken, IdempotencyKey, LocationId, OrderId, Reservation,
+        ReservationId, ReservationLine, ReservationState, Sku,
     },
+    quota::Holdings,
 };
 use tokio_postgres::Row;
 
@@ -581,4 +582,35 @@ pub(crate) async fn all_of_order(
     callers: &[&str],
 ) -> Result<Vec<Reservation>, Error> {
     read_reservations(client, ALL_OF_ORDER, &[&order_id.as_str(), &callers]).await
+}
+
+/// What `caller` holds now, and whether `key` is claimed by it (see
+/// [`ReservationStore::holdings`](inventory_core::ports::ReservationStore::holdings)). Walks
+/// only the caller's live holds (`reservations_held_by_caller`, V19).
+pub(crate) async fn holdings(
+    client: &impl GenericClient,
+    caller: &Caller,
+    key: &IdempotencyKey,
+) -> Result<Holdings, Error> {
+    let statement = client
+        .prepare_cached(
+            "SELECT
+                 (SELECT count(*) FROM reservations
+                   WHERE caller = $1 AND state = 'HELD' AND expires_at > now()),
+                 (SELECT coalesce(sum(l.quantity - l.confirmed - l.released), 0)::bigint
+                    FROM reservations r JOIN reservation_lines l USING (reservation_id)
+                   WHERE r.caller = $1 AND r.state = 'HELD' AND r.expires_at > now()),
+                 EXISTS (SELECT 1 FROM idempotency_keys WHERE caller = $1 AND key = $2)",
+        )
+        .await
+        .map_err(crate::plumbing::error::from_db)?;
+    let row = client
+        .query_one(&statement, &[&caller.as_str(), &key.as_str()])
+        .await
+        .map_err(crate::plumbing::error::from_db)?;
+    Ok(Holdings {
+        holds: row.get::<_, i64>(0).unsigned_abs(),
+        units: row.get::<_, i64>(1).unsigned_abs(),
+        key_used: row.get(2),
+    })
 }

@@ -13,10 +13,12 @@ use inventory_core::{
         Settle, SettleReservation,
     },
     domain::{
-        FenceToken, Line, MovementKind, Reservation, ReservationLine, ReservationState, Sku, Ttl,
+        Caller, FenceToken, IdempotencyKey, Line, MovementKind, Reservation, ReservationLine,
+        ReservationState, Sku, Ttl,
     },
     pause::PausePoint,
     ports::{Answers, ReservationStore, ReserveGroup, WriteOutcome},
+    quota::Holdings,
     rules::{self, LinesVerdict, SettleStep},
 };
 
@@ -228,6 +230,14 @@ impl ReservationStore for PgStore {
 
     async fn expire_due(&self, batch: usize) -> Result<usize, Error> {
         self.expire(batch).await
+    }
+
+    async fn holdings(&self, caller: &Caller, key: &IdempotencyKey) -> Result<Holdings, Error> {
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            reservations::holdings(&client, caller, key).await
+        })
+        .await
     }
 }
 

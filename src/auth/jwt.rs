@@ -1,0 +1,178 @@
+//! JWT bearer tokens, as an OIDC provider or a workload identity platform issues them: signed
+//! by a key of a JWKS file (re-read like the credentials file), from the configured issuer,
+//! for the configured audience, unexpired, naming the caller in one claim and its role in
+//! another.
+//!
+//! The algorithm comes from the key, never from the token: a token is checked only with the
+//! algorithm its key declares (or its key type implies), so `alg: none` and an RSA key
+//! presented as an HMAC secret are refused. A JWKS holds public keys only: a symmetric
+//! (`oct`) key in it is refused when the file is read.
+
+use std::{path::PathBuf, str::FromStr, time::Duration};
+
+use jsonwebtoken::{
+    Algorithm, DecodingKey, Validation, decode, decode_header,
+    jwk::{AlgorithmParameters, EllipticCurve, JwkSet},
+};
+
+use super::Role;
+
+/// How signed tokens are checked (`JWT_*` settings).
+#[derive(Clone, Debug)]
+pub struct JwtSettings {
+    /// The signing keys, a JWKS document (`{"keys": [...]}`) as the issuer publishes it.
+    pub jwks_file: PathBuf,
+    /// The `iss` every token must carry.
+    pub issuer: String,
+    /// An `aud` every token must carry (one of its values).
+    pub audience: String,
+    /// The claim that names the caller (`sub` by default).
+    pub caller_claim: String,
+    /// The claim that carries the role (`reader`, `reserver`, `watcher` or `admin`).
+    pub role_claim: String,
+    /// Clock skew allowed on `exp` and `nbf`.
+    pub leeway: Duration,
+}
+
+/// The keys of one JWKS file, with the settings they are checked under.
+#[derive(Clone)]
+pub(super) struct Verifier {
+    settings: JwtSettings,
+    keys: Vec<Key>,
+}
+
+#[derive(Clone)]
+struct Key {
+    id: Option<String>,
+    algorithm: Algorithm,
+    key: DecodingKey,
+}
+
+/// A compact JWS: three base64url parts.
+pub(super) fn looks_like_jwt(token: &str) -> bool {
+    token.split('.').count() == 3
+}
+
+impl Verifier {
+    /// Reads a JWKS document; every unusable key is reported, by position and `kid`.
+    pub(super) fn parse(settings: &JwtSettings, text: &str) -> Result<Self, Vec<String>> {
+        let file = settings.jwks_file.display();
+        let set: JwkSet = serde_json::from_str(text).map_err(|error| {
+            vec![format!(
+                "JWT_JWKS_FILE {file}: not a JWKS document: {error}"
+            )]
+        })?;
+        let mut keys = Vec::new();
+        let mut problems = Vec::new();
+        for (index, jwk) in set.keys.iter().enumerate() {
+            let name = match &jwk.common.key_id {
+                Some(id) => format!("JWT_JWKS_FILE {file}: key {index} ({id})"),
+                None => format!("JWT_JWKS_FILE {file}: key {index}"),
+            };
+            let implied = match &jwk.algorithm {
+                AlgorithmParameters::RSA(_) => Some(Algorithm::RS256),
+                AlgorithmParameters::EllipticCurve(ec) => match ec.curve {
+                    EllipticCurve::P256 => Some(Algorithm::ES256),
+                    EllipticCurve::P384 => Some(Algorithm::ES384),
+                    _ => None,
+                },
+                AlgorithmParameters::OctetKeyPair(_) => Some(Algorithm::EdDSA),
+                AlgorithmParameters::OctetKey(_) => {
+                    problems.push(format!(
+                        "{name}: a symmetric key has no place in a JWKS; use a signing key pair"
+                    ));
+                    continue;
+                }
+                _ => None,
+            };
+            let declared = jwk
+                .common
+                .key_algorithm
+                .map(|algorithm| Algorithm::from_str(&format!("{algorithm:?}")));
+            let algorithm = match (declared, implied) {
+                (Some(Ok(algorithm)), Some(implied)) if algorithm.family() != implied.family() => {
+                    problems.push(format!("{name}: its algorithm does not fit its key type"));
+                    continue;
+                }
+                (Some(Ok(algorithm)), _) => algorithm,
+                (None, Some(algorithm)) => algorithm,
+                _ => {
+                    problems.push(format!(
+                        "{name}: its algorithm is not one tokens are signed with"
+                    ));
+                    continue;
+                }
+            };
+            match DecodingKey::from_jwk(jwk) {
+                Ok(key) => keys.push(Key {
+                    id: jwk.common.key_id.clone(),
+                    algorithm,
+                    key,
+                }),
+                Err(error) => problems.push(format!("{name}: {error}")),
+            }
+        }
+        if problems.is_empty() && keys.is_empty() {
+            problems.push(format!("JWT_JWKS_FILE {file}: holds no keys"));
+        }
+        if problems.is_empty() {
+            Ok(Self {
+                settings: settings.clone(),
+                keys,
+            })
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The caller's name and role, if `token` is signed by one of the keys and its claims
+    /// hold; otherwise why not (never the token itself).
+    pub(super) fn verify(&self, token: &str) -> Result<(String, Role), String> {
+        let header =
+            decode_header(token).map_err(|error| format!("unreadable header ({error})"))?;
+        let candidates = self.keys.iter().filter(|key| {
+            key.algorithm == header.alg
+                && match (&header.kid, &key.id) {
+                    (Some(wanted), Some(id)) => wanted == id,
+                    (Some(_), None) => false,
+                    (None, _) => true,
+                }
+        });
+        let mut last = String::from("no key of the JWKS matches its kid and algorithm");
+        for key in candidates {
+            let mut validation = Validation::new(key.algorithm);
+            validation.set_issuer(&[&self.settings.issuer]);
+            validation.set_audience(&[&self.settings.audience]);
+            validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+            validation.validate_nbf = true;
+            validation.leeway = self.settings.leeway.as_secs();
+            match decode::<serde_json::Map<String, serde_json::Value>>(token, &key.key, &validation)
+            {
+                Ok(data) => return self.principal(&data.claims),
+                Err(error) => last = error.to_string(),
+            }
+        }
+        Err(last)
+    }
+
+    fn principal(
+        &self,
+        claims: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(String, Role), String> {
+        let text = |claim: &str| {
+            claims
+                .get(claim)
+                .and_then(serde_json::Value::as_str)
+                .ok_or_else(|| format!("claim '{claim}' is missing or not a string"))
+        };
+        let caller = text(&self.settings.caller_claim)?;
+        let role = text(&self.settings.role_claim)?;
+        let role = Role::parse(role).ok_or_else(|| {
+            format!(
+                "claim '{}' must be reader, reserver, watcher or admin",
+                self.settings.role_claim
+            )
+        })?;
+        Ok((caller.to_owned(), role))
+    }
+}

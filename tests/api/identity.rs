@@ -1,0 +1,500 @@
+//! Identities platforms issue (SPIFFE and DNS SANs under the client CA, JWTs signed by a
+//! JWKS), per-caller limits, and who did what (the caller label, the access log).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use inventory_server::{
+    access::{AccessLogSettings, Sink},
+    auth::{AuthSources, CallerLimits, JwtSettings, digest_hex},
+    config::TlsSettings,
+    proto::inventory_service_client::InventoryServiceClient,
+};
+use jsonwebtoken::{Algorithm, EncodingKey, Header, jwk::Jwk};
+use rcgen::{CertificateParams, KeyPair, SanType};
+use tonic::{
+    Code,
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
+};
+use tonic_types::StatusExt as _;
+
+use crate::{
+    helpers::{
+        Scratch, TestApp, adjust, error_reason, fresh_database, get_stock, reserve, spawn_app_with,
+        test_settings, with_token,
+    },
+    tls::{ca, leaf},
+};
+
+/// A leaf certificate under `issuer` whose only name is the URI `uri`.
+fn spiffe_leaf(uri: &str, issuer: &rcgen::CertifiedIssuer<'static, KeyPair>) -> (String, String) {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .subject_alt_names
+        .push(SanType::URI(uri.try_into().unwrap()));
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+async fn mtls_channel(app: &TestApp, ca: &str, identity: &(String, String)) -> Channel {
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost")
+        .identity(Identity::from_pem(&identity.0, &identity.1));
+    Endpoint::from_shared(format!("https://{}", app.addr))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Reads a SKU that does not exist: `NOT_FOUND` means the call got through.
+async fn read(channel: Channel, token: Option<&str>) -> Code {
+    match InventoryServiceClient::new(channel)
+        .get_stock(with_token(get_stock(&["NONE"]), token))
+        .await
+    {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+#[tokio::test]
+async fn a_renewed_certificate_with_the_same_spiffe_id_keeps_working_with_no_edit() {
+    let authority = ca("platform CA");
+    let checkout = "spiffe://shop.example/ns/orders/sa/checkout";
+    let mut settings = test_settings(fresh_database().await);
+    let server = leaf(&["localhost"], &authority);
+    settings.server.tls = Some(TlsSettings {
+        cert_pem: server.0.into_bytes(),
+        key_pem: server.1.into_bytes().into(),
+        client_ca_pem: Some(authority.pem().into_bytes()),
+    });
+    settings.auth.authenticator = inventory_server::auth::Authenticator::parse(&format!(
+        "checkout reader {checkout}\nerp admin dns:erp-sync.shop.example\n"
+    ))
+    .unwrap();
+    let app = spawn_app_with(settings).await;
+    let ca_pem = authority.pem();
+
+    let first = spiffe_leaf(checkout, &authority);
+    let renewed = spiffe_leaf(checkout, &authority);
+    assert_ne!(first.0, renewed.0, "a new leaf, with a new key");
+    for identity in [&first, &renewed] {
+        let channel = mtls_channel(&app, &ca_pem, identity).await;
+        assert_eq!(read(channel.clone(), None).await, Code::NotFound);
+        // The role is the line's: a reader may not reserve.
+        let status = InventoryServiceClient::new(channel)
+            .reserve(reserve("k", &[("SKU-1", 1)]))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    }
+
+    // Another workload under the same CA is not the checkout.
+    let other = spiffe_leaf("spiffe://shop.example/ns/orders/sa/refunds", &authority);
+    let channel = mtls_channel(&app, &ca_pem, &other).await;
+    assert_eq!(read(channel, None).await, Code::Unauthenticated);
+
+    // A DNS SAN names a caller too; its role is admin, so it may adjust stock.
+    let erp = leaf(&["erp-sync.shop.example"], &authority);
+    let channel = mtls_channel(&app, &ca_pem, &erp).await;
+    InventoryServiceClient::new(channel)
+        .adjust_stock(adjust("SKU-1", 5, "erp-1"))
+        .await
+        .expect("the ERP's certificate is the admin's");
+}
+
+/// A signing key of the issuer, as the JWKS publishes it and as it signs.
+struct Signer {
+    kid: String,
+    key: EncodingKey,
+    jwk: Jwk,
+}
+
+impl Signer {
+    fn new(kid: &str) -> Self {
+        let pair = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let key = EncodingKey::from_ec_der(&pair.serialize_der());
+        let mut jwk = Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap();
+        jwk.common.key_id = Some(kid.to_owned());
+        Self {
+            kid: kid.to_owned(),
+            key,
+            jwk,
+        }
+    }
+
+    fn token(&self, claims: serde_json::Value) -> String {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(self.kid.clone());
+        jsonwebtoken::encode(&header, &claims, &self.key).unwrap()
+    }
+}
+
+fn jwks(signers: &[&Signer]) -> String {
+    serde_json::json!({ "keys": signers.iter().map(|s| &s.jwk).collect::<Vec<_>>() }).to_string()
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn claims(sub: &str, role: &str, aud: &str, exp: u64) -> serde_json::Value {
+    serde_json::json!({
+        "iss": "https://id.shop.example",
+        "aud": aud,
+        "sub": sub,
+        "exp": exp,
+        "inventory_role": role,
+    })
+}
+
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn signed_tokens_are_checked_for_key_issuer_audience_expiry_and_algorithm() {
+    let scratch = Scratch::new("jwks");
+    let jwks_file = scratch.0.join("jwks.json");
+    let first = Signer::new("2026-12");
+    std::fs::write(&jwks_file, jwks(&[&first])).unwrap();
+    let sources = AuthSources {
+        tokens_file: None,
+        jwt: Some(JwtSettings {
+            jwks_file: jwks_file.clone(),
+            issuer: "https://id.shop.example".into(),
+            audience: "inventory".into(),
+            caller_claim: "sub".into(),
+            role_claim: "inventory_role".into(),
+            leeway: Duration::from_secs(5),
+        }),
+        defaults: CallerLimits::default(),
+    };
+    let mut settings = test_settings(fresh_database().await);
+    settings.auth.authenticator = sources.load().unwrap();
+    settings.auth.sources = Some(sources);
+    let app = spawn_app_with(settings).await;
+    let channel = app.channel().await;
+    let hour = now() + 3600;
+
+    let good = first.token(claims("checkout", "reader", "inventory", hour));
+    assert_eq!(read(channel.clone(), Some(&good)).await, Code::NotFound);
+    let status = app
+        .client
+        .clone()
+        .reserve(with_token(reserve("k", &[("SKU-1", 1)]), Some(&good)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status.code(),
+        Code::PermissionDenied,
+        "the role claim says reader"
+    );
+
+    let refused = [
+        (
+            "expired",
+            first.token(claims("checkout", "reader", "inventory", now() - 60)),
+        ),
+        (
+            "wrong audience",
+            first.token(claims("checkout", "reader", "billing", hour)),
+        ),
+        ("wrong key", {
+            let impostor = Signer::new("2026-12");
+            impostor.token(claims("checkout", "admin", "inventory", hour))
+        }),
+        (
+            "unknown role",
+            first.token(claims("checkout", "owner", "inventory", hour)),
+        ),
+        ("alg none", {
+            let header = base64url(br#"{"alg":"none","typ":"JWT"}"#);
+            let body = base64url(
+                claims("checkout", "admin", "inventory", hour)
+                    .to_string()
+                    .as_bytes(),
+            );
+            format!("{header}.{body}.")
+        }),
+        ("tampered", {
+            let mut parts: Vec<String> = good.split('.').map(str::to_owned).collect();
+            parts[1] = base64url(
+                claims("checkout", "admin", "inventory", hour)
+                    .to_string()
+                    .as_bytes(),
+            );
+            parts.join(".")
+        }),
+    ];
+    for (what, token) in &refused {
+        let status = app
+            .client
+            .clone()
+            .get_stock(with_token(get_stock(&["NONE"]), Some(token)))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unauthenticated, "{what}: {status:?}");
+        assert!(
+            !status.message().contains(token.as_str()),
+            "{what}: never echoed"
+        );
+    }
+
+    // The issuer rotates its key: the new JWKS is picked up with no restart, and tokens of
+    // the retired key stop working.
+    let second = Signer::new("2027-01");
+    std::fs::write(&jwks_file, jwks(&[&second])).unwrap();
+    let rotated = second.token(claims("checkout", "reader", "inventory", hour));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while read(channel.clone(), Some(&rotated)).await != Code::NotFound {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new JWKS was never read"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(read(channel, Some(&good)).await, Code::Unauthenticated);
+}
+
+fn token_line(name: &str, role: &str, token: &str, limits: &str) -> String {
+    format!(
+        "{name} {role} token-sha256:{} {limits}\n",
+        digest_hex(token.as_bytes())
+    )
+}
+
+#[tokio::test]
+async fn a_caller_past_its_caps_is_refused_with_a_reason_and_others_are_not() {
+    let text = [
+        token_line("ops", "admin", "ops-token", ""),
+        token_line(
+            "orders",
+            "reserver",
+            "orders-token",
+            "max_holds=2 max_held_units=5",
+        ),
+        token_line("pos", "reserver", "pos-token", ""),
+    ]
+    .concat();
+    let mut settings = test_settings(fresh_database().await);
+    settings.auth.authenticator = inventory_server::auth::Authenticator::parse(&text).unwrap();
+    let app = spawn_app_with(settings).await;
+    let mut client = app.client.clone();
+    client
+        .adjust_stock(with_token(adjust("SKU-1", 100, "seed"), Some("ops-token")))
+        .await
+        .unwrap();
+    let as_orders =
+        |key: &str, units: i64| with_token(reserve(key, &[("SKU-1", units)]), Some("orders-token"));
+
+    let a = client
+        .reserve(as_orders("a", 2))
+        .await
+        .unwrap()
+        .into_inner();
+    client.reserve(as_orders("b", 2)).await.unwrap();
+    let status = client.reserve(as_orders("c", 1)).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(error_reason(&status), "CALLER_QUOTA_EXCEEDED");
+    let info = status.get_details_error_info().unwrap();
+    assert_eq!(info.metadata["quota"], "max_holds");
+    assert_eq!(info.metadata["current"], "2");
+    assert!(status.get_details_retry_info().is_some());
+    assert_eq!(
+        status.get_details_quota_failure().unwrap().violations[0].subject,
+        "max_holds"
+    );
+    // A retry of a reservation already made replays it, cap or not.
+    let again = client
+        .reserve(as_orders("a", 2))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.reservation_id, a.reservation_id);
+    // Another caller is not held back by this one's caps.
+    client
+        .reserve(with_token(
+            reserve("p", &[("SKU-1", 50)]),
+            Some("pos-token"),
+        ))
+        .await
+        .unwrap();
+
+    // Releasing one hold makes room for a hold, but not for more units than the cap.
+    client
+        .release_reservation(with_token(
+            crate::helpers::release(&a.reservation_id),
+            Some("orders-token"),
+        ))
+        .await
+        .unwrap();
+    let status = client.reserve(as_orders("d", 4)).await.unwrap_err();
+    assert_eq!(error_reason(&status), "CALLER_QUOTA_EXCEEDED");
+    assert_eq!(
+        status.get_details_error_info().unwrap().metadata["quota"],
+        "max_held_units"
+    );
+    client.reserve(as_orders("e", 3)).await.unwrap();
+    let stored = app
+        .count("SELECT count(*) FROM reservations WHERE caller = 'orders' AND state = 'HELD'")
+        .await;
+    assert_eq!(stored, 2, "nothing was reserved by a refused call");
+}
+
+#[tokio::test]
+async fn a_caller_at_its_in_flight_limit_is_refused_while_others_are_served() {
+    use inventory_core::pause::PausePoint;
+    let text = [
+        token_line("ops", "admin", "ops-token", ""),
+        token_line("orders", "reserver", "orders-token", "max_in_flight=1"),
+    ]
+    .concat();
+    let mut settings = test_settings(fresh_database().await);
+    settings.auth.authenticator = inventory_server::auth::Authenticator::parse(&text).unwrap();
+    let app = spawn_app_with(settings).await;
+    let mut client = app.client.clone();
+    client
+        .adjust_stock(with_token(adjust("SKU-1", 10, "seed"), Some("ops-token")))
+        .await
+        .unwrap();
+
+    let mut held = app.pauses.arm(PausePoint::LeaseGranted);
+    let mut first = client.clone();
+    let call = tokio::spawn(async move {
+        first
+            .reserve(with_token(
+                reserve("a", &[("SKU-1", 1)]),
+                Some("orders-token"),
+            ))
+            .await
+    });
+    held.reached().await;
+    let status = client
+        .get_stock(with_token(get_stock(&["SKU-1"]), Some("orders-token")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(error_reason(&status), "CALLER_SATURATED");
+    assert!(status.get_details_retry_info().is_some());
+    client
+        .get_stock(with_token(get_stock(&["SKU-1"]), Some("ops-token")))
+        .await
+        .expect("another caller is served");
+    held.resume();
+    call.await.unwrap().unwrap();
+    client
+        .get_stock(with_token(get_stock(&["SKU-1"]), Some("orders-token")))
+        .await
+        .expect("its place is given back when the call ends");
+}
+
+#[tokio::test]
+async fn metrics_name_configured_callers_and_the_access_log_says_who_did_what() {
+    let text = [
+        token_line("ops", "admin", "ops-token", ""),
+        token_line("orders", "reserver", "orders-token", ""),
+    ]
+    .concat();
+    let (lines, received) = std::sync::mpsc::channel();
+    let mut settings = test_settings(fresh_database().await);
+    settings.auth.authenticator = inventory_server::auth::Authenticator::parse(&text).unwrap();
+    settings.server.admin_listen_addr = Some("127.0.0.1:0".parse().unwrap());
+    settings.server.access_log = AccessLogSettings {
+        enabled: true,
+        read_sample: 0.0,
+        sink: Sink::Channel(lines),
+    };
+    // This process's meter provider, so `/metrics` shows what the RPC layer records.
+    let telemetry = inventory_server::telemetry::init(
+        inventory_server::config::LogFormat::Text,
+        &inventory_server::telemetry::TelemetrySettings::default(),
+    )
+    .unwrap();
+    let app = crate::helpers::spawn_app_exporting(settings, telemetry.registry().clone()).await;
+    let mut client = app.client.clone();
+    client
+        .adjust_stock(with_token(adjust("SKU-1", 10, "seed"), Some("ops-token")))
+        .await
+        .unwrap();
+    let held = client
+        .reserve(with_token(
+            reserve("a", &[("SKU-1", 1)]),
+            Some("orders-token"),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let status = client
+        .get_stock(with_token(get_stock(&["SKU-1"]), Some("stolen")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    // A successful read is sampled out (ACCESS_LOG_READ_SAMPLE=0).
+    client
+        .get_stock(with_token(get_stock(&["SKU-1"]), Some("orders-token")))
+        .await
+        .unwrap();
+
+    let mut log = Vec::new();
+    while log.len() < 3 {
+        let line = received
+            .recv_timeout(Duration::from_secs(20))
+            .expect("an access-log line per logged call");
+        log.push(serde_json::from_str::<serde_json::Value>(&line).unwrap());
+    }
+    let reserve_line = log
+        .iter()
+        .find(|line| line["rpc.method"] == "inventory.v1.InventoryService/Reserve")
+        .expect("the reserve is logged");
+    assert_eq!(reserve_line["caller"], "orders");
+    assert_eq!(reserve_line["code"], "Ok");
+    assert_eq!(reserve_line["order_id"], "order-a");
+    assert!(reserve_line["duration_ms"].as_f64().unwrap() > 0.0);
+    let refused = log
+        .iter()
+        .find(|line| line["code"] == "Unauthenticated")
+        .expect("a refused call is always logged");
+    assert_eq!(refused["caller"], "_OTHER");
+    assert!(
+        !log.iter().any(|line| line["code"] == "Ok"
+            && line["rpc.method"] == "inventory.v1.InventoryService/GetStock"),
+        "{log:#?}"
+    );
+    assert!(!held.reservation_id.is_empty());
+
+    let page = crate::telemetry::scrape(app.admin_addr.unwrap()).await;
+    let series = |caller: &str| {
+        page.lines().any(|line| {
+            line.starts_with("rpc_server_duration_milliseconds_count")
+                && line.contains(&format!("caller=\"{caller}\""))
+                && line.contains("rpc_method=\"Reserve\"")
+        })
+    };
+    assert!(series("orders"), "{page}");
+    assert!(
+        page.lines()
+            .any(|line| line.starts_with("rpc_server_duration")
+                && line.contains("caller=\"_OTHER\"")),
+        "the unauthenticated call is _OTHER: {page}"
+    );
+    assert!(!page.contains("stolen"));
+}

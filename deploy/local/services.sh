@@ -234,7 +234,7 @@ cmd_lint_deploy() {
     log "WARNING: kubectl (with kustomize, 1.27 or newer) not found: manifests not rendered"
     return 0
   fi
-  local promtool overlay checked="$TOOLS/lint" rendered
+  local promtool overlay checked="$TOOLS/lint" rendered renderings=()
   promtool=$(ensure_promtool)
   [ -x "$promtool" ] || die "promtool could not be fetched (it needs Debian's package lists and network)"
   mkdir -p "$checked"
@@ -242,6 +242,7 @@ cmd_lint_deploy() {
     log "kustomize + validate (Kubernetes $K8S_VERSION, strict): ${overlay#"$ROOT"/}"
     rendered="$checked/$(basename "$overlay")"
     kubectl kustomize "$overlay" >"$rendered.yaml"
+    renderings+=("$rendered.yaml")
     # Prometheus Operator kinds are not Kubernetes's: their rules go to promtool instead.
     "$TOOLS/venv/bin/python" "$ROOT/deploy/local/split-monitoring.py" "$rendered.rules.yaml" \
       <"$rendered.yaml" | "$TOOLS/venv/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" -
@@ -253,6 +254,13 @@ cmd_lint_deploy() {
       (cd "$checked" && "$promtool" test rules alerts.test.yaml)
     fi
   done
+  # What no schema sees (TLS port protocols, replicas beside the HPA, the connection budget,
+  # one credential per role, the callers' label, verify's export, the alerts' selectors, the
+  # dashboard), then proof that each of those defects, put back, is caught.
+  log "lint-manifests: ${renderings[*]#"$checked"/}"
+  "$TOOLS/venv/bin/python" "$ROOT/deploy/local/lint-manifests.py" "${renderings[@]}"
+  log "lint-manifests --self-test"
+  "$TOOLS/venv/bin/python" "$ROOT/deploy/local/lint-manifests.py" --self-test "${renderings[@]}"
 }
 
 # promtool from Debian's prometheus package, unpacked under target/tools: installing the

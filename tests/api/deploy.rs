@@ -374,3 +374,134 @@ fn local_services_start_from_a_folder_closed_to_other_users() {
         String::from_utf8_lossy(&stopped.stderr)
     );
 }
+
+/// The trimmed value of the first `key` line at or after the first line containing `marker`.
+fn value_after(text: &str, marker: &str, key: &str) -> String {
+    text.lines()
+        .skip_while(|line| !line.contains(marker))
+        .find_map(|line| line.trim().strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key:?} after {marker:?}"))
+        .trim()
+        .trim_matches('"')
+        .to_string()
+}
+
+/// The Secrets each `DATABASE_URL` of a manifest is read from, in order.
+fn database_url_secrets(manifest: &str) -> Vec<String> {
+    let lines: Vec<&str> = manifest.lines().collect();
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(_, line)| line.trim() == "- name: DATABASE_URL")
+        .map(|(at, _)| {
+            lines[at..]
+                .iter()
+                .find_map(|line| line.trim().strip_prefix("name: "))
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn the_hpa_owns_the_replica_count_and_its_maximum_fits_the_declared_connection_limit() {
+    let deployment = read("deploy/k8s/base/deployment.yaml");
+    assert!(
+        !deployment
+            .lines()
+            .any(|line| line.trim_start().starts_with("replicas:")),
+        "the Deployment must leave its replica count to the HPA"
+    );
+    assert!(
+        !read("deploy/k8s/overlays/dev/kustomization.yaml")
+            .lines()
+            .any(|line| line.starts_with("replicas:")),
+        "no overlay sets the count the HPA owns"
+    );
+    let number = |text: &str, marker: &str, key: &str| -> u32 {
+        value_after(text, marker, key).parse().unwrap()
+    };
+    let max_replicas = number(&read("deploy/k8s/base/hpa.yaml"), "spec:", "maxReplicas:");
+    let surge = number(&deployment, "rollingUpdate:", "maxSurge:");
+    let config: std::collections::HashMap<_, _> = base_config().into_iter().collect();
+    let pool: u32 = config["DATABASE_POOL_SIZE"].parse().unwrap();
+    let kustomization = read("deploy/k8s/base/kustomization.yaml");
+    let limits = "name: inventory-database-limits";
+    let max_connections = number(&kustomization, limits, "- max_connections=");
+    let reserved = number(&kustomization, limits, "- reserved_connections=");
+    // Every pod's pool and LISTEN connection, the rollout's surge pods, verify's one.
+    let needed = (max_replicas + surge) * (pool + 1) + 1 + reserved;
+    assert!(
+        needed <= max_connections,
+        "({max_replicas} + {surge}) x ({pool} + 1) + 1 + {reserved} = {needed} > {max_connections}"
+    );
+    // The dev overlay's PostgreSQL is started with the declared limit.
+    let postgres = read("deploy/k8s/overlays/dev/postgres.yaml");
+    assert!(postgres.contains(r#"args: ["-c", "max_connections=$(MAX_CONNECTIONS)"]"#));
+    assert_eq!(
+        value_after(&postgres, "name: MAX_CONNECTIONS", "name: "),
+        "inventory-database-limits"
+    );
+}
+
+#[test]
+fn migrate_serve_and_verify_connect_with_their_own_roles() {
+    assert_eq!(
+        database_url_secrets(&read("deploy/k8s/base/deployment.yaml")),
+        ["inventory-database-migrate", "inventory-database"],
+        "the migrate initContainer, then the server"
+    );
+    assert_eq!(
+        database_url_secrets(&read("deploy/k8s/base/verify-cronjob.yaml")),
+        ["inventory-database-verify"]
+    );
+    // The dev overlay's Secrets name the roles the script creates, one each.
+    let roles = read("deploy/sql/roles.sql");
+    let dev = read("deploy/k8s/overlays/dev/kustomization.yaml");
+    for (secret, role) in [
+        ("inventory-database-migrate", "inventory_migrator"),
+        ("inventory-database", "inventory_server"),
+        ("inventory-database-verify", "inventory_verifier"),
+    ] {
+        let url = dev
+            .lines()
+            .skip_while(|line| line.trim() != format!("- name: {secret}"))
+            .find_map(|line| line.trim().strip_prefix("- url="))
+            .unwrap_or_else(|| panic!("no Secret {secret} in the dev overlay"));
+        assert!(
+            url.starts_with(&format!("postgres://{role}:")),
+            "{secret}: {url}"
+        );
+        assert!(
+            roles.contains(&format!("CREATE ROLE {role} LOGIN")),
+            "{role}"
+        );
+    }
+    // kustomize reads no file outside the overlay: the dev database runs a copy.
+    assert_eq!(
+        read("deploy/k8s/overlays/dev/initdb/10-roles.sql"),
+        roles,
+        "copy deploy/sql/roles.sql to the dev overlay's initdb/10-roles.sql"
+    );
+}
+
+#[test]
+fn the_tls_port_claims_no_cleartext_protocol_and_the_dashboard_ignores_unlabelled_series() {
+    // The production overlay serves TLS on the gRPC port and drops the base's h2c there.
+    let production = read("deploy/k8s/overlays/production/kustomization.yaml");
+    assert!(production.contains("- TLS_CERT_FILE="));
+    assert!(
+        production.contains("- op: remove\n        path: /spec/ports/0/appProtocol"),
+        "the TLS port must not declare kubernetes.io/h2c"
+    );
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/inventory.json")).unwrap();
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    for variable in variables.iter().filter(|v| v["includeAll"] == true) {
+        assert_eq!(
+            variable["allValue"], ".+",
+            "{}: \"All\" must not match a missing label (series pushed without a pod)",
+            variable["name"]
+        );
+    }
+}

@@ -35,6 +35,7 @@ mod race;
 mod reservations;
 mod resilience;
 mod retention;
+mod roles;
 mod rotation;
 mod server;
 mod stock;

@@ -4,7 +4,7 @@
 
 SERVICES := deploy/local/services.sh
 
-.PHONY: run test drill bench bench-compare lab chaos lint stop build
+.PHONY: run test drill bench bench-compare lab chaos lint stop build clients
 
 run: ## Start PostgreSQL and Redis, migrate, seed demo SKUs and serve (Ctrl-C stops all)
 	@$(SERVICES) run
@@ -32,6 +32,9 @@ lint: ## Formatting, clippy (warnings denied), the proto (buf lint and breaking)
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	@$(SERVICES) lint-proto
 	@$(SERVICES) lint-deploy
+
+clients: ## Python and TypeScript clients (clients/): install their pinned dependencies, generate their code from proto/
+	@$(SERVICES) clients
 
 stop: ## Stop what `make run`, `make test` or `make bench` started
 	@$(SERVICES) stop

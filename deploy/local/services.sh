@@ -309,12 +309,58 @@ cmd_lint_proto() {
     die "proto/ breaks the API of $against_rev"
 }
 
+# The clients in clients/ (`make clients`; `make test` runs their sagas): their pinned
+# dependencies, Python's (clients/python/requirements.txt) into target/tools/clients-venv and
+# Node's (clients/typescript/package-lock.json) into clients/typescript/node_modules, each
+# installed again only when its pins change; then the code generated from proto/, written
+# anew every time (buf.gen.yaml says why Python's comes from grpcio-tools), and a type check
+# of the TypeScript against it. Exports CLIENTS_PYTHON and CLIENTS_TSX, the programs that run
+# the sagas.
+ensure_clients() {
+  local venv="$TOOLS/clients-venv" ts="$ROOT/clients/typescript"
+  local requirements="$ROOT/clients/python/requirements.txt" need=()
+  command -v npm >/dev/null || need+=(nodejs npm)
+  python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+  if [ ${#need[@]} -gt 0 ]; then
+    log "installing ${need[*]} from Debian's packages"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+  if ! cmp -s "$requirements" "$venv/requirements.txt"; then
+    log "installing clients/python/requirements.txt into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"
+    cp "$requirements" "$venv/requirements.txt"
+  fi
+  if ! cmp -s "$ts/package-lock.json" "$ts/node_modules/.installed-package-lock.json"; then
+    log "installing clients/typescript's packages (npm ci)"
+    (cd "$ts" && npm ci --no-audit --no-fund --loglevel=error)
+    cp "$ts/package-lock.json" "$ts/node_modules/.installed-package-lock.json"
+  fi
+  ensure_grpcurl >/dev/null
+  if [ ! -x "$TOOLS/venv/bin/buf" ]; then
+    log "installing $BUF_PACKAGE into $TOOLS/venv"
+    "$TOOLS/venv/bin/pip" install -q --disable-pip-version-check "$BUF_PACKAGE"
+  fi
+  log "generating clients/python/gen and clients/typescript/src/gen from proto/"
+  rm -rf "$ROOT/clients/python/gen"
+  mkdir -p "$ROOT/clients/python/gen"
+  (cd "$ROOT" && "$venv/bin/python" -m grpc_tools.protoc -I proto \
+    --python_out=clients/python/gen --pyi_out=clients/python/gen \
+    --grpc_python_out=clients/python/gen proto/inventory/v1/inventory.proto)
+  (cd "$ROOT" && "$TOOLS/venv/bin/buf" generate)
+  (cd "$ts" && npm run --silent typecheck)
+  export CLIENTS_PYTHON="$venv/bin/python" CLIENTS_TSX="$ts/node_modules/.bin/tsx"
+}
+
 cmd_test() {
   PROFILE=test
   profile_settings test
   local grpcurl
   ensure_packages
   grpcurl=$(ensure_grpcurl)
+  ensure_clients
   if [ -n "${DATABASE_URL:-}" ] && [ -n "${REDIS_URL:-}" ]; then
     log "using the given DATABASE_URL and REDIS_URL"
   else
@@ -514,6 +560,7 @@ case "${1:-}" in
     echo "REDIS_URL=redis://127.0.0.1:$REDIS_PORT"
     ;;
   grpcurl) ensure_packages; ensure_grpcurl ;;
+  clients) ensure_clients ;;
   lint-deploy) cmd_lint_deploy ;;
   lint-proto) cmd_lint_proto "${2:-}" ;;
   *) sed -n '2,15p' "$0"; exit 2 ;;

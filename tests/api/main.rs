@@ -24,6 +24,7 @@ mod helpers;
 mod hostile;
 mod identity;
 mod lab;
+mod languages;
 mod ledger;
 mod list;
 mod locations;

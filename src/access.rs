@@ -21,7 +21,9 @@ use std::{
 
 use tonic::Code;
 
-use crate::auth::OTHER_CALLERS;
+use inventory_core::domain::Caller;
+
+use crate::auth::{ANONYMOUS, OTHER_CALLERS};
 
 /// What the handler learned about a call, for its metrics and its access-log line.
 #[derive(Clone, Debug, Default)]
@@ -29,15 +31,27 @@ pub struct CallNote(Arc<Mutex<Noted>>);
 
 #[derive(Debug, Default)]
 struct Noted {
-    caller: Option<String>,
+    /// The caller's metric label.
+    label: Option<String>,
+    /// The caller's name, for the log (`anonymous` without authentication).
+    name: Option<String>,
     subject: Option<(&'static str, String)>,
 }
 
 impl CallNote {
     /// The caller's metric label: a configured caller's name, or `_OTHER`.
-    pub fn caller(&self) -> String {
+    pub fn label(&self) -> String {
         self.lock()
-            .caller
+            .label
+            .clone()
+            .unwrap_or_else(|| OTHER_CALLERS.to_owned())
+    }
+
+    /// Who called, as the access log names it: the caller's own name (a signed token's
+    /// `jwt:<subject>` too), or `_OTHER` for a call that was not authenticated.
+    pub fn name(&self) -> String {
+        self.lock()
+            .name
             .clone()
             .unwrap_or_else(|| OTHER_CALLERS.to_owned())
     }
@@ -51,12 +65,21 @@ impl CallNote {
     }
 }
 
-/// Notes the caller's label (computed only when the call carries a note) and what the call
-/// is about.
-pub fn attribute<T: Subject>(request: &tonic::Request<T>, label: impl FnOnce() -> String) {
+/// Notes who `caller` is (its label computed only when the call carries a note) and what the
+/// call is about.
+pub fn attribute<T: Subject>(
+    request: &tonic::Request<T>,
+    caller: &Caller,
+    label: impl FnOnce() -> String,
+) {
     if let Some(note) = request.extensions().get::<CallNote>() {
         let mut noted = note.lock();
-        noted.caller = Some(label());
+        noted.label = Some(label());
+        noted.name = Some(if caller.as_str().is_empty() {
+            ANONYMOUS.to_owned()
+        } else {
+            caller.as_str().to_owned()
+        });
         noted.subject = request
             .get_ref()
             .subject()
@@ -156,6 +179,7 @@ const WRITES: &[&str] = &[
 #[derive(Debug)]
 pub struct Entry {
     pub at: SystemTime,
+    /// Who called (see [`CallNote::name`]).
     pub caller: String,
     /// `inventory.v1.InventoryService/Reserve`, or `_OTHER`.
     pub method: &'static str,

@@ -36,6 +36,8 @@ use inventory_core::{
     domain::{Caller, Scope},
     quota::HoldCaps,
 };
+
+use crate::access::Subject;
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 
@@ -228,6 +230,8 @@ pub struct Authenticator {
     uris: HashMap<String, Principal>,
     /// Client certificates by a DNS SAN, exactly (lower case).
     dns_names: HashMap<String, Principal>,
+    /// JWT subjects mapped to a named caller (`jwt:<subject>` lines).
+    subjects: HashMap<String, Principal>,
     /// Every caller a line names, with its limits: the callers metrics name.
     named: HashMap<String, CallerLimits>,
     defaults: CallerLimits,
@@ -243,6 +247,7 @@ impl fmt::Debug for Authenticator {
             .field("certificates", &self.certificates.len())
             .field("uris", &self.uris.len())
             .field("dns_names", &self.dns_names.len())
+            .field("subjects", &self.subjects.len())
             .field("jwt", &self.jwt.is_some())
             .finish()
     }
@@ -254,6 +259,8 @@ enum Credential {
     Certificate([u8; 32]),
     Uri(String),
     Dns(String),
+    /// A JWT subject (the caller claim's value) mapped to this line's caller.
+    Subject(String),
 }
 
 impl Credential {
@@ -269,8 +276,9 @@ impl Credential {
             Some(("dns", name)) if !name.is_empty() && !name.contains('*') => {
                 Ok(Self::Dns(name.to_ascii_lowercase()))
             }
+            Some(("jwt", subject)) if !subject.is_empty() => Ok(Self::Subject(subject.to_owned())),
             _ => Err(
-                "credential must be token-sha256:<hex>, cert-sha256:<hex>, spiffe://<trust domain>/<path>, uri:<uri> or dns:<name>"
+                "credential must be token-sha256:<hex>, cert-sha256:<hex>, spiffe://<trust domain>/<path>, uri:<uri>, dns:<name> or jwt:<subject>"
                     .into(),
             ),
         }
@@ -280,9 +288,14 @@ impl Credential {
 impl Authenticator {
     /// Every call is allowed, as the anonymous caller. Only ever chosen explicitly.
     pub fn disabled() -> Self {
+        Self::disabled_with(CallerLimits::default())
+    }
+
+    /// [`Self::disabled`], the anonymous caller bound by `defaults`.
+    pub fn disabled_with(defaults: CallerLimits) -> Self {
         Self {
             disabled: true,
-            ..Self::empty(CallerLimits::default())
+            ..Self::empty(defaults)
         }
     }
 
@@ -293,6 +306,7 @@ impl Authenticator {
             certificates: HashMap::new(),
             uris: HashMap::new(),
             dns_names: HashMap::new(),
+            subjects: HashMap::new(),
             named: HashMap::new(),
             defaults,
             jwt: None,
@@ -326,8 +340,9 @@ impl Authenticator {
     /// Reads a credentials file: one `<name> <role> <credential> [<limit>=<n> ...]` per line,
     /// where credential is `token-sha256:<64 hex>` (of a bearer token),
     /// `cert-sha256:<64 hex>` (of a client certificate's DER), `spiffe://...` or `uri:<uri>`
-    /// (a client certificate's URI SAN), or `dns:<name>` (its DNS SAN); `#` starts a
-    /// comment. Limits are `max_in_flight`, `max_holds`, `max_held_units`; a caller on
+    /// (a client certificate's URI SAN), `dns:<name>` (its DNS SAN), or `jwt:<subject>` (a
+    /// JWT whose caller claim is `subject`: it is this line's caller, with this line's
+    /// role); `#` starts a comment. Limits are `max_in_flight`, `max_holds`, `max_held_units`; a caller on
     /// several lines gives its limits on one, or the same on each. Every problem is
     /// reported with its line number. `jwt`: signed tokens are accepted too, so a file
     /// that names no credential (only limits, or nothing) is fine.
@@ -356,6 +371,12 @@ impl Authenticator {
                 continue;
             };
             let caller = match Caller::parse(name) {
+                Ok(_) if name.starts_with(JWT_CALLERS) => {
+                    problems.push(problem(format!(
+                        "names starting with {JWT_CALLERS} are those of JWT callers no line maps"
+                    )));
+                    continue;
+                }
                 Ok(caller) => caller,
                 Err(text) => {
                     problems.push(problem(format!("name {text}")));
@@ -363,6 +384,10 @@ impl Authenticator {
                 }
             };
             let credential = match Credential::parse(credential) {
+                Ok(Credential::Subject(_)) if !jwt => {
+                    problems.push(problem("jwt: credentials need JWT_JWKS_FILE".into()));
+                    continue;
+                }
                 Ok(credential) => credential,
                 Err(text) => {
                     problems.push(problem(text));
@@ -402,6 +427,7 @@ impl Authenticator {
                 }
                 Credential::Uri(uri) => authenticator.uris.insert(uri, principal),
                 Credential::Dns(name) => authenticator.dns_names.insert(name, principal),
+                Credential::Subject(subject) => authenticator.subjects.insert(subject, principal),
             }
             .is_some();
             if listed_twice {
@@ -437,11 +463,17 @@ impl Authenticator {
             .chain(self.certificates.values_mut())
             .chain(self.uris.values_mut())
             .chain(self.dns_names.values_mut())
+            .chain(self.subjects.values_mut())
     }
 
     /// The caller, if its credentials allow `action`. Without authentication every call is
     /// the anonymous caller's, with every right.
     pub fn authorize<T>(&self, request: &Request<T>, action: Action) -> Result<Principal, Status> {
+        self.allow(self.identify_caller(request)?, action)
+    }
+
+    /// Who is calling, whatever it asks for.
+    fn identify_caller<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
         if self.disabled {
             return Ok(Principal {
                 caller: Caller::anonymous(),
@@ -449,7 +481,11 @@ impl Authenticator {
                 limits: self.defaults,
             });
         }
-        let principal = self.identify(request)?;
+        self.identify(request)
+    }
+
+    /// `principal`, if its role allows `action`.
+    fn allow(&self, principal: Principal, action: Action) -> Result<Principal, Status> {
         if !principal.role.may(action) {
             return Err(Status::permission_denied(format!(
                 "caller {} may not make this call",
@@ -487,19 +523,26 @@ impl Authenticator {
             }
             return match &self.jwt {
                 Some(verifier) if jwt::looks_like_jwt(token) => {
-                    let (name, role) = verifier.verify(token).map_err(|problem| {
+                    let (subject, role) = verifier.verify(token).map_err(|problem| {
                         Status::unauthenticated(format!("invalid token: {problem}"))
                     })?;
-                    let caller = Caller::parse(&name).map_err(|problem| {
-                        Status::unauthenticated(format!(
-                            "invalid token: the caller claim {problem}"
-                        ))
-                    })?;
-                    let limits = self.named.get(&name).copied().unwrap_or(self.defaults);
+                    // A subject a line maps is that line's caller, with its role; any other
+                    // is a caller of its own, `jwt:<subject>`, which no line can name, so a
+                    // signed token never shares another caller's keys or reservations.
+                    if let Some(principal) = self.subjects.get(&subject) {
+                        return Ok(principal.clone());
+                    }
+                    let caller = Caller::parse(&format!("{JWT_CALLERS}{subject}")).map_err(
+                        |problem| {
+                            Status::unauthenticated(format!(
+                                "invalid token: as a caller name, {JWT_CALLERS}<caller claim> {problem}; map the subject with a jwt:<subject> line"
+                            ))
+                        },
+                    )?;
                     Ok(Principal {
                         caller,
                         role,
-                        limits,
+                        limits: self.defaults,
                     })
                 }
                 _ => Err(Status::unauthenticated("unknown token")),
@@ -550,6 +593,9 @@ impl Authenticator {
     }
 }
 
+/// The prefix of the callers signed tokens name that no `jwt:<subject>` line maps.
+pub const JWT_CALLERS: &str = "jwt:";
+
 /// The metric label of calls whose caller no line names (or that were not authenticated).
 pub const OTHER_CALLERS: &str = "_OTHER";
 /// The metric label of the one caller of a server without authentication.
@@ -572,8 +618,19 @@ impl Gate {
         }
     }
 
-    pub fn authorize<T>(&self, request: &Request<T>, action: Action) -> Result<Principal, Status> {
-        self.current.load().authorize(request, action)
+    /// The caller, if its credentials allow `action`; the call's note learns who it is
+    /// either way, so a refusal for a missing role is attributed too.
+    pub fn authorize<T: Subject>(
+        &self,
+        request: &Request<T>,
+        action: Action,
+    ) -> Result<Principal, Status> {
+        let current = self.current.load();
+        let principal = current.identify_caller(request)?;
+        crate::access::attribute(request, principal.caller(), || {
+            current.label(principal.caller())
+        });
+        current.allow(principal, action)
     }
 
     /// See [`Authenticator::label`].

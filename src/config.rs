@@ -886,7 +886,7 @@ impl AuthArgs {
                 None
             }
             (true, false) => sources.load().map_err(|found| problems.extend(found)).ok(),
-            (false, true) => Some(Authenticator::disabled()),
+            (false, true) => Some(Authenticator::disabled_with(defaults)),
             (false, false) => {
                 problems.push(
                     "authentication is required: set AUTH_TOKENS_FILE or JWT_JWKS_FILE, or AUTH_DISABLED=true for local use"

@@ -66,7 +66,6 @@ impl InventoryApi {
         action: Action,
     ) -> Result<Call<R::Command>, Status> {
         let principal = self.auth.authorize(&request, action)?;
-        crate::access::attribute(&request, || self.auth.label(principal.caller()));
         let admitted = self.admit()?;
         let caller_admitted = self.auth.admit(&principal).map_err(to_status)?;
         let budget = Budget::from_timeout(client_timeout(request.metadata()), Instant::now());
@@ -388,7 +387,6 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         request: Request<proto::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
         let principal = self.auth.authorize(&request, Action::Watch)?;
-        crate::access::attribute(&request, || self.auth.label(principal.caller()));
         let command = request
             .into_inner()
             .into_command(&principal)

@@ -42,10 +42,12 @@ pub struct Admission {
     pub limit: usize,
 }
 
-/// Creates the adapters' instruments, so their counters show at 0 before their first event.
+/// Creates the adapters' instruments and the caller-refusal counter, so counters show at 0
+/// before their first event.
 pub fn init_adapters() {
     inventory_postgres::init_metrics();
     inventory_redis::init_metrics();
+    init_caller_refusals();
 }
 
 /// Registers the saturation gauges of one application.
@@ -113,4 +115,29 @@ pub fn register_saturation(
             }
         })
         .build();
+}
+
+/// `inventory_caller_limit_refusals_total{limit}`: calls refused because their caller was at
+/// one of its own limits (`max_in_flight`, `max_holds`, `max_held_units`), not the server's.
+/// Which caller is on the RPC metrics (`caller`, with `ResourceExhausted`).
+pub fn record_caller_refusal(limit: &'static str) {
+    caller_refusals().add(1, &[KeyValue::new("limit", limit)]);
+}
+
+/// Shows the caller-limit refusals at 0 before the first, so alerts can subtract them.
+pub fn init_caller_refusals() {
+    for limit in ["max_in_flight", "max_holds", "max_held_units"] {
+        caller_refusals().add(0, &[KeyValue::new("limit", limit)]);
+    }
+}
+
+fn caller_refusals() -> &'static opentelemetry::metrics::Counter<u64> {
+    static COUNTER: std::sync::OnceLock<opentelemetry::metrics::Counter<u64>> =
+        std::sync::OnceLock::new();
+    COUNTER.get_or_init(|| {
+        global::meter("inventory-server")
+            .u64_counter("inventory.caller.limit_refusals")
+            .with_description("Calls refused because their caller was at one of its own limits")
+            .build()
+    })
 }

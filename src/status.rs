@@ -17,11 +17,31 @@ const ERROR_DOMAIN: &str = "inventory.v1";
 const UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_millis(500);
 /// How long a client should wait before retrying after `RESOURCE_EXHAUSTED`.
 const EXHAUSTED_RETRY_DELAY: Duration = Duration::from_millis(200);
+/// How long a caller past a cap on what it holds should wait: its holds settle in seconds at
+/// best.
+const QUOTA_RETRY_DELAY: Duration = Duration::from_secs(2);
+
 /// How long a client should wait before retrying a `Reserve` that lost a lease race.
 const ABORTED_RETRY_DELAY: Duration = Duration::from_millis(50);
 
 pub fn to_status(error: Error) -> Status {
-    with_pushback(status_of(error))
+    match &error {
+        Error::CallerSaturated { .. } => crate::metrics::record_caller_refusal("max_in_flight"),
+        Error::QuotaExceeded { quota, .. } => crate::metrics::record_caller_refusal(quota.as_str()),
+        _ => {}
+    }
+    let settled_by_the_caller = matches!(error, Error::QuotaExceeded { .. });
+    let mut status = with_pushback(status_of(error));
+    if settled_by_the_caller {
+        // A cap clears when the caller's own holds settle, not in a moment: a negative
+        // pushback tells gRPC not to retry on its own (gRFC A6), so a client at its cap does
+        // not spend its channel's retry tokens on it. The application reads `RetryInfo`.
+        status.metadata_mut().insert(
+            "grpc-retry-pushback-ms",
+            tonic::metadata::MetadataValue::from_static("-1"),
+        );
+    }
+    status
 }
 
 /// A status that carries `RetryInfo` also carries its delay as `grpc-retry-pushback-ms`: the
@@ -136,17 +156,20 @@ fn status_of(error: Error) -> Status {
             quota,
             limit,
             current,
-        } => exhausted(
-            ErrorReason::CallerQuotaExceeded,
-            message,
-            metadata([
-                ("caller", caller.as_str().to_owned()),
-                ("quota", quota.as_str().to_owned()),
-                ("limit", limit.to_string()),
-                ("current", current.to_string()),
-            ]),
-            Some(quota.as_str()),
-        ),
+        } => {
+            let mut details = error_info(
+                ErrorReason::CallerQuotaExceeded,
+                metadata([
+                    ("caller", caller.as_str().to_owned()),
+                    ("quota", quota.as_str().to_owned()),
+                    ("limit", limit.to_string()),
+                    ("current", current.to_string()),
+                ]),
+            );
+            details.set_retry_info(Some(QUOTA_RETRY_DELAY));
+            details.add_quota_failure_violation(quota.as_str(), message);
+            Status::with_error_details(Code::ResourceExhausted, message, details)
+        }
         Error::TooManyWatchers => {
             exhausted(ErrorReason::TooManyWatchers, message, HashMap::new(), None)
         }

@@ -69,6 +69,15 @@ impl Verifier {
                 Some(id) => format!("JWT_JWKS_FILE {file}: key {index} ({id})"),
                 None => format!("JWT_JWKS_FILE {file}: key {index}"),
             };
+            // An encryption key published beside the signing keys signs nothing here.
+            if jwk
+                .common
+                .public_key_use
+                .as_ref()
+                .is_some_and(|usage| *usage != jsonwebtoken::jwk::PublicKeyUse::Signature)
+            {
+                continue;
+            }
             let implied = match &jwk.algorithm {
                 AlgorithmParameters::RSA(_) => Some(Algorithm::RS256),
                 AlgorithmParameters::EllipticCurve(ec) => match ec.curve {

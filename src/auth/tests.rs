@@ -123,3 +123,24 @@ fn a_callers_in_flight_places_are_counted_and_given_back() {
         std::mem::forget(gate.admit(&unlimited).unwrap());
     }
 }
+
+#[test]
+fn jwt_names_are_kept_for_signed_callers_and_subjects_need_a_jwks() {
+    let problems = Authenticator::parse(&format!(
+        "jwt:ops admin token-sha256:{}\ncheckout reserver jwt:spiffe://shop.example/sa/checkout\n",
+        digest_hex(b"t")
+    ))
+    .unwrap_err();
+    assert_eq!(problems.len(), 2, "{problems:#?}");
+    assert!(problems[0].contains("line 1") && problems[0].contains("jwt:"));
+    assert!(problems[1].contains("line 2") && problems[1].contains("JWT_JWKS_FILE"));
+    let mapped = Authenticator::parse_with(
+        "checkout reserver jwt:spiffe://shop.example/sa/checkout max_holds=3\n",
+        CallerLimits::default(),
+        true,
+    )
+    .unwrap();
+    let principal = &mapped.subjects["spiffe://shop.example/sa/checkout"];
+    assert_eq!(principal.caller.as_str(), "checkout");
+    assert_eq!(principal.limits.caps.max_holds, Some(3));
+}

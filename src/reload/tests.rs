@@ -33,7 +33,7 @@ fn admin(token: &str) -> String {
 }
 
 fn allows(gate: &Gate, token: &str) -> bool {
-    let mut request = Request::new(());
+    let mut request = Request::new(crate::proto::GetStockRequest::default());
     request
         .metadata_mut()
         .insert("authorization", format!("Bearer {token}").parse().unwrap());

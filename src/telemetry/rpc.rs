@@ -242,8 +242,7 @@ impl Call {
             );
         }
         let took = self.started.elapsed();
-        let caller = self.note.caller();
-        finished(self.method, code, took, &caller);
+        finished(self.method, code, took, &self.note.label());
         if let Some(access) = &self.access {
             let (full, name) = self
                 .method
@@ -252,7 +251,7 @@ impl Call {
             let trace = context.span().span_context().trace_id();
             access.record(Entry {
                 at: std::time::SystemTime::now(),
-                caller,
+                caller: self.note.name(),
                 method: full,
                 name,
                 code,

@@ -176,8 +176,19 @@ async fn signed_tokens_are_checked_for_key_issuer_audience_expiry_and_algorithm(
     let jwks_file = scratch.0.join("jwks.json");
     let first = Signer::new("2026-12");
     std::fs::write(&jwks_file, jwks(&[&first])).unwrap();
+    // A subject mapped to a named caller, and a file caller a token's subject could name.
+    let tokens = scratch.0.join("tokens");
+    std::fs::write(
+        &tokens,
+        [
+            token_line("ops", "admin", "ops-token", ""),
+            "checkout reserver jwt:spiffe://shop.example/ns/orders/sa/checkout\n".to_owned(),
+        ]
+        .concat(),
+    )
+    .unwrap();
     let sources = AuthSources {
-        tokens_file: None,
+        tokens_file: Some(tokens),
         jwt: Some(JwtSettings {
             jwks_file: jwks_file.clone(),
             issuer: "https://id.shop.example".into(),
@@ -207,6 +218,70 @@ async fn signed_tokens_are_checked_for_key_issuer_audience_expiry_and_algorithm(
         status.code(),
         Code::PermissionDenied,
         "the role claim says reader"
+    );
+
+    // A subject that names a file caller is not that caller: it is `jwt:ops`, with keys and
+    // reservations of its own.
+    let mut client = app.client.clone();
+    client
+        .adjust_stock(with_token(adjust("SKU-1", 10, "seed"), Some("ops-token")))
+        .await
+        .unwrap();
+    let by_ops = client
+        .reserve(with_token(
+            reserve("k1", &[("SKU-1", 1)]),
+            Some("ops-token"),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let impersonator = first.token(claims("ops", "reserver", "inventory", hour));
+    let status = client
+        .get_reservation(with_token(
+            crate::helpers::get_reservation(&by_ops.reservation_id),
+            Some(&impersonator),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status.code(),
+        Code::NotFound,
+        "ops's reservation is not jwt:ops's"
+    );
+    let own = client
+        .reserve(with_token(
+            reserve("k1", &[("SKU-1", 1)]),
+            Some(&impersonator),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(
+        own.reservation_id, by_ops.reservation_id,
+        "ops's key is not replayed"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM reservations WHERE caller = 'jwt:ops'")
+            .await,
+        1
+    );
+
+    // A mapped subject is its line's caller, with the line's role (reserver), whatever the
+    // token's role claim says.
+    let mapped = first.token(claims(
+        "spiffe://shop.example/ns/orders/sa/checkout",
+        "reader",
+        "inventory",
+        hour,
+    ));
+    client
+        .reserve(with_token(reserve("k2", &[("SKU-1", 1)]), Some(&mapped)))
+        .await
+        .expect("the mapped subject reserves as checkout");
+    assert_eq!(
+        app.count("SELECT count(*) FROM reservations WHERE caller = 'checkout'")
+            .await,
+        1
     );
 
     let refused = [
@@ -412,6 +487,7 @@ async fn metrics_name_configured_callers_and_the_access_log_says_who_did_what() 
     let text = [
         token_line("ops", "admin", "ops-token", ""),
         token_line("orders", "reserver", "orders-token", ""),
+        token_line("viewer", "reader", "viewer-token", ""),
     ]
     .concat();
     let (lines, received) = std::sync::mpsc::channel();
@@ -448,19 +524,48 @@ async fn metrics_name_configured_callers_and_the_access_log_says_who_did_what() 
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
-    // A successful read is sampled out (ACCESS_LOG_READ_SAMPLE=0).
+    // A known caller refused for its role is named, not `_OTHER`.
+    let status = client
+        .reserve(with_token(
+            reserve("v", &[("SKU-1", 1)]),
+            Some("viewer-token"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    // A successful read is sampled out (ACCESS_LOG_READ_SAMPLE=0)...
     client
         .get_stock(with_token(get_stock(&["SKU-1"]), Some("orders-token")))
         .await
         .unwrap();
+    // ...and a refused call after it is logged: lines come in the order calls ended, so
+    // once this one is read, the read's would have been too.
+    client
+        .list_locations(with_token(
+            inventory_server::proto::ListLocationsRequest::default(),
+            Some("stolen"),
+        ))
+        .await
+        .unwrap_err();
 
     let mut log = Vec::new();
-    while log.len() < 3 {
+    loop {
         let line = received
             .recv_timeout(Duration::from_secs(20))
             .expect("an access-log line per logged call");
-        log.push(serde_json::from_str::<serde_json::Value>(&line).unwrap());
+        let line: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let last = line["rpc.method"] == "inventory.v1.InventoryService/ListLocations";
+        log.push(line);
+        if last {
+            break;
+        }
     }
+    assert_eq!(log.len(), 5, "{log:#?}");
+    let denied = log
+        .iter()
+        .find(|line| line["code"] == "PermissionDenied")
+        .expect("a refusal for the role is logged");
+    assert_eq!(denied["caller"], "viewer");
     let reserve_line = log
         .iter()
         .find(|line| line["rpc.method"] == "inventory.v1.InventoryService/Reserve")

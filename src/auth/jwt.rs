@@ -185,3 +185,56 @@ impl Verifier {
         Ok((caller.to_owned(), role))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{EncodingKey, jwk::Jwk};
+
+    fn jwk(kid: &str, usage: Option<&str>) -> serde_json::Value {
+        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let key = EncodingKey::from_ec_der(&pair.serialize_der());
+        let mut jwk =
+            serde_json::to_value(Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap()).unwrap();
+        jwk["kid"] = kid.into();
+        if let Some(usage) = usage {
+            jwk["use"] = usage.into();
+        }
+        jwk
+    }
+
+    fn settings() -> JwtSettings {
+        JwtSettings {
+            jwks_file: "jwks.json".into(),
+            issuer: "https://id.example".into(),
+            audience: "inventory".into(),
+            caller_claim: "sub".into(),
+            role_claim: "inventory_role".into(),
+            leeway: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn only_signing_keys_are_taken_and_symmetric_ones_are_refused() {
+        let text = serde_json::json!({ "keys": [
+            jwk("signs", Some("sig")),
+            jwk("encrypts", Some("enc")),
+            jwk("unsaid", None),
+        ]})
+        .to_string();
+        let verifier = Verifier::parse(&settings(), &text).unwrap();
+        let ids: Vec<_> = verifier
+            .keys
+            .iter()
+            .map(|k| k.id.clone().unwrap())
+            .collect();
+        assert_eq!(ids, ["signs", "unsaid"]);
+
+        let symmetric = r#"{"keys":[{"kty":"oct","kid":"s","k":"c2VjcmV0"}]}"#;
+        let problems = Verifier::parse(&settings(), symmetric).err().unwrap();
+        assert!(problems[0].contains("symmetric"), "{problems:?}");
+        let only_enc = serde_json::json!({ "keys": [jwk("encrypts", Some("enc"))] }).to_string();
+        let problems = Verifier::parse(&settings(), &only_enc).err().unwrap();
+        assert!(problems[0].contains("holds no keys"), "{problems:?}");
+    }
+}

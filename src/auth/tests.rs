@@ -144,3 +144,19 @@ fn jwt_names_are_kept_for_signed_callers_and_subjects_need_a_jwks() {
     assert_eq!(principal.caller.as_str(), "checkout");
     assert_eq!(principal.limits.caps.max_holds, Some(3));
 }
+
+#[test]
+fn without_authentication_the_anonymous_caller_has_the_default_limits() {
+    let defaults = CallerLimits {
+        max_in_flight: Some(4),
+        caps: HoldCaps {
+            max_holds: Some(10),
+            max_held_units: None,
+        },
+    };
+    let principal = Authenticator::disabled_with(defaults)
+        .authorize(&Request::new(()), Action::Adjust)
+        .unwrap();
+    assert_eq!(principal.limits, defaults);
+    assert_eq!(principal.caller.as_str(), "");
+}

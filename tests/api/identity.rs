@@ -222,11 +222,8 @@ async fn signed_tokens_are_checked_for_key_issuer_audience_expiry_and_algorithm(
 
     // A subject that names a file caller is not that caller: it is `jwt:ops`, with keys and
     // reservations of its own.
+    seed(&app, 10).await;
     let mut client = app.client.clone();
-    client
-        .adjust_stock(with_token(adjust("SKU-1", 10, "seed"), Some("ops-token")))
-        .await
-        .unwrap();
     let by_ops = client
         .reserve(with_token(
             reserve("k1", &[("SKU-1", 1)]),
@@ -350,6 +347,18 @@ async fn signed_tokens_are_checked_for_key_issuer_audience_expiry_and_algorithm(
     assert_eq!(read(channel, Some(&good)).await, Code::Unauthenticated);
 }
 
+/// `SKU-1` stocked with `units`, by the `ops` admin every token file here lists.
+async fn seed(app: &TestApp, units: i64) {
+    app.client
+        .clone()
+        .adjust_stock(with_token(
+            adjust("SKU-1", units, "seed"),
+            Some("ops-token"),
+        ))
+        .await
+        .unwrap();
+}
+
 fn token_line(name: &str, role: &str, token: &str, limits: &str) -> String {
     format!(
         "{name} {role} token-sha256:{} {limits}\n",
@@ -373,11 +382,8 @@ async fn a_caller_past_its_caps_is_refused_with_a_reason_and_others_are_not() {
     let mut settings = test_settings(fresh_database().await);
     settings.auth.authenticator = inventory_server::auth::Authenticator::parse(&text).unwrap();
     let app = spawn_app_with(settings).await;
+    seed(&app, 100).await;
     let mut client = app.client.clone();
-    client
-        .adjust_stock(with_token(adjust("SKU-1", 100, "seed"), Some("ops-token")))
-        .await
-        .unwrap();
     let as_orders =
         |key: &str, units: i64| with_token(reserve(key, &[("SKU-1", units)]), Some("orders-token"));
 
@@ -446,11 +452,8 @@ async fn a_caller_at_its_in_flight_limit_is_refused_while_others_are_served() {
     let mut settings = test_settings(fresh_database().await);
     settings.auth.authenticator = inventory_server::auth::Authenticator::parse(&text).unwrap();
     let app = spawn_app_with(settings).await;
+    seed(&app, 10).await;
     let mut client = app.client.clone();
-    client
-        .adjust_stock(with_token(adjust("SKU-1", 10, "seed"), Some("ops-token")))
-        .await
-        .unwrap();
 
     let mut held = app.pauses.arm(PausePoint::LeaseGranted);
     let mut first = client.clone();
@@ -506,11 +509,8 @@ async fn metrics_name_configured_callers_and_the_access_log_says_who_did_what() 
     )
     .unwrap();
     let app = crate::helpers::spawn_app_exporting(settings, telemetry.registry().clone()).await;
+    seed(&app, 10).await;
     let mut client = app.client.clone();
-    client
-        .adjust_stock(with_token(adjust("SKU-1", 10, "seed"), Some("ops-token")))
-        .await
-        .unwrap();
     let held = client
         .reserve(with_token(
             reserve("a", &[("SKU-1", 1)]),

@@ -150,6 +150,9 @@ async fn migrate_locked(client: &mut tokio_postgres::Client) -> Result<Vec<Strin
     if before.is_none() && expected_version() >= FLOOR_TABLE {
         set_floor(client, target).await?;
     }
+    keep_records_to_owner(client)
+        .await
+        .map_err(MigrateError::Floor)?;
     Ok(report
         .applied_migrations()
         .iter()
@@ -167,6 +170,39 @@ fn lock_refused(error: &refinery::Error) -> bool {
         cause = error.source();
     }
     false
+}
+
+/// The schema's own records (the migrations' history and the floor) are written by `migrate`
+/// only: whatever default privileges granted others on them when they were created (a
+/// serving role's `INSERT, UPDATE, DELETE` on every new table, `deploy/sql/roles.sql`) is
+/// taken back, so a serving credential can read the floor but never lower it. Only grants on
+/// tables this session's role owns (or is a member of their owner) are touched; reading
+/// stays granted.
+async fn keep_records_to_owner(
+    client: &tokio_postgres::Client,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute(
+            "DO $$
+             DECLARE granted record;
+             BEGIN
+                 FOR granted IN
+                     SELECT DISTINCT c.oid::regclass AS tab, a.grantee
+                     FROM pg_class c, aclexplode(c.relacl) a
+                     WHERE c.oid IN (to_regclass('refinery_schema_history'),
+                                     to_regclass('schema_floor'))
+                       AND a.grantee <> c.relowner
+                       AND a.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE')
+                       AND pg_has_role(current_user, c.relowner, 'MEMBER')
+                 LOOP
+                     EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON %s FROM %s',
+                         granted.tab,
+                         CASE WHEN granted.grantee = 0 THEN 'PUBLIC'
+                              ELSE quote_ident(pg_get_userbyid(granted.grantee)) END);
+                 END LOOP;
+             END $$",
+        )
+        .await
 }
 
 /// Raises (or, after a failed run, restores) the floor.

@@ -31,10 +31,10 @@
 --
 -- It may be run again at any time (it creates only what is missing and grants again). Tables,
 -- sequences and functions a later migration adds are granted by the default privileges
--- below, as inventory_migrator creates them: nothing to run after an upgrade. Run it once more
--- after the first `migrate`, though: only then do the tables that record the schema's state
--- (refinery_schema_history, schema_floor) exist, and it leaves inventory_server only reading
--- them, so a serving credential cannot lower the schema floor.
+-- below, as inventory_migrator creates them: nothing to run after an upgrade. The tables
+-- that record the schema's state (refinery_schema_history, schema_floor) are the exception:
+-- `migrate` itself takes back every write on them but its own, each time it runs, so
+-- inventory_server only reads them and a serving credential cannot lower the schema floor.
 --
 -- A database that one role both migrated and served from (the single `inventory` user of
 -- earlier releases) moves its objects to the migrating role first, in that database:

@@ -16,7 +16,7 @@ use protox::prost::Message as _;
 /// The public API: compiled, and served by reflection.
 const PROTOS: &[&str] = &["inventory/v1/inventory.proto"];
 /// Replica-to-replica calls: compiled, never served by reflection.
-const INTERNAL_PROTOS: &[&str] = &["inventory/peer/v1/peer.proto"];
+const INTERNAL_PROTOS: &[&str] = &["inventory/peer/v2/peer.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The script runs in the crate's folder; `proto/` stays at the top of the workspace.

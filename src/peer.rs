@@ -50,7 +50,7 @@ use crate::{
     auth::{Principal, Role},
     proto::{
         self,
-        inventory::peer::v1::{
+        inventory::peer::v2::{
             ForwardedAnswer, ForwardedReserve, NotHolder, RelayedStatus, SignedMessage,
             forwarded_answer::Answer, peer_service_client::PeerServiceClient,
             peer_service_server::PeerService,
@@ -81,12 +81,12 @@ const MAX_PEERS: usize = 256;
 
 /// What a call's signature covers besides its body: the method, and the replica it is for.
 fn call_context(to: &str) -> Vec<u8> {
-    format!("inventory.peer.v1.PeerService/Reserve call to {to}\n").into_bytes()
+    format!("inventory.peer.v2.PeerService/Reserve call to {to}\n").into_bytes()
 }
 
 /// What an answer's signature covers besides its body: the call's signature.
 fn answer_context(call_signature: &[u8]) -> Vec<u8> {
-    let mut context = b"inventory.peer.v1.PeerService/Reserve answer\n".to_vec();
+    let mut context = b"inventory.peer.v2.PeerService/Reserve answer\n".to_vec();
     context.extend_from_slice(call_signature);
     context
 }
@@ -253,6 +253,18 @@ impl PeerForwarder {
         let failed = |error: Error| Forwarded::Failed { error, sent: true };
         let signed = match self.client(addr).reserve(request).await {
             Ok(answer) => answer.into_inner(),
+            // A replica of a release that speaks another version of this protocol (a
+            // rollout) does not know the method: the call ran nowhere, so it is run here like
+            // any call that was never sent. Forged, this answer could only make the call run
+            // here too, where its key decides.
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                return Forwarded::Failed {
+                    error: Error::internal(format!(
+                        "forward to {peer}: it speaks another version of the peer protocol"
+                    )),
+                    sent: false,
+                };
+            }
             // The peer refuses these before it runs anything, but they come unsigned: even
             // they count as sent, or a forged one could turn a write into a refusal.
             Err(status) => {
@@ -462,8 +474,8 @@ impl PeerService for PeerApi {
 /// The peer service, ready to serve.
 pub fn service(
     api: PeerApi,
-) -> proto::inventory::peer::v1::peer_service_server::PeerServiceServer<PeerApi> {
-    proto::inventory::peer::v1::peer_service_server::PeerServiceServer::new(api)
+) -> proto::inventory::peer::v2::peer_service_server::PeerServiceServer<PeerApi> {
+    proto::inventory::peer::v2::peer_service_server::PeerServiceServer::new(api)
 }
 
 #[cfg(test)]

@@ -57,7 +57,7 @@ pub struct Method {
 /// Services served besides the API, whose descriptors are not in `proto/`.
 const OTHER_SERVICES: &[(&str, &[&str])] = &[
     // The internal peer port's (see `crate::peer`).
-    ("inventory.peer.v1.PeerService", &["Reserve"]),
+    ("inventory.peer.v2.PeerService", &["Reserve"]),
     ("grpc.health.v1.Health", &["Check", "Watch", "List"]),
     (
         "grpc.reflection.v1.ServerReflection",

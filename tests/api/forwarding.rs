@@ -15,7 +15,7 @@ use inventory_core::{
 use inventory_server::{
     config::PeerSettings,
     peer::{PeerForwarder, PeerSecret},
-    proto::{ReservationState, inventory::peer::v1},
+    proto::{ReservationState, inventory::peer::v2 as v1},
 };
 use tonic::Code;
 
@@ -188,6 +188,45 @@ async fn a_lease_naming_a_dead_replica_costs_one_failed_hop_then_the_call_waits_
     );
     assert_eq!(answered(app), 0);
     assert_eq!(app.level("HOT").await, (10, 1));
+}
+
+/// A rollout: the lease is held by a replica of a release that speaks another version of
+/// the peer protocol. It answers UNIMPLEMENTED; the call ran nowhere, so it is run here like
+/// a call never sent, and keeps the answer it gets here (here `LEASE_BUSY`, the lease being
+/// held), not the `DEADLINE_EXCEEDED` of a hop that may have been written.
+#[tokio::test]
+async fn a_holder_of_another_protocol_version_makes_the_call_run_here() {
+    let mut settings = test_settings(fresh_database().await);
+    settings.peer = peers();
+    settings.inventory.lease_wait = Duration::from_secs(1);
+    let app = &spawn_app_with(settings).await;
+    stock(app, "HOT", 10).await;
+    // Its API port stands in for the other release's peer port: it serves no PeerService v2.
+    let _: () = fred::interfaces::KeysInterface::set(
+        &app.redis,
+        app.lease_key("HOT"),
+        format!("older-release@{}", app.addr),
+        Some(fred::types::Expiration::PX(60_000)),
+        None,
+        false,
+    )
+    .await
+    .unwrap();
+
+    let status = app
+        .client
+        .clone()
+        .reserve(reserve("across-releases", &[("HOT", 1)]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert_eq!(error_reason(&status), "LEASE_BUSY");
+    let forwards = app.inventory.forwards();
+    assert_eq!(
+        forwards.failed.load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(stored_keys(app).await, 0);
 }
 
 #[tokio::test]

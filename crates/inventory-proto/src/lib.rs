@@ -11,8 +11,8 @@ pub mod inventory {
     }
     /// Replica-to-replica calls (the internal peer port); not part of the public API.
     pub mod peer {
-        pub mod v1 {
-            tonic::include_proto!("inventory.peer.v1");
+        pub mod v2 {
+            tonic::include_proto!("inventory.peer.v2");
         }
     }
 }

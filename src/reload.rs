@@ -38,6 +38,17 @@ pub struct Reloader {
     tls_digest: Option<[u8; 32]>,
 }
 
+/// The SHA-256 of `parts`, each preceded by its length, so no two splits of the same bytes
+/// collide: what tells a changed set of files from the one in force.
+fn digest<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    for part in parts {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part);
+    }
+    hash.finalize().into()
+}
+
 impl Reloader {
     /// Nothing is marked as in force yet: the first [`Self::run`] pass applies the files as
     /// they are then, so a change between start-up's read and the watch is never missed.
@@ -70,26 +81,17 @@ impl Reloader {
     /// The credential files' bytes and their digest.
     fn read_auth(&self, sources: &AuthSources) -> Result<([u8; 32], Vec<Vec<u8>>), String> {
         let contents = sources.read()?;
-        let mut hash = Sha256::new();
-        for part in &contents {
-            hash.update((part.len() as u64).to_be_bytes());
-            hash.update(part);
-        }
-        Ok((hash.finalize().into(), contents))
+        Ok((digest(contents.iter().map(Vec::as_slice)), contents))
     }
 
     fn read_tls(&self) -> Option<([u8; 32], crate::config::TlsSettings)> {
         let material = self.sources.tls.as_ref()?.read().ok()?;
-        let mut hash = Sha256::new();
-        for part in [
+        let digest = digest([
             material.cert_pem.as_slice(),
             material.key_pem.expose_secret(),
             material.client_ca_pem.as_deref().unwrap_or_default(),
-        ] {
-            hash.update((part.len() as u64).to_be_bytes());
-            hash.update(part);
-        }
-        Some((hash.finalize().into(), material))
+        ]);
+        Some((digest, material))
     }
 
     /// Re-reads every source and applies what changed and parses.

@@ -58,6 +58,9 @@ pub enum Error {
     /// The endpoint or the TLS material could not be used.
     #[error("cannot connect: {0}")]
     Connect(#[from] tonic::transport::Error),
+    /// No cell of the [`CellMap`](crate::CellMap) serves this tenant: the call was not sent.
+    #[error("no cell serves tenant {tenant:?}")]
+    UnknownTenant { tenant: String },
 }
 
 impl Error {

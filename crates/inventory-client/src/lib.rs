@@ -18,6 +18,9 @@
 //!   after it, and says where to go on when a restore or a failover cut the history behind it.
 //! - **Trace context.** The current `tracing` span's context goes out as W3C `traceparent`, so
 //!   the server's spans join the caller's trace.
+//! - **Cells.** Where a deployment runs several cells, each serving its own tenants,
+//!   [`CellMap`] reads which cell serves which tenant and [`CellClients`] gives each tenant
+//!   the client of its cell, with no router between.
 //!
 //! ```no_run
 //! use inventory_client::{ClientConfig, Error, InventoryClient};
@@ -47,14 +50,19 @@
 //! - `client` — [`InventoryClient`] and [`ClientConfig`]: one method per RPC, each attempt
 //!   under the call's budget, TLS and the bearer token.
 //! - [`retry`] — what is retried and what never is, and how long to wait, as pure functions.
-//! - `error` — [`Error`]: refused, invalid, outcome unknown, unavailable.
+//! - `error` — [`Error`]: refused, invalid, outcome unknown, unavailable (and a tenant no
+//!   cell serves).
 //! - `cursor` — [`EventCursor`]: a consumer's place in the event stream, across cuts.
+//! - [`cells`] — [`CellMap`] (which cell serves which tenant, read from a static map, its
+//!   format) and [`CellClients`] (one client per cell).
 
+pub mod cells;
 mod client;
 mod cursor;
 mod error;
 pub mod retry;
 
+pub use cells::{Cell, CellClients, CellMap, CellMapError, CellMapProblem};
 pub use client::{ClientConfig, InventoryClient, TlsOptions};
 pub use cursor::EventCursor;
 pub use error::{Error, FieldViolation};

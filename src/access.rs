@@ -21,9 +21,9 @@ use std::{
 
 use tonic::Code;
 
-use inventory_core::domain::Caller;
+use inventory_core::domain::Tenant;
 
-use crate::auth::{ANONYMOUS, OTHER_CALLERS};
+use crate::auth::{ANONYMOUS, OTHER_CALLERS, Principal};
 
 /// What the handler learned about a call, for its metrics and its access-log line.
 #[derive(Clone, Debug, Default)]
@@ -36,6 +36,10 @@ struct Noted {
     /// The caller's name, for the log (`anonymous` without authentication).
     name: Option<String>,
     subject: Option<(&'static str, String)>,
+    /// The tenant the call works in, once the caller is known.
+    tenant: Option<Tenant>,
+    /// The caller is an operator acting in a tenant it chose.
+    operator: bool,
 }
 
 impl CallNote {
@@ -60,6 +64,15 @@ impl CallNote {
         self.lock().subject.clone()
     }
 
+    /// The tenant the call worked in, if its caller was identified.
+    pub fn tenant(&self) -> Option<Tenant> {
+        self.lock().tenant.clone()
+    }
+
+    fn operator(&self) -> bool {
+        self.lock().operator
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Noted> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -69,12 +82,15 @@ impl CallNote {
 /// call is about.
 pub fn attribute<T: Subject>(
     request: &tonic::Request<T>,
-    caller: &Caller,
+    principal: &Principal,
     label: impl FnOnce() -> String,
 ) {
     if let Some(note) = request.extensions().get::<CallNote>() {
+        let caller = principal.caller();
         let mut noted = note.lock();
         noted.label = Some(label());
+        noted.tenant = Some(principal.tenant().clone());
+        noted.operator = principal.is_operator();
         noted.name = Some(if caller.as_str().is_empty() {
             ANONYMOUS.to_owned()
         } else {
@@ -282,6 +298,13 @@ fn line(entry: &Entry) -> String {
     put("level", "INFO".into());
     put("message", "access".into());
     put("caller", entry.caller.clone().into());
+    if let Some(tenant) = entry.note.tenant() {
+        put("tenant", tenant.as_str().into());
+    }
+    if entry.note.operator() {
+        // An operator acting in a tenant it chose: every such call is logged as one.
+        put("operator", true.into());
+    }
     put("rpc.method", entry.method.into());
     put("rpc.grpc.status_code", (entry.code as i32).into());
     put("code", format!("{:?}", entry.code).into());

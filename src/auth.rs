@@ -10,6 +10,13 @@
 //! | `reserver` | the above, `Reserve`, `ExtendReservation`, `ConfirmReservation`, `ReleaseReservation`, `CancelOrder` | its own |
 //! | `watcher` | `GetStock`, `GetReservation`, `ListReservations`, `WatchEvents` | every caller's (read only) |
 //! | `admin` | every call | every caller's |
+//! | `operator` | every call, in the tenant its `inventory-tenant` header names | every caller's |
+//!
+//! Every caller also belongs to exactly one tenant (`tenant=` on its credentials line, the
+//! tenant claim of its JWT, `default` otherwise and without authentication), and every call
+//! works in that tenant's data only: another tenant's SKUs, reservations and events are not
+//! there for it at all. An `admin` is the admin of its own tenant. Only an `operator` (for
+//! support) acts in a tenant it chooses per call, and each of its calls is logged as such.
 //!
 //! A reservation outside what a caller sees answers `NOT_FOUND`, exactly like one that does
 //! not exist. The caller's name also scopes idempotency keys, so one client can never replay
@@ -33,7 +40,7 @@ use arc_swap::ArcSwap;
 
 use inventory_core::{
     Error,
-    domain::{Caller, Scope},
+    domain::{Caller, Scope, Tenant},
     quota::HoldCaps,
 };
 
@@ -49,6 +56,8 @@ pub enum Role {
     Reserver,
     Watcher,
     Admin,
+    /// An admin of every tenant, one per call: support, not applications.
+    Operator,
 }
 
 impl Role {
@@ -58,6 +67,7 @@ impl Role {
             "reserver" => Self::Reserver,
             "watcher" => Self::Watcher,
             "admin" => Self::Admin,
+            "operator" => Self::Operator,
             _ => return None,
         })
     }
@@ -66,9 +76,9 @@ impl Role {
     fn may(self, action: Action) -> bool {
         match action {
             Action::Read => true,
-            Action::Reserve => matches!(self, Self::Reserver | Self::Admin),
-            Action::Watch => matches!(self, Self::Watcher | Self::Admin),
-            Action::Adjust => self == Self::Admin,
+            Action::Reserve => matches!(self, Self::Reserver | Self::Admin | Self::Operator),
+            Action::Watch => matches!(self, Self::Watcher | Self::Admin | Self::Operator),
+            Action::Adjust => matches!(self, Self::Admin | Self::Operator),
         }
     }
 }
@@ -128,25 +138,46 @@ impl CallerLimits {
     }
 }
 
-/// An authenticated caller, its role and its limits.
+/// An authenticated caller, its role, its tenant and its limits.
 #[derive(Clone, Debug)]
 pub struct Principal {
     caller: Caller,
     role: Role,
+    tenant: Tenant,
     limits: CallerLimits,
 }
+
+/// The metadata header an `operator` names the tenant of its call with.
+pub const TENANT_HEADER: &str = "inventory-tenant";
 
 impl Principal {
     pub fn new(caller: Caller, role: Role) -> Self {
         Self {
             caller,
             role,
+            tenant: Tenant::default_tenant(),
             limits: CallerLimits::default(),
         }
     }
 
+    /// The same caller, of `tenant`.
+    pub fn in_tenant(mut self, tenant: Tenant) -> Self {
+        self.tenant = tenant;
+        self
+    }
+
     pub fn caller(&self) -> &Caller {
         &self.caller
+    }
+
+    /// The tenant whose data this call works in.
+    pub fn tenant(&self) -> &Tenant {
+        &self.tenant
+    }
+
+    /// Whether this call acts in a tenant by an operator's choice rather than its own.
+    pub fn is_operator(&self) -> bool {
+        self.role == Role::Operator
     }
 
     pub fn limits(&self) -> &CallerLimits {
@@ -156,7 +187,7 @@ impl Principal {
     /// The reservations this caller may read: `watcher` and `admin` read every caller's.
     pub fn read_scope(&self) -> Scope {
         match self.role {
-            Role::Watcher | Role::Admin => Scope::All,
+            Role::Watcher | Role::Admin | Role::Operator => Scope::All,
             Role::Reader | Role::Reserver => Scope::Own(self.caller.clone()),
         }
     }
@@ -164,7 +195,7 @@ impl Principal {
     /// The reservations this caller may change: only `admin` changes another's.
     pub fn write_scope(&self) -> Scope {
         match self.role {
-            Role::Admin => Scope::All,
+            Role::Admin | Role::Operator => Scope::All,
             _ => Scope::Own(self.caller.clone()),
         }
     }
@@ -350,6 +381,7 @@ impl Authenticator {
         let mut authenticator = Self::empty(defaults);
         let mut problems = Vec::new();
         let mut limited: HashMap<String, (usize, CallerLimits)> = HashMap::new();
+        let mut tenants: HashMap<String, (usize, Tenant)> = HashMap::new();
         for (index, line) in text.lines().enumerate() {
             let line = line.split('#').next().unwrap_or_default().trim();
             if line.is_empty() {
@@ -360,13 +392,14 @@ impl Authenticator {
             let fields: Vec<&str> = line.split_whitespace().collect();
             let [name, role, credential, options @ ..] = &fields[..] else {
                 problems.push(problem(
-                    "expected <name> <role> <credential> [<limit>=<n> ...]".into(),
+                    "expected <name> <role> <credential> [tenant=<tenant>] [<limit>=<n> ...]"
+                        .into(),
                 ));
                 continue;
             };
             let Some(role) = Role::parse(role) else {
                 problems.push(problem(
-                    "role must be reader, reserver, watcher or admin".into(),
+                    "role must be reader, reserver, watcher, admin or operator".into(),
                 ));
                 continue;
             };
@@ -394,6 +427,36 @@ impl Authenticator {
                     continue;
                 }
             };
+            let (tenant_options, options): (Vec<&str>, Vec<&str>) = options
+                .iter()
+                .copied()
+                .partition(|option| option.starts_with("tenant="));
+            let tenant = match tenant_options.as_slice() {
+                [] => Tenant::default_tenant(),
+                [option] => match Tenant::parse(&option["tenant=".len()..]) {
+                    Ok(tenant) => tenant,
+                    Err(text) => {
+                        problems.push(problem(format!("tenant {text}")));
+                        continue;
+                    }
+                },
+                _ => {
+                    problems.push(problem("a line names one tenant".into()));
+                    continue;
+                }
+            };
+            match tenants.get(*name) {
+                Some((first, earlier)) if *earlier != tenant => {
+                    problems.push(problem(format!(
+                        "{name} is of tenant {earlier} on line {first}: a caller belongs to one tenant"
+                    )));
+                    continue;
+                }
+                Some(_) => {}
+                None => {
+                    tenants.insert((*name).to_owned(), (number, tenant.clone()));
+                }
+            }
             let limits = match defaults.with_options(options.iter().copied()) {
                 Ok(limits) => limits,
                 Err(text) => {
@@ -418,6 +481,7 @@ impl Authenticator {
             let principal = Principal {
                 caller,
                 role,
+                tenant,
                 limits,
             };
             let listed_twice = match credential {
@@ -478,10 +542,12 @@ impl Authenticator {
             return Ok(Principal {
                 caller: Caller::anonymous(),
                 role: Role::Admin,
+                tenant: Tenant::default_tenant(),
                 limits: self.defaults,
             });
         }
-        self.identify(request)
+        let principal = self.identify(request)?;
+        chosen_tenant(principal, request.metadata())
     }
 
     /// `principal`, if its role allows `action`.
@@ -523,7 +589,7 @@ impl Authenticator {
             }
             return match &self.jwt {
                 Some(verifier) if jwt::looks_like_jwt(token) => {
-                    let (subject, role) = verifier.verify(token).map_err(|problem| {
+                    let (subject, role, tenant) = verifier.verify(token).map_err(|problem| {
                         Status::unauthenticated(format!("invalid token: {problem}"))
                     })?;
                     // A subject a line maps is that line's caller, with its role; any other
@@ -542,6 +608,7 @@ impl Authenticator {
                     Ok(Principal {
                         caller,
                         role,
+                        tenant,
                         limits: self.defaults,
                     })
                 }
@@ -593,6 +660,35 @@ impl Authenticator {
     }
 }
 
+/// The tenant a call works in: its caller's, or for an `operator` the one its
+/// [`TENANT_HEADER`] names (`default` without one). Any other caller naming a tenant not its
+/// own is refused: a tenant comes from credentials, never from the request.
+fn chosen_tenant(
+    principal: Principal,
+    metadata: &tonic::metadata::MetadataMap,
+) -> Result<Principal, Status> {
+    let Some(header) = metadata.get(TENANT_HEADER) else {
+        return Ok(principal);
+    };
+    let named = header
+        .to_str()
+        .ok()
+        .and_then(|raw| Tenant::parse(raw).ok())
+        .ok_or_else(|| {
+            Status::invalid_argument(format!("{TENANT_HEADER} must be a tenant name"))
+        })?;
+    if principal.role == Role::Operator {
+        return Ok(principal.in_tenant(named));
+    }
+    if named == principal.tenant {
+        return Ok(principal);
+    }
+    Err(Status::permission_denied(format!(
+        "caller {} may not choose a tenant: only an operator names one in {TENANT_HEADER}",
+        principal.caller.as_str()
+    )))
+}
+
 /// The prefix of the callers signed tokens name that no `jwt:<subject>` line maps.
 pub const JWT_CALLERS: &str = "jwt:";
 
@@ -627,9 +723,7 @@ impl Gate {
     ) -> Result<Principal, Status> {
         let current = self.current.load();
         let principal = current.identify_caller(request)?;
-        crate::access::attribute(request, principal.caller(), || {
-            current.label(principal.caller())
-        });
+        crate::access::attribute(request, &principal, || current.label(principal.caller()));
         current.allow(principal, action)
     }
 

@@ -17,6 +17,7 @@ use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
 use crate::{
     access::AccessLogSettings,
     auth::{AuthSources, Authenticator, CallerLimits, JwtSettings},
+    tenants::{TenantLimits, TenantSettings},
     upkeep::Upkeep,
 };
 use inventory_core::quota::HoldCaps;
@@ -82,6 +83,21 @@ pub struct DatabaseArgs {
     /// system>, sslcert/sslkey for a client certificate.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = secret)]
     pub database_url: SecretString,
+
+    /// The tenants this deployment (this cell) serves, separated by commas: each has its own
+    /// schema (`public` for `default`, `tenant_<name>` otherwise), Redis keys and event
+    /// stream. `migrate` and `verify` work on each in turn.
+    #[arg(long, env = "TENANTS", default_value = "default")]
+    pub tenants: String,
+}
+
+impl DatabaseArgs {
+    /// [`DatabaseArgs::tenants`], checked.
+    pub fn tenant_list(&self) -> Result<Vec<inventory_core::domain::Tenant>, ConfigError> {
+        TenantSettings::parse(&self.tenants, TenantLimits::default())
+            .map(|settings| settings.tenants)
+            .map_err(ConfigError)
+    }
 }
 
 /// `serve`'s settings, one group per branch of [`Settings`]: each group checks its own values
@@ -102,6 +118,58 @@ pub struct ServeArgs {
     pub auth: AuthArgs,
     #[command(flatten)]
     pub peer: PeerArgs,
+    #[command(flatten)]
+    pub tenant: TenantArgs,
+}
+
+/// [`TenantSettings`]: what each tenant's callers may take together (the tenants
+/// themselves are `TENANTS`, with the database's settings).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Tenants")]
+pub struct TenantArgs {
+    /// Calls of one tenant's callers in flight in one replica, together; unset: only
+    /// MAX_IN_FLIGHT (and each caller's own limit) bounds them.
+    #[arg(long, env = "TENANT_MAX_IN_FLIGHT")]
+    pub tenant_max_in_flight: Option<u32>,
+
+    /// Live holds of one tenant's callers together, fleet-wide; unset: unlimited.
+    #[arg(long, env = "TENANT_MAX_HOLDS")]
+    pub tenant_max_holds: Option<u64>,
+
+    /// Units one tenant's live holds may keep together, fleet-wide; unset: unlimited.
+    #[arg(long, env = "TENANT_MAX_HELD_UNITS")]
+    pub tenant_max_held_units: Option<u64>,
+}
+
+impl TenantArgs {
+    fn settings(
+        &self,
+        database: &DatabaseArgs,
+        problems: &mut Vec<String>,
+    ) -> Option<TenantSettings> {
+        for (name, zero) in [
+            ("TENANT_MAX_IN_FLIGHT", self.tenant_max_in_flight == Some(0)),
+            ("TENANT_MAX_HOLDS", self.tenant_max_holds == Some(0)),
+            (
+                "TENANT_MAX_HELD_UNITS",
+                self.tenant_max_held_units == Some(0),
+            ),
+        ] {
+            if zero {
+                problems.push(format!("{name} must be at least 1 (unset it for no limit)"));
+            }
+        }
+        let limits = TenantLimits {
+            max_in_flight: self.tenant_max_in_flight,
+            caps: HoldCaps {
+                max_holds: self.tenant_max_holds,
+                max_held_units: self.tenant_max_held_units,
+            },
+        };
+        TenantSettings::parse(&database.tenants, limits)
+            .map_err(|found| problems.extend(found))
+            .ok()
+    }
 }
 
 /// [`PeerSettings`]: the internal port replicas forward hot-SKU calls on.
@@ -403,6 +471,10 @@ pub struct AuthArgs {
     #[arg(long, env = "JWT_ROLE_CLAIM", default_value = "inventory_role")]
     pub jwt_role_claim: String,
 
+    /// The JWT claim that names the caller's tenant; a token without it is tenant `default`'s.
+    #[arg(long, env = "JWT_TENANT_CLAIM", default_value = "inventory_tenant")]
+    pub jwt_tenant_claim: String,
+
     /// Clock skew allowed on a JWT's `exp` and `nbf`.
     #[arg(long, env = "JWT_LEEWAY", default_value = "30s", value_parser = humantime::parse_duration)]
     pub jwt_leeway: Duration,
@@ -442,6 +514,7 @@ pub struct Settings {
     pub auth: AuthSettings,
     /// Set: forwarding to the replica holding a SKU's lease is on.
     pub peer: Option<PeerSettings>,
+    pub tenants: TenantSettings,
 }
 
 /// The internal port replicas forward calls on, and what they sign them with.
@@ -589,7 +662,17 @@ impl Settings {
         let inventory = args.inventory.settings(&args.redis.leases, &mut problems);
         let upkeep = args.upkeep.settings(&mut problems);
         let peer = args.peer.settings(&mut problems);
-        match (server, database, redis, inventory, upkeep, auth) {
+        let tenants = args.tenant.settings(&args.database.database, &mut problems);
+        if let Some(tenants) = &tenants
+            && args.auth.auth_disabled
+            && !tenants.serves(&inventory_core::domain::Tenant::default_tenant())
+        {
+            problems.push(
+                "AUTH_DISABLED makes every call tenant default's: TENANTS must include default"
+                    .into(),
+            );
+        }
+        match (server, database, redis, inventory, upkeep, auth, tenants) {
             (
                 Some(server),
                 Some(database),
@@ -597,6 +680,7 @@ impl Settings {
                 Some(inventory),
                 Some(upkeep),
                 Some(auth),
+                Some(tenants),
             ) if problems.is_empty() => Ok(Self {
                 server,
                 database,
@@ -605,6 +689,7 @@ impl Settings {
                 upkeep,
                 auth,
                 peer,
+                tenants,
             }),
             _ => Err(ConfigError(problems)),
         }
@@ -830,6 +915,7 @@ impl AuthArgs {
         for (name, claim) in [
             ("JWT_CALLER_CLAIM", &self.jwt_caller_claim),
             ("JWT_ROLE_CLAIM", &self.jwt_role_claim),
+            ("JWT_TENANT_CLAIM", &self.jwt_tenant_claim),
         ] {
             if claim.trim().is_empty() {
                 problems.push(format!("{name} must name a claim"));
@@ -841,6 +927,7 @@ impl AuthArgs {
             audience: audience?,
             caller_claim: self.jwt_caller_claim.clone(),
             role_claim: self.jwt_role_claim.clone(),
+            tenant_claim: self.jwt_tenant_claim.clone(),
             leeway: self.jwt_leeway,
         })
     }
@@ -930,6 +1017,7 @@ impl InventoryArgs {
             coalesce: self.coalesce.settings(leases, problems),
             lease_wait: leases.lease_wait,
             max_hold: self.max_hold,
+            tenant_caps: None,
         })
     }
 }

@@ -91,6 +91,18 @@ impl EventHub {
         }
     }
 
+    /// A hub for another tenant's stream: its own events, the same `stopping`, and the
+    /// same count of open watchers, so `MAX_WATCHERS` bounds the replica, not each tenant.
+    pub fn sibling(&self, inventory: Arc<Service>) -> Self {
+        Self {
+            inventory,
+            live: broadcast::channel(BROADCAST_RING).0,
+            stopping: self.stopping.clone(),
+            watchers: Arc::clone(&self.watchers),
+            max_watchers: self.max_watchers,
+        }
+    }
+
     /// Watchers open now.
     pub fn watching(&self) -> usize {
         open_watchers(&self.watchers)

@@ -1,5 +1,6 @@
 //! The `inventory.v1.InventoryService` implementation. Every unary call takes one path:
-//! [`InventoryApi::begin`] (authorize, admit, the call's [`Budget`], decode for the caller),
+//! [`InventoryApi::begin`] (authorize, find the caller's tenant, admit, the call's
+//! [`Budget`], decode for the caller),
 //! the core use case within the budget (in the handler, or for `Reserve` on a task of its
 //! own), then [`respond`] (encode, or map the error). No rule and no protobuf type is built
 //! here.
@@ -20,33 +21,26 @@ use tracing::Instrument as _;
 use crate::{
     Service,
     access::Subject,
-    auth::{Action, CallerPermit, Gate},
-    events::EventHub,
+    auth::{Action, CallerPermit, Gate, Principal},
     proto,
     status::to_status,
+    tenants::{TenantCore, Tenants},
     wire::{Decode, Encode},
 };
 
 #[derive(Debug)]
 pub struct InventoryApi {
-    inventory: Arc<Service>,
+    tenants: Tenants,
     auth: Gate,
-    events: EventHub,
     /// Calls in flight (streams excepted); none left means `RESOURCE_EXHAUSTED` at once.
     in_flight: Arc<Semaphore>,
 }
 
 impl InventoryApi {
-    pub fn new(
-        inventory: Arc<Service>,
-        auth: Gate,
-        events: EventHub,
-        admission: &crate::metrics::Admission,
-    ) -> Self {
+    pub fn new(tenants: Tenants, auth: Gate, admission: &crate::metrics::Admission) -> Self {
         Self {
-            inventory,
+            tenants,
             auth,
-            events,
             in_flight: Arc::clone(&admission.permits),
         }
     }
@@ -66,7 +60,9 @@ impl InventoryApi {
         action: Action,
     ) -> Result<Call<R::Command>, Status> {
         let principal = self.auth.authorize(&request, action)?;
+        let core = self.core(&principal)?;
         let admitted = self.admit()?;
+        let tenant_admitted = core.admit().map_err(to_status)?;
         let caller_admitted = self.auth.admit(&principal).map_err(to_status)?;
         let budget = Budget::from_timeout(client_timeout(request.metadata()), Instant::now());
         let caps = principal.limits().caps;
@@ -75,11 +71,28 @@ impl InventoryApi {
             .into_command(&principal)
             .map_err(to_status)?;
         Ok(Call {
+            inventory: Arc::clone(&core.inventory),
             command,
             budget,
             caps,
-            admitted: (admitted, caller_admitted),
+            admitted: (admitted, tenant_admitted, caller_admitted),
         })
+    }
+
+    /// The core of the principal's tenant (so every later step works in that tenant's data
+    /// alone), recorded on the call's span; an operator's choice of tenant is logged.
+    fn core(&self, principal: &Principal) -> Result<&Arc<TenantCore>, Status> {
+        let span = tracing::Span::current();
+        span.record("tenant", principal.tenant().as_str());
+        if principal.is_operator() {
+            span.record("operator", principal.caller().as_str());
+            tracing::info!(
+                tenant = %principal.tenant(),
+                operator = principal.caller().as_str(),
+                "operator call in a tenant it chose"
+            );
+        }
+        self.tenants.core(principal.tenant()).map_err(to_status)
     }
 
     /// A unary call whose use case runs in the handler, within its budget: a caller that
@@ -97,14 +110,13 @@ impl InventoryApi {
         T: Encode,
     {
         let Call {
+            inventory,
             command,
             budget,
             admitted,
             ..
         } = self.begin(request, action)?;
-        let answer = budget
-            .run(call(Arc::clone(&self.inventory), command, budget))
-            .await;
+        let answer = budget.run(call(inventory, command, budget)).await;
         drop(admitted);
         respond(answer)
     }
@@ -128,13 +140,14 @@ impl InventoryApi {
         T: Encode + Send + 'static,
     {
         let Call {
+            inventory,
             command,
             budget,
             caps,
             admitted,
         } = self.begin(request, action)?;
         // Boxed: the use case's future is large, and spawning copies whatever is spawned.
-        let work = Box::pin(call(Arc::clone(&self.inventory), command, budget, caps));
+        let work = Box::pin(call(inventory, command, budget, caps));
         let work = tokio::spawn(
             async move {
                 let _admitted = admitted;
@@ -154,12 +167,18 @@ impl InventoryApi {
 
 /// A unary call, admitted and decoded.
 struct Call<C> {
+    /// The core of the caller's tenant.
+    inventory: Arc<Service>,
     command: C,
     budget: Budget,
     /// The caller's caps on what it holds (checked by `Reserve`).
     caps: HoldCaps,
-    /// Its place among the replica's calls in flight and among its caller's.
-    admitted: (OwnedSemaphorePermit, CallerPermit),
+    /// Its place among the replica's calls in flight, its tenant's and its caller's.
+    admitted: (
+        OwnedSemaphorePermit,
+        Option<OwnedSemaphorePermit>,
+        CallerPermit,
+    ),
 }
 
 /// The use case's answer on the wire: a message, or the status its error maps to.
@@ -187,7 +206,7 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, Status>> + Sen
 
 #[tonic::async_trait]
 impl proto::inventory_service_server::InventoryService for InventoryApi {
-    #[tracing::instrument(skip_all, fields(rpc = "AdjustStock"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "AdjustStock"))]
     async fn adjust_stock(
         &self,
         request: Request<proto::AdjustStockRequest>,
@@ -200,7 +219,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "SetStock"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "SetStock"))]
     async fn set_stock(
         &self,
         request: Request<proto::SetStockRequest>,
@@ -213,7 +232,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "BatchSetStock"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "BatchSetStock"))]
     async fn batch_set_stock(
         &self,
         request: Request<proto::BatchSetStockRequest>,
@@ -231,7 +250,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "ListStockMovements"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "ListStockMovements"))]
     async fn list_stock_movements(
         &self,
         request: Request<proto::ListStockMovementsRequest>,
@@ -242,7 +261,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "TransferStock"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "TransferStock"))]
     async fn transfer_stock(
         &self,
         request: Request<proto::TransferStockRequest>,
@@ -255,7 +274,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "UpsertLocation"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "UpsertLocation"))]
     async fn upsert_location(
         &self,
         request: Request<proto::UpsertLocationRequest>,
@@ -268,7 +287,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "ListLocations"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "ListLocations"))]
     async fn list_locations(
         &self,
         request: Request<proto::ListLocationsRequest>,
@@ -279,7 +298,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "GetStock"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "GetStock"))]
     async fn get_stock(
         &self,
         request: Request<proto::GetStockRequest>,
@@ -290,7 +309,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "Reserve"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "Reserve"))]
     async fn reserve(
         &self,
         request: Request<proto::ReserveRequest>,
@@ -305,7 +324,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "ConfirmReservation"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "ConfirmReservation"))]
     async fn confirm_reservation(
         &self,
         request: Request<proto::ConfirmReservationRequest>,
@@ -318,7 +337,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "ReleaseReservation"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "ReleaseReservation"))]
     async fn release_reservation(
         &self,
         request: Request<proto::ReleaseReservationRequest>,
@@ -331,7 +350,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "GetReservation"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "GetReservation"))]
     async fn get_reservation(
         &self,
         request: Request<proto::GetReservationRequest>,
@@ -342,7 +361,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "ExtendReservation"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "ExtendReservation"))]
     async fn extend_reservation(
         &self,
         request: Request<proto::ExtendReservationRequest>,
@@ -355,7 +374,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "ListReservations"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "ListReservations"))]
     async fn list_reservations(
         &self,
         request: Request<proto::ListReservationsRequest>,
@@ -366,7 +385,7 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "CancelOrder"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "CancelOrder"))]
     async fn cancel_order(
         &self,
         request: Request<proto::CancelOrderRequest>,
@@ -381,17 +400,18 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
 
     type WatchEventsStream = EventStream;
 
-    #[tracing::instrument(skip_all, fields(rpc = "WatchEvents"))]
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "WatchEvents"))]
     async fn watch_events(
         &self,
         request: Request<proto::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
         let principal = self.auth.authorize(&request, Action::Watch)?;
+        let core = self.core(&principal)?;
         let command = request
             .into_inner()
             .into_command(&principal)
             .map_err(to_status)?;
-        let events = self.events.watch(command).await.map_err(to_status)?;
+        let events = core.events.watch(command).await.map_err(to_status)?;
         Ok(Response::new(Box::pin(ReceiverStream::new(events))))
     }
 }

@@ -21,6 +21,8 @@
 //! - [`reload`] — credentials and TLS material re-read on SIGHUP and on change.
 //! - [`telemetry`] — logs, traces (W3C context in, OTLP out) and the meter provider.
 //! - [`metrics`] — the server's instruments; the adapters record their own.
+//! - [`tenants`] — the tenants one deployment serves: one wired core each, what their
+//!   callers share.
 //! - [`admin`] — the plaintext admin HTTP port: `/metrics`.
 
 // The `Reserve` future nests the routing, coalescing and group-commit futures; computing its
@@ -41,6 +43,7 @@ pub mod reload;
 pub mod startup;
 pub mod status;
 pub mod telemetry;
+pub mod tenants;
 pub mod tls;
 pub mod upkeep;
 pub mod wire;

@@ -1,6 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
+use inventory_postgres::Schema;
 use inventory_server::{
     auth,
     config::{Cli, Command, Settings, parse_database_url},
@@ -58,61 +59,95 @@ async fn run(command: Command, registry: prometheus::Registry) -> anyhow::Result
         }
         Command::Verify(args) => {
             let config = parse_database_url(&args.database_url).map_err(anyhow::Error::msg)?;
-            // Through the store's upkeep port, on one connection.
-            let settings = inventory_postgres::PoolSettings {
-                max_size: 1,
-                ..Default::default()
-            };
-            let pool = inventory_postgres::connect(config, &settings)?;
-            let store = inventory_postgres::PgStore::new(pool, settings.operation_bound());
-            let started = std::time::Instant::now();
-            let report = inventory_core::ports::Upkeep::verify(&store).await?;
-            for drift in &report.drifts {
-                println!("drift {drift}");
+            let mut drifts = 0;
+            for tenant in args.tenant_list()? {
+                drifts += verify_tenant(&config, &tenant).await?;
             }
-            // Exported over OTLP when configured (flushed on exit), so a scheduled run can be
-            // alerted on: inventory_verify_drift > 0.
-            opentelemetry::global::meter("inventory-server")
-                .u64_gauge("inventory.verify.drift")
-                .with_description("Drifts the last verify run found between the stock rows, the ledger and the live holds")
-                .build()
-                .record(report.drifts.len() as u64, &[]);
-            println!(
-                "verified {} SKUs and {} movements in {:.3} s: {} drift(s)",
-                report.skus,
-                report.movements,
-                started.elapsed().as_secs_f64(),
-                report.drifts.len()
-            );
             anyhow::ensure!(
-                report.drifts.is_empty(),
-                "{} drift(s) between the stock rows, the ledger and the live holds",
-                report.drifts.len()
+                drifts == 0,
+                "{drifts} drift(s) between the stock rows, the ledger and the live holds"
             );
             Ok(())
         }
         Command::NewStreamEpoch { database, reason } => {
             let config = parse_database_url(&database.database_url).map_err(anyhow::Error::msg)?;
-            let (mut client, connection) = config.open().await?;
-            let driver = tokio::spawn(connection);
-            let epoch = inventory_postgres::events::new_stream_epoch(&mut client, &reason).await?;
-            drop(client);
-            let _ = driver.await;
-            println!(
-                "new stream epoch {} after position {}",
-                epoch.id, epoch.starts_after
-            );
+            for tenant in database.tenant_list()? {
+                let config = config.clone().in_schema(Schema::of_tenant(&tenant));
+                let (mut client, connection) = config.open().await?;
+                let driver = tokio::spawn(connection);
+                config.enter_schema(&client).await?;
+                let epoch =
+                    inventory_postgres::events::new_stream_epoch(&mut client, &reason).await?;
+                drop(client);
+                let _ = driver.await;
+                println!(
+                    "tenant {tenant}: new stream epoch {} after position {}",
+                    epoch.id, epoch.starts_after
+                );
+            }
             Ok(())
         }
         Command::Migrate(args) => {
             let config = parse_database_url(&args.database_url).map_err(anyhow::Error::msg)?;
-            let applied = inventory_postgres::migrate::run(&config).await?;
-            if applied.is_empty() {
-                tracing::info!("schema is up to date");
-            } else {
-                tracing::info!(?applied, "migrations applied");
+            for tenant in args.tenant_list()? {
+                let schema = Schema::of_tenant(&tenant);
+                let applied =
+                    inventory_postgres::migrate::run(&config.clone().in_schema(schema.clone()))
+                        .await?;
+                if applied.is_empty() {
+                    tracing::info!(%tenant, %schema, "schema is up to date");
+                } else {
+                    tracing::info!(%tenant, %schema, ?applied, "migrations applied");
+                }
             }
             Ok(())
         }
     }
+}
+
+/// `verify` of one tenant's schema: prints each drift, returns how many.
+async fn verify_tenant(
+    config: &inventory_postgres::PgConfig,
+    tenant: &inventory_core::domain::Tenant,
+) -> anyhow::Result<usize> {
+    // Through the store's upkeep port, on one connection.
+    let settings = inventory_postgres::PoolSettings {
+        max_size: 1,
+        ..Default::default()
+    };
+    let pool = inventory_postgres::connect(
+        config.clone().in_schema(Schema::of_tenant(tenant)),
+        &settings,
+    )?;
+    let store = inventory_postgres::PgStore::new(pool, settings.operation_bound());
+    let started = std::time::Instant::now();
+    let report = inventory_core::ports::Upkeep::verify(&store).await?;
+    for drift in &report.drifts {
+        println!("drift {drift}");
+    }
+    // Exported over OTLP when configured (flushed on exit), so a scheduled run can be
+    // alerted on: inventory_verify_drift > 0.
+    opentelemetry::global::meter("inventory-server")
+        .u64_gauge("inventory.verify.drift")
+        .with_description(
+            "Drifts the last verify run found between the stock rows, the ledger and the live holds",
+        )
+        .build()
+        .record(
+            report.drifts.len() as u64,
+            &[opentelemetry::KeyValue::new("tenant", tenant.as_str().to_owned())],
+        );
+    let tenant_note = if tenant.is_default() {
+        String::new()
+    } else {
+        format!("tenant {tenant}: ")
+    };
+    println!(
+        "{tenant_note}verified {} SKUs and {} movements in {:.3} s: {} drift(s)",
+        report.skus,
+        report.movements,
+        started.elapsed().as_secs_f64(),
+        report.drifts.len()
+    );
+    Ok(report.drifts.len())
 }

@@ -52,34 +52,56 @@ pub fn init_adapters() {
 
 /// Registers the saturation gauges of one application.
 pub fn register_saturation(
-    pool: &inventory_postgres::Pool,
+    pools: &[(inventory_core::domain::Tenant, inventory_postgres::Pool)],
     admission: &Admission,
     events: &EventHub,
 ) {
     let meter = global::meter("inventory-server");
-    let weak_pool = pool.weak();
+    // One pool per tenant, told apart by `tenant`.
+    let weak_pools: Vec<_> = pools
+        .iter()
+        .map(|(tenant, pool)| {
+            (
+                KeyValue::new("tenant", tenant.as_str().to_owned()),
+                pool.weak(),
+            )
+        })
+        .collect();
     meter
         .u64_observable_gauge("inventory.db.pool.connections")
         .with_description(
             "PostgreSQL pool connections by state: in use, idle, and the pool's maximum",
         )
         .with_callback(move |observer| {
-            if let Some(pool) = weak_pool.upgrade() {
-                let status = pool.status();
-                let in_use = status.size.saturating_sub(status.available);
-                observer.observe(in_use as u64, &[KeyValue::new("state", "used")]);
-                observer.observe(status.available as u64, &[KeyValue::new("state", "idle")]);
-                observer.observe(status.max_size as u64, &[KeyValue::new("state", "max")]);
+            for (tenant, weak_pool) in &weak_pools {
+                if let Some(pool) = weak_pool.upgrade() {
+                    let status = pool.status();
+                    let in_use = status.size.saturating_sub(status.available);
+                    let at = |state: &'static str| [KeyValue::new("state", state), tenant.clone()];
+                    observer.observe(in_use as u64, &at("used"));
+                    observer.observe(status.available as u64, &at("idle"));
+                    observer.observe(status.max_size as u64, &at("max"));
+                }
             }
         })
         .build();
-    let weak_pool = pool.weak();
+    let weak_pools: Vec<_> = pools
+        .iter()
+        .map(|(tenant, pool)| {
+            (
+                KeyValue::new("tenant", tenant.as_str().to_owned()),
+                pool.weak(),
+            )
+        })
+        .collect();
     meter
         .u64_observable_gauge("inventory.db.pool.waiting")
         .with_description("Requests waiting for a PostgreSQL connection")
         .with_callback(move |observer| {
-            if let Some(pool) = weak_pool.upgrade() {
-                observer.observe(pool.status().waiting as u64, &[]);
+            for (tenant, weak_pool) in &weak_pools {
+                if let Some(pool) = weak_pool.upgrade() {
+                    observer.observe(pool.status().waiting as u64, std::slice::from_ref(tenant));
+                }
             }
         })
         .build();
@@ -126,7 +148,14 @@ pub fn record_caller_refusal(limit: &'static str) {
 
 /// Shows the caller-limit refusals at 0 before the first, so alerts can subtract them.
 pub fn init_caller_refusals() {
-    for limit in ["max_in_flight", "max_holds", "max_held_units"] {
+    for limit in [
+        "max_in_flight",
+        "max_holds",
+        "max_held_units",
+        "tenant_max_in_flight",
+        "tenant_max_holds",
+        "tenant_max_held_units",
+    ] {
         caller_refusals().add(0, &[KeyValue::new("limit", limit)]);
     }
 }

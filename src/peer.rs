@@ -29,7 +29,7 @@ use inventory_core::{
     Error, FieldViolation,
     budget::Budget,
     command::Reserve,
-    domain::Caller,
+    domain::{Caller, Tenant},
     error::Relayed,
     ports::{Forwarded, Forwarder, Peer},
 };
@@ -46,7 +46,6 @@ use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::{
-    Service,
     auth::{Principal, Role},
     proto::{
         self,
@@ -57,6 +56,7 @@ use crate::{
         },
     },
     status::to_status,
+    tenants::Tenants,
     wire::{Decode as _, Encode as _, relay},
 };
 
@@ -171,6 +171,8 @@ impl Seen {
 pub struct PeerForwarder {
     secret: PeerSecret,
     clients: Mutex<HashMap<SocketAddr, PeerServiceClient<Channel>>>,
+    /// The tenant whose calls this forwarder carries.
+    tenant: Tenant,
 }
 
 impl PeerForwarder {
@@ -178,7 +180,14 @@ impl PeerForwarder {
         Self {
             secret,
             clients: Mutex::default(),
+            tenant: Tenant::default_tenant(),
         }
+    }
+
+    /// The same, carrying `tenant`'s calls (one forwarder per tenant's core).
+    pub fn for_tenant(mut self, tenant: Tenant) -> Self {
+        self.tenant = tenant;
+        self
     }
 
     /// A client for `addr`, over one connection kept per peer (made on first use, remade
@@ -241,6 +250,11 @@ impl PeerForwarder {
                 request: Some(relay::reserve_request(command)),
                 caller: command.caller.as_str().to_owned(),
                 lease_wait: prost_types::Duration::try_from(lease_wait).ok(),
+                tenant: if self.tenant.is_default() {
+                    String::new()
+                } else {
+                    self.tenant.as_str().to_owned()
+                },
             },
         );
         let call_signature = call.signature.clone();
@@ -338,7 +352,7 @@ impl Injector for MetadataInjector<'_> {
 /// The receiving side: `PeerService` on the internal port.
 #[derive(Debug)]
 pub struct PeerApi {
-    inventory: Arc<Service>,
+    tenants: Tenants,
     secret: PeerSecret,
     /// What calls for this replica are signed for: its advertised address.
     call_context: Vec<u8>,
@@ -349,13 +363,13 @@ pub struct PeerApi {
 
 impl PeerApi {
     pub fn new(
-        inventory: Arc<Service>,
+        tenants: Tenants,
         secret: PeerSecret,
         advertised: SocketAddr,
         in_flight: Arc<Semaphore>,
     ) -> Self {
         Self {
-            inventory,
+            tenants,
             secret,
             call_context: call_context(&advertised.to_string()),
             seen: Mutex::default(),
@@ -383,6 +397,15 @@ impl PeerApi {
         ForwardedReserve::decode(signed.body.as_slice())
             .map_err(|error| Status::invalid_argument(format!("peer call: {error}")))
     }
+}
+
+/// The tenant a forwarded call runs in (empty: `default`).
+fn tenant(call: &ForwardedReserve) -> Result<Tenant, Error> {
+    if call.tenant.is_empty() {
+        return Ok(Tenant::default_tenant());
+    }
+    Tenant::parse(&call.tenant)
+        .map_err(|problem| Error::InvalidArgument(vec![FieldViolation::new("tenant", problem)]))
 }
 
 /// The command a forwarded call carries, for the caller the sender authenticated, and how
@@ -443,12 +466,14 @@ impl PeerService for PeerApi {
         let result = match Arc::clone(&self.in_flight).try_acquire_owned() {
             // Signed like any answer: a definite refusal, relayed as it is.
             Err(_) => Err(Error::Saturated),
-            Ok(admitted) => match command(call) {
+            Ok(admitted) => match tenant(&call)
+                .and_then(|tenant| Ok(Arc::clone(&self.tenants.core(&tenant)?.inventory)))
+                .and_then(|inventory| Ok((inventory, command(call)?)))
+            {
                 Err(error) => Err(error),
-                Ok((command, lease_wait)) => {
+                Ok((inventory, (command, lease_wait))) => {
                     // On a task of its own, as the API runs a Reserve: a sender that gives up
                     // must not cancel it between a lease and its release.
-                    let inventory = Arc::clone(&self.inventory);
                     let work = tokio::spawn(
                         async move {
                             let _admitted = admitted;

@@ -9,10 +9,11 @@ use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use inventory_core::{
+    domain::Tenant,
     pause::PausePoints,
     service::{Inventory, InventoryConfig},
 };
-use inventory_postgres::{PgConfig, PgStore, Pool, PoolSettings, events::PgHeadFeed};
+use inventory_postgres::{PgConfig, PgStore, Pool, Schema, events::PgHeadFeed};
 use inventory_redis::{Redis, RedisConfig, RedisLeases, RedisSettings};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_stream::wrappers::TcpListenerStream;
@@ -22,6 +23,7 @@ use tonic_health::{
     pb::health_server::{Health, HealthServer},
     server::HealthReporter,
 };
+use tracing::Instrument as _;
 
 use crate::{
     Service,
@@ -33,6 +35,7 @@ use crate::{
     peer::{PeerApi, PeerForwarder, PeerSecret},
     proto::{self, inventory_service_server::InventoryServiceServer},
     reload::Reloader,
+    tenants::{TenantCore, TenantSettings, Tenants},
     tls::ServerTls,
     upkeep::{self, Upkeep},
 };
@@ -55,12 +58,11 @@ pub struct Application {
     peers: Option<Peers>,
     registry: prometheus::Registry,
     tls: Option<ServerTls>,
-    pool: Pool,
     redis: Redis,
-    database: PgConfig,
-    store: PgStore,
-    inventory: Arc<Service>,
-    events: EventHub,
+    /// Every tenant's core, and the store, pool and `LISTEN` configuration beside each.
+    tenants: Tenants,
+    stores: Vec<TenantStore>,
+    pauses: PausePoints,
     stopping: tokio::sync::watch::Sender<bool>,
     auth: Gate,
     reload: ReloadSources,
@@ -93,11 +95,10 @@ impl Application {
             upkeep,
             auth,
             peer,
+            tenants,
         } = settings;
         let listen_config = listen_config(&database);
         probe_postgres(&database, &listen_config).await?;
-        let pool = inventory_postgres::connect(database.config, &database.pool)
-            .context("cannot build the PostgreSQL pool")?;
         let client = connect_redis(redis.config, &redis.client).await?;
         let listeners = Listeners::bind(&server).await?;
         let peers = match peer {
@@ -111,13 +112,15 @@ impl Application {
             tracing::warn!("authentication is DISABLED: every caller may make every call");
         }
         let core = Core::wire(
-            &pool,
-            &database.pool,
-            RedisLeases::new(client.clone(), lease_settings),
-            inventory,
+            &database,
+            &listen_config,
+            &client,
+            &lease_settings,
+            &inventory,
+            &tenants,
             server.max_watchers,
             peers.as_ref().map(|p| p.secret.clone()),
-        );
+        )?;
         Ok(Self {
             listener: listeners.grpc,
             local_addr: listeners.local_addr,
@@ -126,12 +129,10 @@ impl Application {
             peers,
             registry,
             tls,
-            pool,
             redis: client,
-            database: listen_config,
-            store: core.store,
-            inventory: core.inventory,
-            events: core.events,
+            tenants: core.tenants,
+            stores: core.stores,
+            pauses: core.pauses,
             stopping: core.stopping,
             auth: Gate::new(auth.authenticator),
             reload,
@@ -169,31 +170,44 @@ impl Application {
             .and_then(|listener| listener.local_addr().ok())
     }
 
-    /// The wired core: tests use it to run a sweep or arm pause points.
+    /// The wired core of tenant `default` (or of the first tenant when `default` is not
+    /// served): tests use it to run a sweep or arm pause points.
     pub fn inventory(&self) -> Arc<Service> {
-        Arc::clone(&self.inventory)
+        Arc::clone(&self.tenants.primary().inventory)
     }
 
+    /// Shared by every tenant's core and store: one test arms them all.
     pub fn pause_points(&self) -> PausePoints {
-        self.inventory.pause_points().clone()
+        self.pauses.clone()
     }
 
-    /// The PostgreSQL store itself: tests use it to position or prune events by hand.
+    /// The PostgreSQL store of [`Self::inventory`]'s tenant: tests use it to position or
+    /// prune events by hand.
     pub fn store(&self) -> PgStore {
-        self.store.clone()
+        let primary = &self.tenants.primary().tenant;
+        self.stores
+            .iter()
+            .find(|s| &s.tenant == primary)
+            .expect("every tenant has a store")
+            .store
+            .clone()
     }
 
     pub fn events(&self) -> EventHub {
-        self.events.clone()
+        self.tenants.primary().events.clone()
+    }
+
+    /// Every tenant this replica serves, with its core.
+    pub fn tenants(&self) -> Tenants {
+        self.tenants.clone()
     }
 
     /// Serves until `shutdown` completes, then drains and closes.
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let admission = self.register_metrics();
         let api = InventoryServiceServer::new(InventoryApi::new(
-            Arc::clone(&self.inventory),
+            self.tenants.clone(),
             self.auth.clone(),
-            self.events.clone(),
             &admission,
         ))
         .max_decoding_message_size(self.max_message_bytes);
@@ -210,7 +224,7 @@ impl Application {
         let peer_server = self.peers.map(|peers| {
             serve_peers(
                 peers,
-                Arc::clone(&self.inventory),
+                self.tenants.clone(),
                 Arc::clone(&admission.permits),
                 peers_stopped,
             )
@@ -218,7 +232,10 @@ impl Application {
         let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
         let access = crate::access::AccessLog::start(&self.access_log);
         let router = Server::builder()
-            .layer(crate::telemetry::RpcLayer::with_access_log(access))
+            .layer(
+                crate::telemetry::RpcLayer::with_access_log(access)
+                    .with_tenants(self.tenants.clone()),
+            )
             .max_connection_age(self.max_connection_age)
             .max_connection_age_grace(self.shutdown_grace)
             .add_service(health_service)
@@ -262,7 +279,9 @@ impl Application {
             let _ = peer_server.await;
         }
         stop_health_server(stop_health, health_server).await;
-        self.pool.close();
+        for store in &self.stores {
+            store.store.pool().close();
+        }
         self.redis.quit().await;
         tracing::info!("stopped");
         Ok(())
@@ -275,7 +294,12 @@ impl Application {
             permits: Arc::new(tokio::sync::Semaphore::new(self.max_in_flight)),
             limit: self.max_in_flight,
         };
-        crate::metrics::register_saturation(&self.pool, &admission, &self.events);
+        let pools: Vec<_> = self
+            .stores
+            .iter()
+            .map(|s| (s.tenant.clone(), s.store.pool().clone()))
+            .collect();
+        crate::metrics::register_saturation(&pools, &admission, &self.tenants.primary().events);
         crate::metrics::record_build_info();
         crate::metrics::init_adapters();
         admission
@@ -283,27 +307,41 @@ impl Application {
 
     /// Upkeep, the event sequencer and tailer, and the credentials reloader, each ending when
     /// `stopping` turns true.
-    fn spawn_background(&self) -> [JoinHandle<()>; 4] {
-        [
-            tokio::spawn(upkeep::run(
-                Arc::clone(&self.inventory),
-                self.upkeep,
-                self.stopping.subscribe(),
-            )),
-            tokio::spawn(events::run_sequencer(
-                Arc::clone(&self.inventory),
-                self.stopping.subscribe(),
-            )),
-            tokio::spawn(events::run_tailer(
-                self.events.clone(),
-                PgHeadFeed::new(self.database.clone(), self.store.bound()),
-                self.stopping.subscribe(),
-            )),
-            tokio::spawn(
-                Reloader::new(self.reload.clone(), self.auth.clone(), self.tls.clone())
-                    .run(self.stopping.subscribe()),
-            ),
-        ]
+    fn spawn_background(&self) -> Vec<JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        for core in self.tenants.iter() {
+            let store = self
+                .stores
+                .iter()
+                .find(|s| s.tenant == core.tenant)
+                .expect("every tenant has a store");
+            let span = tracing::info_span!("tenant", tenant = %core.tenant);
+            tasks.push(tokio::spawn(
+                upkeep::run(
+                    Arc::clone(&core.inventory),
+                    self.upkeep,
+                    self.stopping.subscribe(),
+                )
+                .instrument(span.clone()),
+            ));
+            tasks.push(tokio::spawn(
+                events::run_sequencer(Arc::clone(&core.inventory), self.stopping.subscribe())
+                    .instrument(span.clone()),
+            ));
+            tasks.push(tokio::spawn(
+                events::run_tailer(
+                    core.events.clone(),
+                    PgHeadFeed::new(store.listen.clone(), store.store.bound()),
+                    self.stopping.subscribe(),
+                )
+                .instrument(span),
+            ));
+        }
+        tasks.push(tokio::spawn(
+            Reloader::new(self.reload.clone(), self.auth.clone(), self.tls.clone())
+                .run(self.stopping.subscribe()),
+        ));
+        tasks
     }
 
     /// Alive from now on; ready (the service's own status, which readiness probes check)
@@ -311,7 +349,8 @@ impl Application {
     /// else from the task returned, which also keeps watching the schema floor.
     async fn start_readiness(&self, health: &HealthReporter) -> JoinHandle<()> {
         health.set_service_status("", ServingStatus::Serving).await;
-        let ready = match schema_ready(&self.pool).await {
+        let pools = self.pools();
+        let ready = match every_schema_ready(&pools).await {
             Ok(()) => {
                 set_health(health, ServingStatus::Serving).await;
                 true
@@ -325,11 +364,21 @@ impl Application {
             }
         };
         tokio::spawn(gate_readiness(
-            self.pool.clone(),
+            pools,
             health.clone(),
             self.stopping.subscribe(),
             ready,
         ))
+    }
+}
+
+impl Application {
+    /// Each tenant's pool, with the tenant's name.
+    fn pools(&self) -> Vec<(Tenant, Pool)> {
+        self.stores
+            .iter()
+            .map(|s| (s.tenant.clone(), s.store.pool().clone()))
+            .collect()
     }
 }
 
@@ -466,39 +515,85 @@ fn server_tls(server: &ServerSettings) -> anyhow::Result<Option<ServerTls>> {
     }
 }
 
-/// The core and what shares its store: the event hub, and the signal that stops them.
-struct Core {
+/// One tenant's store, and the `LISTEN` configuration of its event stream.
+#[derive(Debug)]
+struct TenantStore {
+    tenant: Tenant,
     store: PgStore,
-    inventory: Arc<Service>,
-    events: EventHub,
+    listen: PgConfig,
+}
+
+/// Every tenant's core and store, and the signal that stops their background work.
+struct Core {
+    tenants: Tenants,
+    stores: Vec<TenantStore>,
+    pauses: PausePoints,
     stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl Core {
+    /// One core per tenant: a pool in the tenant's schema, leases under its Redis keys, its
+    /// own event stream; the pause points, the stop signal and the count of watchers shared.
+    #[allow(clippy::too_many_arguments)]
     fn wire(
-        pool: &Pool,
-        pool_settings: &PoolSettings,
-        leases: RedisLeases,
-        config: InventoryConfig,
+        database: &DatabaseSettings,
+        listen: &PgConfig,
+        redis: &Redis,
+        leases: &inventory_redis::LeaseSettings,
+        config: &InventoryConfig,
+        tenants: &TenantSettings,
         max_watchers: usize,
         peer_secret: Option<PeerSecret>,
-    ) -> Self {
+    ) -> anyhow::Result<Self> {
         let pauses = PausePoints::default();
-        let store = PgStore::new(pool.clone(), pool_settings.operation_bound())
-            .with_pause_points(pauses.clone());
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
-        let mut inventory = Inventory::new(store.clone(), leases, config).with_pause_points(pauses);
-        if let Some(secret) = peer_secret {
-            inventory = inventory.with_forwarder(Arc::new(PeerForwarder::new(secret)));
+        let mut cores = Vec::new();
+        let mut stores = Vec::new();
+        let mut first_hub: Option<EventHub> = None;
+        for tenant in &tenants.tenants {
+            let schema = Schema::of_tenant(tenant);
+            let pool = inventory_postgres::connect(
+                database.config.clone().in_schema(schema.clone()),
+                &database.pool,
+            )
+            .with_context(|| format!("cannot build the PostgreSQL pool of tenant {tenant}"))?;
+            let store = PgStore::new(pool, database.pool.operation_bound())
+                .in_schema(&schema)
+                .with_pause_points(pauses.clone());
+            let mut config = config.clone();
+            config.tenant_caps = Some((tenant.clone(), tenants.limits.caps));
+            let leases = RedisLeases::new(redis.for_tenant(tenant), leases.clone());
+            let mut inventory =
+                Inventory::new(store.clone(), leases, config).with_pause_points(pauses.clone());
+            if let Some(secret) = &peer_secret {
+                inventory = inventory.with_forwarder(Arc::new(
+                    PeerForwarder::new(secret.clone()).for_tenant(tenant.clone()),
+                ));
+            }
+            let inventory = Arc::new(inventory);
+            let events = match &first_hub {
+                None => EventHub::new(Arc::clone(&inventory), stopping_rx.clone(), max_watchers),
+                Some(hub) => hub.sibling(Arc::clone(&inventory)),
+            };
+            first_hub.get_or_insert_with(|| events.clone());
+            cores.push(TenantCore::new(
+                tenant.clone(),
+                inventory,
+                events,
+                &tenants.limits,
+            ));
+            stores.push(TenantStore {
+                tenant: tenant.clone(),
+                store,
+                listen: listen.clone().in_schema(schema),
+            });
         }
-        let inventory = Arc::new(inventory);
-        let events = EventHub::new(Arc::clone(&inventory), stopping_rx, max_watchers);
-        Self {
-            store,
-            inventory,
-            events,
+        Ok(Self {
+            tenants: Tenants::new(cores),
+            stores,
+            pauses,
             stopping,
-        }
+        })
     }
 }
 
@@ -520,13 +615,13 @@ fn plaintext(
 /// it lets the calls in flight finish (tonic's graceful shutdown).
 fn serve_peers(
     peers: Peers,
-    inventory: Arc<Service>,
+    tenants: Tenants,
     in_flight: Arc<tokio::sync::Semaphore>,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) -> JoinHandle<Result<(), tonic::transport::Error>> {
     tracing::info!(addr = ?peers.listener.local_addr().ok(), advertised = %peers.advertise, "serving peers");
     let api = crate::peer::service(PeerApi::new(
-        inventory,
+        tenants,
         peers.secret,
         peers.advertise,
         in_flight,
@@ -665,6 +760,19 @@ pub enum NotReady {
     BelowFloor { release: i32, floor: i32 },
 }
 
+impl NotReady {
+    /// The same reason, naming the tenant it is about (unless it is tenant `default`, the
+    /// only one of a deployment without tenants).
+    fn of(self, tenant: &Tenant) -> Self {
+        match self {
+            Self::Waiting(reason) if !tenant.is_default() => {
+                Self::Waiting(format!("tenant {tenant}: {reason}"))
+            }
+            other => other,
+        }
+    }
+}
+
 impl std::fmt::Display for NotReady {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -706,6 +814,26 @@ pub async fn schema_ready(pool: &Pool) -> Result<(), NotReady> {
     below_floor(pool).await
 }
 
+/// [`schema_ready`] for every tenant's schema; the first that is not names its tenant.
+pub async fn every_schema_ready(pools: &[(Tenant, Pool)]) -> Result<(), NotReady> {
+    for (tenant, pool) in pools {
+        schema_ready(pool)
+            .await
+            .map_err(|reason| reason.of(tenant))?;
+    }
+    Ok(())
+}
+
+/// [`below_floor`] for every tenant's schema.
+async fn every_below_floor(pools: &[(Tenant, Pool)]) -> Result<(), NotReady> {
+    for (tenant, pool) in pools {
+        below_floor(pool)
+            .await
+            .map_err(|reason| reason.of(tenant))?;
+    }
+    Ok(())
+}
+
 /// `Err(BelowFloor)` if the schema's floor is above this release; a failed read is no answer.
 async fn below_floor(pool: &Pool) -> Result<(), NotReady> {
     let client = pool
@@ -726,12 +854,12 @@ async fn below_floor(pool: &Pool) -> Result<(), NotReady> {
 /// calls only to replicas that may write. Other failures after that keep the replica ready:
 /// calls answer `UNAVAILABLE` instead.
 async fn gate_readiness(
-    pool: Pool,
+    pools: Vec<(Tenant, Pool)>,
     health: HealthReporter,
     mut stopping: tokio::sync::watch::Receiver<bool>,
     ready: bool,
 ) {
-    if !ready && !become_ready(&pool, &health, &mut stopping).await {
+    if !ready && !become_ready(&pools, &health, &mut stopping).await {
         return;
     }
     loop {
@@ -739,7 +867,7 @@ async fn gate_readiness(
             () = tokio::time::sleep(FLOOR_RECHECK) => {}
             _ = stopping.changed() => return,
         }
-        if let Err(below @ NotReady::BelowFloor { .. }) = below_floor(&pool).await {
+        if let Err(below @ NotReady::BelowFloor { .. }) = every_below_floor(&pools).await {
             health
                 .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
                 .await;
@@ -752,7 +880,7 @@ async fn gate_readiness(
 /// Checks [`schema_ready`] every second and turns readiness on once it holds; `false` if the
 /// shutdown came first.
 async fn become_ready(
-    pool: &Pool,
+    pools: &[(Tenant, Pool)],
     health: &HealthReporter,
     stopping: &mut tokio::sync::watch::Receiver<bool>,
 ) -> bool {
@@ -762,7 +890,7 @@ async fn become_ready(
             () = tokio::time::sleep(READINESS_RECHECK) => {}
             _ = stopping.changed() => return false,
         }
-        match schema_ready(pool).await {
+        match every_schema_ready(pools).await {
             Ok(()) if !*stopping.borrow() => {
                 health
                     .set_service_status(SERVICE_NAME, ServingStatus::Serving)

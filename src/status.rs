@@ -21,6 +21,14 @@ const EXHAUSTED_RETRY_DELAY: Duration = Duration::from_millis(200);
 /// best.
 const QUOTA_RETRY_DELAY: Duration = Duration::from_secs(2);
 
+/// The name a tenant's cap is configured under and refusals carry.
+fn tenant_quota(quota: inventory_core::quota::Quota) -> &'static str {
+    match quota {
+        inventory_core::quota::Quota::Holds => "tenant_max_holds",
+        inventory_core::quota::Quota::HeldUnits => "tenant_max_held_units",
+    }
+}
+
 /// How long a client should wait before retrying a `Reserve` that lost a lease race.
 const ABORTED_RETRY_DELAY: Duration = Duration::from_millis(50);
 
@@ -28,9 +36,18 @@ pub fn to_status(error: Error) -> Status {
     match &error {
         Error::CallerSaturated { .. } => crate::metrics::record_caller_refusal("max_in_flight"),
         Error::QuotaExceeded { quota, .. } => crate::metrics::record_caller_refusal(quota.as_str()),
+        Error::TenantSaturated { .. } => {
+            crate::metrics::record_caller_refusal("tenant_max_in_flight");
+        }
+        Error::TenantQuotaExceeded { quota, .. } => {
+            crate::metrics::record_caller_refusal(tenant_quota(*quota));
+        }
         _ => {}
     }
-    let settled_by_the_caller = matches!(error, Error::QuotaExceeded { .. });
+    let settled_by_the_caller = matches!(
+        error,
+        Error::QuotaExceeded { .. } | Error::TenantQuotaExceeded { .. }
+    );
     let mut status = with_pushback(status_of(error));
     if settled_by_the_caller {
         // A cap clears when the caller's own holds settle, not in a moment: a negative
@@ -169,6 +186,44 @@ fn status_of(error: Error) -> Status {
             details.set_retry_info(Some(QUOTA_RETRY_DELAY));
             details.add_quota_failure_violation(quota.as_str(), message);
             Status::with_error_details(Code::ResourceExhausted, message, details)
+        }
+        Error::TenantSaturated { tenant, limit } => exhausted(
+            ErrorReason::TenantSaturated,
+            message,
+            metadata([
+                ("tenant", tenant.as_str().to_owned()),
+                ("limit", limit.to_string()),
+            ]),
+            None,
+        ),
+        Error::TenantQuotaExceeded {
+            tenant,
+            quota,
+            limit,
+            current,
+        } => {
+            let quota = tenant_quota(*quota);
+            let mut details = error_info(
+                ErrorReason::TenantQuotaExceeded,
+                metadata([
+                    ("tenant", tenant.as_str().to_owned()),
+                    ("quota", quota.to_owned()),
+                    ("limit", limit.to_string()),
+                    ("current", current.to_string()),
+                ]),
+            );
+            details.set_retry_info(Some(QUOTA_RETRY_DELAY));
+            details.add_quota_failure_violation(quota, message);
+            Status::with_error_details(Code::ResourceExhausted, message, details)
+        }
+        Error::TenantNotServed { tenant, cell } => {
+            let mut fields = vec![("tenant", tenant.as_str().to_owned())];
+            fields.extend(cell.iter().map(|cell| ("cell", cell.clone())));
+            let details = error_info(
+                ErrorReason::TenantNotServed,
+                fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            );
+            Status::with_error_details(Code::FailedPrecondition, message, details)
         }
         Error::TooManyWatchers => {
             exhausted(ErrorReason::TooManyWatchers, message, HashMap::new(), None)

@@ -68,6 +68,15 @@ BEGIN
 END
 $$;
 
+-- Tenants other than `default` live in schemas of their own (`tenant_<name>`), which
+-- `migrate` creates: the migrating role may create schemas in this database, and gives each
+-- new schema the USAGE grants of public.
+DO $$
+BEGIN
+    EXECUTE format('GRANT CREATE ON DATABASE %I TO inventory_migrator', current_database());
+END
+$$;
+
 -- The schema: only the migrating role creates objects in it. PostgreSQL 15 and later revoke
 -- CREATE from PUBLIC themselves; earlier versions grant it to every role.
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
@@ -92,6 +101,15 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Objects inventory_migrator creates from now on, in every schema (a tenant's too): every
+-- later migration's tables as well.
+ALTER DEFAULT PRIVILEGES FOR ROLE inventory_migrator
+    GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO inventory_server;
+ALTER DEFAULT PRIVILEGES FOR ROLE inventory_migrator
+    GRANT USAGE, SELECT ON SEQUENCES TO inventory_server;
+ALTER DEFAULT PRIVILEGES FOR ROLE inventory_migrator
+    GRANT SELECT ON TABLES TO inventory_verifier;
 
 -- Objects inventory_migrator creates from now on: every later migration's tables too.
 ALTER DEFAULT PRIVILEGES FOR ROLE inventory_migrator IN SCHEMA public

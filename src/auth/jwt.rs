@@ -16,6 +16,7 @@ use jsonwebtoken::{
 };
 
 use super::Role;
+use inventory_core::domain::Tenant;
 
 /// How signed tokens are checked (`JWT_*` settings).
 #[derive(Clone, Debug)]
@@ -30,6 +31,8 @@ pub struct JwtSettings {
     pub caller_claim: String,
     /// The claim that carries the role (`reader`, `reserver`, `watcher` or `admin`).
     pub role_claim: String,
+    /// The claim that names the caller's tenant; a token without it is tenant `default`'s.
+    pub tenant_claim: String,
     /// Clock skew allowed on `exp` and `nbf`.
     pub leeway: Duration,
 }
@@ -136,7 +139,7 @@ impl Verifier {
 
     /// The caller's name and role, if `token` is signed by one of the keys and its claims
     /// hold; otherwise why not (never the token itself).
-    pub(super) fn verify(&self, token: &str) -> Result<(String, Role), String> {
+    pub(super) fn verify(&self, token: &str) -> Result<(String, Role, Tenant), String> {
         let header =
             decode_header(token).map_err(|error| format!("unreadable header ({error})"))?;
         let candidates = self.keys.iter().filter(|key| {
@@ -167,7 +170,7 @@ impl Verifier {
     fn principal(
         &self,
         claims: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<(String, Role), String> {
+    ) -> Result<(String, Role, Tenant), String> {
         let text = |claim: &str| {
             claims
                 .get(claim)
@@ -178,11 +181,16 @@ impl Verifier {
         let role = text(&self.settings.role_claim)?;
         let role = Role::parse(role).ok_or_else(|| {
             format!(
-                "claim '{}' must be reader, reserver, watcher or admin",
+                "claim '{}' must be reader, reserver, watcher, admin or operator",
                 self.settings.role_claim
             )
         })?;
-        Ok((caller.to_owned(), role))
+        let tenant = match claims.get(&self.settings.tenant_claim) {
+            None => Tenant::default_tenant(),
+            Some(_) => Tenant::parse(text(&self.settings.tenant_claim)?)
+                .map_err(|problem| format!("claim '{}' {problem}", self.settings.tenant_claim))?,
+        };
+        Ok((caller.to_owned(), role, tenant))
     }
 }
 
@@ -210,6 +218,7 @@ mod tests {
             audience: "inventory".into(),
             caller_claim: "sub".into(),
             role_claim: "inventory_role".into(),
+            tenant_claim: "inventory_tenant".into(),
             leeway: Duration::from_secs(5),
         }
     }

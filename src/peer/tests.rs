@@ -15,6 +15,7 @@ fn call(key: &str) -> ForwardedReserve {
         }),
         caller: "checkout".into(),
         lease_wait: None,
+        tenant: String::new(),
     }
 }
 

@@ -143,12 +143,23 @@ impl Extractor for HeaderExtractor<'_> {
 #[derive(Clone, Debug, Default)]
 pub struct RpcLayer {
     access: Option<AccessLog>,
+    /// The tenants served, which bound the `tenant` attribute.
+    tenants: Option<crate::tenants::Tenants>,
 }
 
 impl RpcLayer {
     /// Calls are also written to `access`.
     pub fn with_access_log(access: Option<AccessLog>) -> Self {
-        Self { access }
+        Self {
+            access,
+            tenants: None,
+        }
+    }
+
+    /// The `tenant` attribute names these tenants, and `_OTHER` for any other.
+    pub fn with_tenants(mut self, tenants: crate::tenants::Tenants) -> Self {
+        self.tenants = Some(tenants);
+        self
     }
 }
 
@@ -159,6 +170,7 @@ impl<S> tower::Layer<S> for RpcLayer {
         RpcService {
             inner,
             access: self.access.clone(),
+            tenants: self.tenants.clone(),
         }
     }
 }
@@ -167,6 +179,7 @@ impl<S> tower::Layer<S> for RpcLayer {
 pub struct RpcService<S> {
     inner: S,
     access: Option<AccessLog>,
+    tenants: Option<crate::tenants::Tenants>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -202,6 +215,7 @@ where
             done: false,
             note,
             access: self.access.clone(),
+            tenants: self.tenants.clone(),
         };
         Box::pin(
             async move {
@@ -228,9 +242,20 @@ struct Call {
     done: bool,
     note: CallNote,
     access: Option<AccessLog>,
+    tenants: Option<crate::tenants::Tenants>,
 }
 
 impl Call {
+    /// The call's tenant as a metric attribute: a served tenant's name, else `_OTHER` (also
+    /// for a call whose caller was never identified).
+    fn tenant_label(&self) -> String {
+        match (self.note.tenant(), &self.tenants) {
+            (Some(tenant), Some(tenants)) => tenants.label(&tenant),
+            (Some(tenant), None) if tenant.is_default() => tenant.as_str().to_owned(),
+            _ => crate::auth::OTHER_CALLERS.to_owned(),
+        }
+    }
+
     fn finish(&mut self, code: Code, message: Option<String>) {
         self.done = true;
         self.span.record("rpc.grpc.status_code", code as i64);
@@ -242,7 +267,13 @@ impl Call {
             );
         }
         let took = self.started.elapsed();
-        finished(self.method, code, took, &self.note.label());
+        finished(
+            self.method,
+            code,
+            took,
+            &self.note.label(),
+            &self.tenant_label(),
+        );
         if let Some(access) = &self.access {
             let (full, name) = self
                 .method
@@ -357,7 +388,13 @@ fn instruments() -> &'static Instruments {
 /// Records a finished call. Every label but the caller's borrows from the static method
 /// table; the caller is a configured caller's name or `_OTHER` (see
 /// [`crate::auth::Authenticator::label`]), so the series stay bounded.
-fn finished(method: Option<&'static Method>, code: Code, took: Duration, caller: &str) {
+fn finished(
+    method: Option<&'static Method>,
+    code: Code,
+    took: Duration,
+    caller: &str,
+    tenant: &str,
+) {
     let (path, service, name): (&'static str, &'static str, &'static str) = match method {
         Some(m) => (&m.path, &m.service, &m.name),
         None => (OTHER, OTHER, OTHER),
@@ -371,6 +408,7 @@ fn finished(method: Option<&'static Method>, code: Code, took: Duration, caller:
             KeyValue::new("rpc.method", path),
             KeyValue::new("rpc.grpc.status_code", format!("{code:?}")),
             KeyValue::new("caller", caller.to_owned()),
+            KeyValue::new("tenant", tenant.to_owned()),
         ],
     );
     instruments.convention.record(
@@ -381,6 +419,7 @@ fn finished(method: Option<&'static Method>, code: Code, took: Duration, caller:
             KeyValue::new("rpc.method", name),
             KeyValue::new("rpc.grpc.status_code", code as i64),
             KeyValue::new("caller", caller.to_owned()),
+            KeyValue::new("tenant", tenant.to_owned()),
         ],
     );
 }

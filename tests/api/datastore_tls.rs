@@ -246,6 +246,8 @@ fn acl_rules(prefix: &str) -> Vec<String> {
         &format!("~{prefix}:*"),
         "resetchannels",
         &format!("&{prefix}:lease-released"),
+        // Each tenant's releases (`<prefix>:<tenant>:lease-released`).
+        &format!("&{prefix}:*:lease-released"),
         "-@all",
         "+evalsha",
         "+script|load",

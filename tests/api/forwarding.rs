@@ -244,6 +244,7 @@ async fn a_peer_call_without_a_valid_signature_is_refused() {
         request: Some(reserve("forged", &[("HOT", 1)])),
         caller: String::new(),
         lease_wait: None,
+        tenant: String::new(),
     });
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

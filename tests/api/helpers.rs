@@ -194,6 +194,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
             // in lease timeouts, even on a loaded two-core machine.
             lease_wait: Duration::from_secs(20),
             max_hold: Duration::from_secs(24 * 3600),
+            tenant_caps: None,
         },
         upkeep: Upkeep {
             interval: Duration::from_millis(100),
@@ -210,6 +211,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
             sources: None,
         },
         peer: None,
+        tenants: inventory_server::tenants::TenantSettings::default(),
     }
 }
 

@@ -195,6 +195,7 @@ async fn signed_tokens_are_checked_for_key_issuer_audience_expiry_and_algorithm(
             audience: "inventory".into(),
             caller_claim: "sub".into(),
             role_claim: "inventory_role".into(),
+            tenant_claim: "inventory_tenant".into(),
             leeway: Duration::from_secs(5),
         }),
         defaults: CallerLimits::default(),

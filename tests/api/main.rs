@@ -41,4 +41,5 @@ mod rotation;
 mod server;
 mod stock;
 mod telemetry;
+mod tenants;
 mod tls;

@@ -98,6 +98,9 @@ async fn run(command: &'static str, config: &PgConfig) -> (bool, String) {
     let output = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_inventory-server"))
             .args([command, "--database-url", &url])
+            // A second tenant: its schema is created and migrated by the migrator, served and
+            // verified like public.
+            .env("TENANTS", TENANTS)
             .output()
             .unwrap()
     })
@@ -110,6 +113,9 @@ async fn run(command: &'static str, config: &PgConfig) -> (bool, String) {
     );
     (output.status.success(), text)
 }
+
+/// The tenants the commands and the server work with.
+const TENANTS: &str = "default,brand_r";
 
 /// Asserts that each statement is refused for lack of privilege.
 async fn refused(client: &tokio_postgres::Client, who: &str, statements: &[&str]) {
@@ -158,6 +164,19 @@ async fn migrate_serve_and_verify_each_work_with_only_their_own_role() {
         foreign, 0,
         "every table, index and sequence is the migrator's"
     );
+    let tenant_tables: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_tables
+             WHERE schemaname = 'tenant_brand_r' AND tableowner = $1",
+            &[&roles.migrator],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        tenant_tables > 10,
+        "the tenant's schema is migrated by its owner"
+    );
     // The default privileges granted the server writes on the schema's own records as the
     // first migrate created them; migrate took them back (checked with the refusals below),
     // with no second run of the script.
@@ -168,6 +187,11 @@ async fn migrate_serve_and_verify_each_work_with_only_their_own_role() {
     // expires a hold.
     let mut settings = test_settings(server.clone());
     settings.server.health_listen_addr = Some("127.0.0.1:0".parse().unwrap());
+    settings.tenants = inventory_server::tenants::TenantSettings::parse(
+        TENANTS,
+        inventory_server::tenants::TenantLimits::default(),
+    )
+    .unwrap();
     let app = spawn_app_with(settings).await;
     let health = app.health_addr.unwrap();
     eventually(
@@ -338,6 +362,30 @@ async fn migrate_serve_and_verify_each_work_with_only_their_own_role() {
             "UPDATE schema_floor SET floor = 1",
             "DELETE FROM refinery_schema_history",
             &format!("SET ROLE {}", roles.migrator),
+        ],
+    )
+    .await;
+    // The same in a tenant's schema; rows there are the server's to write, and schemas are
+    // the migrator's to create.
+    let serving_tenant = connect(&server).await;
+    serving_tenant
+        .batch_execute(
+            "SET search_path = tenant_brand_r;
+             UPDATE stock SET on_hand = on_hand WHERE false;
+             DELETE FROM reservations WHERE false",
+        )
+        .await
+        .unwrap();
+    refused(
+        &serving_tenant,
+        &roles.server,
+        &[
+            "DROP TABLE stock_movements",
+            "ALTER TABLE stock ADD COLUMN note text",
+            "CREATE TABLE intruder (x int)",
+            "UPDATE schema_floor SET floor = 1",
+            "DELETE FROM refinery_schema_history",
+            "CREATE SCHEMA tenant_intruder",
         ],
     )
     .await;

@@ -44,6 +44,55 @@ pub fn check_plain_name(raw: &str, max: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Longest tenant name, in bytes.
+pub const MAX_TENANT_LEN: usize = 31;
+
+/// A tenant: a brand, sales channel or seller whose SKUs, locations, reservations, orders,
+/// idempotency keys, ledger and events are its own. 1 to [`MAX_TENANT_LEN`] characters of
+/// `a-z 0-9 _`, starting with a letter: a PostgreSQL identifier (its schema is
+/// `tenant_<name>`), a Redis key segment and a metric label as it stands. It comes from the
+/// authenticated caller, never from a request field.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Tenant(String);
+
+impl Tenant {
+    /// The tenant of a deployment that configures none, of every caller without one, and of
+    /// every row written before tenants existed.
+    pub const DEFAULT: &'static str = "default";
+
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() || raw.len() > MAX_TENANT_LEN {
+            return Err(format!("must be 1 to {MAX_TENANT_LEN} characters"));
+        }
+        let mut bytes = raw.bytes();
+        let first_is_letter = bytes.next().is_some_and(|b| b.is_ascii_lowercase());
+        if !first_is_letter
+            || !bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err("must start with a-z and contain only a-z, 0-9 and '_'".into());
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn default_tenant() -> Self {
+        Self(Self::DEFAULT.to_owned())
+    }
+
+    pub fn is_default(&self) -> bool {
+        self.0 == Self::DEFAULT
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Tenant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A stock keeping unit: 1 to [`MAX_SKU_LEN`] characters from `A-Z a-z 0-9 . _ - :`.
 ///
 /// The alphabet keeps SKUs safe inside Redis hash tags (no braces) and free of anything that

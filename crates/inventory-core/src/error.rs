@@ -6,7 +6,7 @@ use std::{fmt, sync::Arc};
 
 use std::time::{Duration, SystemTime};
 
-use crate::domain::{Caller, LocationId, OrderId, ReservationId, ReservationState, Sku};
+use crate::domain::{Caller, LocationId, OrderId, ReservationId, ReservationState, Sku, Tenant};
 use crate::quota::Quota;
 
 /// A line that could not be held: what was asked and what was left.
@@ -179,6 +179,28 @@ pub enum Error {
         current: u64,
     },
 
+    /// The caller's tenant has its limit of calls in flight in this replica (the tenant's
+    /// `max_in_flight`, shared by all its callers).
+    #[error("tenant {tenant} has its limit of {limit} calls in flight")]
+    TenantSaturated { tenant: Tenant, limit: u32 },
+
+    /// The reservation would take the caller's tenant past a cap on what all its callers
+    /// hold together; nothing was reserved.
+    #[error("tenant {tenant} would pass its {quota} of {limit} (it holds {current})")]
+    TenantQuotaExceeded {
+        tenant: Tenant,
+        quota: Quota,
+        limit: u64,
+        current: u64,
+    },
+
+    /// The caller's tenant is not served here: its data lives in another cell.
+    #[error("tenant {tenant} is not served by this cell{}", .cell.as_ref().map(|c| format!(" (its cell: {c})")).unwrap_or_default())]
+    TenantNotServed {
+        tenant: Tenant,
+        cell: Option<String>,
+    },
+
     /// The replica is at its limit of open event streams (`MAX_WATCHERS`).
     #[error("the server is at its limit of open event streams")]
     TooManyWatchers,
@@ -302,6 +324,9 @@ impl Error {
             | Self::Saturated
             | Self::CallerSaturated { .. }
             | Self::QuotaExceeded { .. }
+            | Self::TenantSaturated { .. }
+            | Self::TenantQuotaExceeded { .. }
+            | Self::TenantNotServed { .. }
             | Self::TooManyWatchers
             | Self::DeadlineExceeded
             | Self::LeaseLost { .. }

@@ -212,6 +212,14 @@ pub trait ReservationStore: Send + Sync + 'static {
         caller: &Caller,
         key: &IdempotencyKey,
     ) -> impl Future<Output = Result<Holdings, Error>> + Send;
+
+    /// What every caller of this store's tenant holds now together, and whether `key` is
+    /// already claimed by `caller`: what a tenant's cap is checked against.
+    fn tenant_holdings(
+        &self,
+        caller: &Caller,
+        key: &IdempotencyKey,
+    ) -> impl Future<Output = Result<Holdings, Error>> + Send;
 }
 
 /// A granted lease: the random token that identifies its holder, and its fencing token.

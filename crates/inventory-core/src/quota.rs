@@ -6,7 +6,7 @@
 //! it is not a stock rule (those are enforced in SQL). A retry of a reservation already made
 //! (its idempotency key already used) is never refused by a cap: it replays its answer.
 
-use crate::{command::Reserve, error::Error};
+use crate::{command::Reserve, domain::Tenant, error::Error};
 
 /// The caps of one caller; `None` means unlimited.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -24,15 +24,42 @@ impl HoldCaps {
 
     /// Whether `command` fits beside what its caller holds now.
     pub fn check(&self, command: &Reserve, holdings: &Holdings) -> Result<(), Error> {
+        self.check_with(command, holdings, |quota, limit, current| {
+            Error::QuotaExceeded {
+                caller: command.caller.clone(),
+                quota,
+                limit,
+                current,
+            }
+        })
+    }
+
+    /// Whether `command` fits beside what all the callers of `tenant` hold now.
+    pub fn check_tenant(
+        &self,
+        tenant: &Tenant,
+        command: &Reserve,
+        holdings: &Holdings,
+    ) -> Result<(), Error> {
+        self.check_with(command, holdings, |quota, limit, current| {
+            Error::TenantQuotaExceeded {
+                tenant: tenant.clone(),
+                quota,
+                limit,
+                current,
+            }
+        })
+    }
+
+    fn check_with(
+        &self,
+        command: &Reserve,
+        holdings: &Holdings,
+        refuse: impl Fn(Quota, u64, u64) -> Error,
+    ) -> Result<(), Error> {
         if holdings.key_used {
             return Ok(());
         }
-        let refuse = |quota, limit, current| Error::QuotaExceeded {
-            caller: command.caller.clone(),
-            quota,
-            limit,
-            current,
-        };
         if let Some(limit) = self.max_holds
             && holdings.holds.saturating_add(1) > limit
         {

@@ -24,7 +24,7 @@ use crate::{
         ListStockMovements, MovementList, ReservationList, ReservationRef, Reserve, SetStock,
         SettleReservation, StockLevels, TransferStock, Transferred, movement_token, page_token,
     },
-    domain::{FenceToken, Location, Reservation, Sku, StockLevel, Ttl},
+    domain::{FenceToken, Location, Reservation, Sku, StockLevel, Tenant, Ttl},
     error::Error,
     events::{Event, Positioned, StreamBounds},
     pause::{PausePoint, PausePoints},
@@ -77,6 +77,9 @@ pub struct InventoryConfig {
     pub lease_wait: Duration,
     /// Longest a hold may last from when it was made, extensions included.
     pub max_hold: Duration,
+    /// The tenant this instance serves and its caps on what all its callers hold together
+    /// (checked by [`Inventory::reserve_capped`]); `None`: no tenant caps.
+    pub tenant_caps: Option<(Tenant, HoldCaps)>,
 }
 
 #[derive(Debug)]
@@ -845,6 +848,15 @@ where
                 .holdings(&command.caller, &command.idempotency_key)
                 .await?;
             caps.check(command, &holdings)?;
+        }
+        if let Some((tenant, caps)) = &self.config.tenant_caps
+            && !caps.is_unlimited()
+        {
+            let holdings = self
+                .store
+                .tenant_holdings(&command.caller, &command.idempotency_key)
+                .await?;
+            caps.check_tenant(tenant, command, &holdings)?;
         }
         self.reserve(command, budget).await
     }

@@ -27,7 +27,9 @@ mod usecases;
 pub use deadpool_postgres::Pool;
 pub use inventory_core::upkeep::HeldTotals;
 pub use plumbing::{
-    connect::{self, PgConfig, PoolSettings, ProbeError, UrlError, connect, parse_url, probe},
+    connect::{
+        self, PgConfig, PoolSettings, ProbeError, Schema, UrlError, connect, parse_url, probe,
+    },
     metrics::init as init_metrics,
     migrate,
     tls::{self, PgTls, SslMode},

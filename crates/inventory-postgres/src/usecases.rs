@@ -51,6 +51,9 @@ pub struct PgStore {
     bound: Duration,
     /// Shared with the core's (tests hold requests at these points).
     pub(crate) pauses: PausePoints,
+    /// The channel the sequencer announces new positions on (one per schema, so a tenant's
+    /// tailers wake for its events only).
+    pub(crate) positions_channel: Arc<str>,
 }
 
 impl PgStore {
@@ -64,7 +67,15 @@ impl PgStore {
             outbox_written: Arc::new(Notify::new()),
             bound,
             pauses: PausePoints::default(),
+            positions_channel: Arc::from(events::POSITIONS_CHANNEL),
         }
+    }
+
+    /// The same store, for a pool whose connections work in `schema`
+    /// ([`crate::PgConfig::in_schema`]): its sequencer notifies that schema's channel.
+    pub fn in_schema(mut self, schema: &crate::Schema) -> Self {
+        self.positions_channel = Arc::from(schema.positions_channel());
+        self
     }
 
     /// The same store, reaching these pause points (the core's, so one test arms both).

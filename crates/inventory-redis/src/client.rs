@@ -293,6 +293,15 @@ impl Redis {
         &self.prefix
     }
 
+    /// The same connections, with the keys of `tenant`: `<prefix>:<tenant>:{<sku>}:...`.
+    /// Tenant `default` keeps the bare prefix, so its keys are the ones every release before
+    /// tenants used and a rolling upgrade never has two lease keys for one SKU.
+    pub fn for_tenant(&self, tenant: &inventory_core::domain::Tenant) -> Self {
+        let mut redis = self.clone();
+        redis.prefix = self.prefix.for_tenant(tenant);
+        redis
+    }
+
     pub async fn ping(&self) -> Result<(), fred::error::Error> {
         self.client.ping::<()>(None).await
     }

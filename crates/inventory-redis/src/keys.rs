@@ -1,6 +1,9 @@
-//! Key layout: `<prefix>:{<sku>}:<kind>`.
+//! Key layout: `<prefix>:<tenant>:{<sku>}:<kind>`, and `<prefix>:{<sku>}:<kind>` for tenant
+//! `default` (the layout of releases before tenants, kept so a rolling upgrade never has two
+//! lease keys for one SKU).
 //!
-//! The prefix separates environments (and tenants) sharing one Redis. The SKU sits inside a
+//! The prefix separates environments sharing one Redis, the tenant segment tenants; both are
+//! plain names, never customer data. The SKU sits inside a
 //! hash tag, so a SKU's lease and its fence counter always live in the same Redis Cluster slot
 //! and one Lua script may touch both. SKUs cannot contain braces (`Sku::parse`), so the tag is
 //! exactly the SKU. Keys carry SKUs only, never customer data.
@@ -23,6 +26,16 @@ impl KeyPrefix {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The prefix of `tenant`'s keys (see the module's layout). Tenant names are short
+    /// (`Tenant::parse`), so the result may pass the configured prefix's length limit.
+    pub fn for_tenant(&self, tenant: &inventory_core::domain::Tenant) -> Self {
+        if tenant.is_default() {
+            self.clone()
+        } else {
+            Self(format!("{}:{}", self.0, tenant))
+        }
     }
 
     /// The lease key of a SKU: holds the current holder's random token, with a TTL.

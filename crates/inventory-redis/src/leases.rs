@@ -507,8 +507,12 @@ fn listen_for_releases(
 ) {
     let subscriber = redis.subscriber().clone();
     let channel = channel.to_owned();
+    let mine = channel.clone();
+    // One subscriber connection serves every tenant's leases: only this one's channel counts.
     subscriber.on_message(move |message| {
-        let sku = message.value.as_str().and_then(|sku| Sku::parse(&sku).ok());
+        let sku = (&*message.channel == mine.as_str())
+            .then(|| message.value.as_str().and_then(|sku| Sku::parse(&sku).ok()))
+            .flatten();
         if let Some(sku) = sku
             && let Some(waiting) = waiters.lock().expect("waiters lock").get(&sku)
         {

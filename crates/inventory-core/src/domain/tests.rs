@@ -113,3 +113,25 @@ fn a_stored_line_puts_its_unrecorded_units_where_the_state_says() {
     assert_eq!(read(2, 1, Held, false), (0, 2, 3));
     assert_eq!(read(2, 3, Confirmed, false), (0, 2, 3));
 }
+
+#[test]
+fn tenant_names_are_plain_identifiers() {
+    for good in ["default", "brand_a", "b2", &"t".repeat(MAX_TENANT_LEN)] {
+        assert!(Tenant::parse(good).is_ok(), "{good:?} should be accepted");
+    }
+    for bad in [
+        "",
+        "Brand",
+        "2brand",
+        "_a",
+        "a-b",
+        "a.b",
+        "a:b",
+        "a b",
+        &"t".repeat(MAX_TENANT_LEN + 1),
+    ] {
+        assert!(Tenant::parse(bad).is_err(), "{bad:?} should be refused");
+    }
+    assert!(Tenant::parse("default").unwrap().is_default());
+    assert!(!Tenant::parse("brand_a").unwrap().is_default());
+}

@@ -23,9 +23,87 @@ pub struct PgConfig {
     driver: tokio_postgres::Config,
     tls: PgTls,
     order: HostOrder,
+    /// The schema this configuration's connections work in (a tenant's), when not the
+    /// database's default `search_path`.
+    schema: Option<Schema>,
+}
+
+/// The PostgreSQL schema one tenant's tables live in: `public` for tenant `default` (so a
+/// database from before tenants is tenant `default` as it stands), `tenant_<name>` for every
+/// other. Tenant names are `[a-z][a-z0-9_]{0,30}`, so the name is a plain identifier.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Schema(String);
+
+impl Schema {
+    pub fn public() -> Self {
+        Self("public".to_owned())
+    }
+
+    /// The schema of `tenant` (a name `inventory_core::domain::Tenant` accepted).
+    pub fn of_tenant(tenant: &inventory_core::domain::Tenant) -> Self {
+        if tenant.is_default() {
+            Self::public()
+        } else {
+            Self(format!("tenant_{}", tenant.as_str()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_public(&self) -> bool {
+        self.0 == "public"
+    }
+
+    /// The `NOTIFY` channel the schema's event sequencer announces new positions on.
+    pub fn positions_channel(&self) -> String {
+        if self.is_public() {
+            crate::usecases::events::POSITIONS_CHANNEL.to_owned()
+        } else {
+            format!("{}_{}", crate::usecases::events::POSITIONS_CHANNEL, self.0)
+        }
+    }
+
+    /// `SET search_path` to this schema alone: a table of another schema cannot be named by
+    /// accident, and a missing table is an error, never a fall-back to `public`.
+    pub fn set_search_path(&self) -> String {
+        format!("SET search_path = {}", self.0)
+    }
+}
+
+impl std::fmt::Display for Schema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 impl PgConfig {
+    /// The same database, every connection working in `schema` (set on each new connection
+    /// as a statement, like the session timeouts: PgBouncer refuses the `options` startup
+    /// parameter).
+    pub fn in_schema(mut self, schema: Schema) -> Self {
+        self.schema = (!schema.is_public()).then_some(schema);
+        self
+    }
+
+    /// The schema set by [`PgConfig::in_schema`]; `public` when none was.
+    pub fn schema(&self) -> Schema {
+        self.schema.clone().unwrap_or_else(Schema::public)
+    }
+
+    /// Puts an opened connection in this configuration's schema (connections the pool opens
+    /// are, already).
+    pub async fn enter_schema(
+        &self,
+        client: &tokio_postgres::Client,
+    ) -> Result<(), tokio_postgres::Error> {
+        match &self.schema {
+            Some(schema) => client.batch_execute(&schema.set_search_path()).await,
+            None => Ok(()),
+        }
+    }
+
     pub fn tls(&self) -> &PgTls {
         &self.tls
     }
@@ -165,6 +243,7 @@ pub fn parse_url(url: &str) -> Result<PgConfig, UrlError> {
         driver,
         tls,
         order: HostOrder::default(),
+        schema: None,
     })
 }
 
@@ -291,11 +370,15 @@ pub fn connect(
     // connection, not as the startup packet's `options`: PgBouncer refuses a client that sends
     // `options` ("unsupported startup parameter").
     let ms = settings.statement_timeout.as_millis().max(1);
-    let session = format!(
+    let mut session = format!(
         "SET statement_timeout = {ms}; SET lock_timeout = {ms}; \
          SET idle_in_transaction_session_timeout = {}",
         ms * 4
     );
+    if let Some(schema) = &config.schema {
+        session.push_str("; ");
+        session.push_str(&schema.set_search_path());
+    }
     harden(&mut config.driver, settings);
     // Opening may pass over every host but the last after `connect_timeout` each.
     let create_timeout = config.open_bound(settings.acquire_timeout);

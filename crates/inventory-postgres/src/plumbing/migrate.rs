@@ -44,6 +44,51 @@ pub enum MigrateError {
     Floor(#[source] tokio_postgres::Error),
     #[error("migration failed")]
     Migration(#[source] refinery::Error),
+    #[error("cannot create or enter the tenant's schema")]
+    Schema(#[source] tokio_postgres::Error),
+}
+
+/// A tenant's schema (not `public`) is created on its first migration, with the `USAGE`
+/// grants `public` has (so the roles of `deploy/sql/roles.sql` reach it as they reach
+/// `public`; the tables' own grants come from the migrating role's default privileges),
+/// and the session then works in it: every migration, the history and the floor are the
+/// tenant's own.
+async fn enter_schema(
+    client: &tokio_postgres::Client,
+    config: &PgConfig,
+) -> Result<(), tokio_postgres::Error> {
+    let schema = config.schema();
+    if !schema.is_public() {
+        let created = client
+            .query_opt(
+                "SELECT 1 FROM pg_namespace WHERE nspname = $1",
+                &[&schema.as_str()],
+            )
+            .await?
+            .is_none();
+        if created {
+            client
+                .batch_execute(&format!(
+                    "CREATE SCHEMA IF NOT EXISTS {schema};
+                     DO $$
+                     DECLARE granted record;
+                     BEGIN
+                         FOR granted IN
+                             SELECT DISTINCT a.grantee
+                             FROM pg_namespace n, aclexplode(n.nspacl) a
+                             WHERE n.nspname = 'public' AND a.privilege_type = 'USAGE'
+                         LOOP
+                             EXECUTE format('GRANT USAGE ON SCHEMA {schema} TO %s',
+                                 CASE WHEN granted.grantee = 0 THEN 'PUBLIC'
+                                      ELSE quote_ident(pg_get_userbyid(granted.grantee)) END);
+                         END LOOP;
+                     END $$"
+                ))
+                .await?;
+            tracing::info!(%schema, "tenant schema created");
+        }
+    }
+    config.enter_schema(client).await
 }
 
 /// Names of the migrations this run applied (empty when the schema was already current).
@@ -62,7 +107,10 @@ pub async fn run(config: &PgConfig) -> Result<Vec<String>, MigrateError> {
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
         .await
         .map_err(MigrateError::Lock)?;
-    let report = migrate_locked(&mut client).await;
+    let report = match enter_schema(&client, config).await {
+        Ok(()) => migrate_locked(&mut client).await,
+        Err(error) => Err(MigrateError::Schema(error)),
+    };
     // Closing the session would release the lock too; unlocking first keeps the waiter's wait
     // short and the intent visible.
     let unlocked = client

@@ -128,7 +128,7 @@ impl PgStore {
                     .map_err(from_db)?;
                 let statement = tx.prepare_cached(NOTIFY).await.map_err(from_db)?;
                 let new_head = (head + moved_i64).to_string();
-                tx.query(&statement, &[&POSITIONS_CHANNEL, &new_head])
+                tx.query(&statement, &[&&*self.positions_channel, &new_head])
                     .await
                     .map_err(from_db)?;
             }
@@ -555,7 +555,7 @@ impl PositionListener {
             }
         });
         client
-            .batch_execute(&format!("LISTEN {POSITIONS_CHANNEL}"))
+            .batch_execute(&format!("LISTEN {}", config.schema().positions_channel()))
             .await
             .map_err(from_db)?;
         Ok(Self {

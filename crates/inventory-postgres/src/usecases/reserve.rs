@@ -235,7 +235,23 @@ impl ReservationStore for PgStore {
     async fn holdings(&self, caller: &Caller, key: &IdempotencyKey) -> Result<Holdings, Error> {
         self.bounded(async {
             let client = self.pool().get().await.map_err(from_pool)?;
-            reservations::holdings(&client, caller, key).await
+            reservations::holdings(&client, Some(caller), key).await
+        })
+        .await
+    }
+
+    async fn tenant_holdings(
+        &self,
+        caller: &Caller,
+        key: &IdempotencyKey,
+    ) -> Result<Holdings, Error> {
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            let mut holdings = reservations::holdings(&client, None, key).await?;
+            holdings.key_used = reservations::holdings(&client, Some(caller), key)
+                .await?
+                .key_used;
+            Ok(holdings)
         })
         .await
     }

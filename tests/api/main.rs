@@ -9,6 +9,7 @@
 mod admission;
 mod auth;
 mod cancel;
+mod cells;
 mod client;
 mod coalescing;
 mod config;

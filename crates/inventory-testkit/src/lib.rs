@@ -11,6 +11,8 @@
 //! - [`pgbouncer`]: PgBouncer in session mode in front of a PostgreSQL.
 //! - [`postgres_ha`]: PostgreSQL with automatic failover (pg_auto_failover), every node behind
 //!   fault proxies.
+//! - [`cells`]: complete copies of the service (PostgreSQL, Redis, replicas) serving fixed
+//!   sets of tenants, and the map clients find them with.
 //! - [`redis`]: `redis-server` nodes and the three topologies (single, Sentinel, Cluster).
 //! - [`proxy`]: a TCP proxy with latency, cut-off and stall switches.
 //! - [`server`]: `inventory-server` processes, ready once `grpc.health.v1` says SERVING.
@@ -19,6 +21,7 @@
 //! - [`svg`]: the small pieces the SVG charts share.
 
 pub mod audit;
+pub mod cells;
 pub mod outcome;
 pub mod pgbouncer;
 pub mod ports;

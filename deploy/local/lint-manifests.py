@@ -15,8 +15,8 @@ The checks, each an error that fails the lint:
 - hpa-replicas: a Deployment a HorizontalPodAutoscaler scales sets no `spec.replicas`.
 - connections: the ConfigMap inventory-database-limits declares the database's
   `max_connections` and the connections kept for everyone else (`reserved_connections`);
-  (HPA maxReplicas + maxSurge) x (DATABASE_POOL_SIZE + 1 LISTEN connection) + 1 per CronJob
-  that connects + reserved must fit. A PostgreSQL the overlay runs itself is started with
+  (HPA maxReplicas + maxSurge) x tenants (TENANTS) x (DATABASE_POOL_SIZE + 1 LISTEN
+  connection) + 1 per CronJob that connects + reserved must fit. A PostgreSQL the overlay runs itself is started with
   that same max_connections.
 - credentials: the migrate initContainer, the server and the verify CronJob each connect with
   their own credential: neither the same Secret key nor, where the Secret is in the
@@ -275,6 +275,8 @@ def check_connections(overlay):
     ]
     for deployment, container in deployments:
         pool = int(overlay.env_value(container, "DATABASE_POOL_SIZE") or DEFAULT_POOL_SIZE)
+        # One pool and one LISTEN connection per tenant.
+        tenants = len([t for t in re.split(r"[,\s]+", overlay.env_value(container, "TENANTS") or "default") if t])
         hpa = next(
             (h for h in overlay.of_kind("HorizontalPodAutoscaler")
              if h["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]),
@@ -282,11 +284,12 @@ def check_connections(overlay):
         )
         replicas = hpa["spec"]["maxReplicas"] if hpa else deployment["spec"].get("replicas", 1)
         surge = surge_of(deployment, replicas)
-        total = (replicas + surge) * (pool + 1) + len(jobs) + reserved
+        total = (replicas + surge) * tenants * (pool + 1) + len(jobs) + reserved
         if total > max_connections:
             what = f"{ref(hpa)} maxReplicas" if hpa else "replicas"
             problems.append(
                 f"{ref(deployment)}: ({replicas} replicas ({what}) + {surge} surge) x "
+                f"{tenants} tenant(s) x "
                 f"(DATABASE_POOL_SIZE {pool} + 1 LISTEN) + {len(jobs)} CronJob(s) + "
                 f"{reserved} reserved = {total} connections, above the database's "
                 f"max_connections {max_connections} (ConfigMap {LIMITS}): lower the pool or "
@@ -576,6 +579,10 @@ def pool_too_large(o, f):
     server_config(o)["data"]["DATABASE_POOL_SIZE"] = "16"
 
 
+def second_tenant(o, f):
+    server_config(o)["data"]["TENANTS"] = "default,outlet"
+
+
 def hpa_too_large(o, f):
     o.find("HorizontalPodAutoscaler", "inventory-server")["spec"]["maxReplicas"] = 20
 
@@ -662,6 +669,7 @@ DEFECTS = [
     ("spec.replicas beside the HPA (dev)", "dev", replicas_beside_hpa, "sets spec.replicas"),
     ("DATABASE_POOL_SIZE 16 at 12 replicas", "production", pool_too_large, "above the database's max_connections"),
     ("HPA maximum of 20", "production", hpa_too_large, "above the database's max_connections"),
+    ("a second tenant at the same pool", "production", second_tenant, "2 tenant(s)"),
     ("max_connections not declared", "production", limits_undeclared, "max_connections is not declared"),
     ("dev PostgreSQL at its default limit", "dev", postgres_default_limit, "default max_connections"),
     ("migrate and serve on one Secret", "production", migrate_shares_serving_secret, "(migrate) and Deployment/inventory-server container server (serve)"),

@@ -246,4 +246,25 @@ mod tests {
         let problems = Verifier::parse(&settings(), &only_enc).err().unwrap();
         assert!(problems[0].contains("holds no keys"), "{problems:?}");
     }
+
+    #[test]
+    fn the_tenant_claim_names_the_callers_tenant_and_its_absence_is_default() {
+        let text = serde_json::json!({ "keys": [jwk("signs", Some("sig"))] }).to_string();
+        let verifier = Verifier::parse(&settings(), &text).unwrap();
+        let claims = |tenant: Option<serde_json::Value>| {
+            let mut claims = serde_json::json!({ "sub": "checkout", "inventory_role": "reserver" });
+            if let Some(tenant) = tenant {
+                claims["inventory_tenant"] = tenant;
+            }
+            claims.as_object().unwrap().clone()
+        };
+        let (_, _, tenant) = verifier.principal(&claims(None)).unwrap();
+        assert!(tenant.is_default());
+        let (_, _, tenant) = verifier.principal(&claims(Some("outlet".into()))).unwrap();
+        assert_eq!(tenant.as_str(), "outlet");
+        for bad in [serde_json::json!("Outlet Store"), serde_json::json!(7)] {
+            let problem = verifier.principal(&claims(Some(bad))).unwrap_err();
+            assert!(problem.contains("inventory_tenant"), "{problem}");
+        }
+    }
 }

@@ -28,6 +28,7 @@ fn the_role_table_gives_each_role_exactly_its_calls() {
         (Role::Reserver, [true, true, false, false]),
         (Role::Watcher, [true, false, true, false]),
         (Role::Admin, [true, true, true, true]),
+        (Role::Operator, [true, true, true, true]),
     ];
     for (role, allowed) in table {
         for (action, allowed) in [Read, Reserve, Watch, Adjust].into_iter().zip(allowed) {
@@ -159,4 +160,66 @@ fn without_authentication_the_anonymous_caller_has_the_default_limits() {
         .unwrap();
     assert_eq!(principal.limits, defaults);
     assert_eq!(principal.caller.as_str(), "");
+}
+
+#[test]
+fn a_line_names_its_callers_one_tenant_and_only_an_operator_chooses_another() {
+    let token = |t: &str| digest_hex(t.as_bytes());
+    let text = format!(
+        "shop reserver token-sha256:{} tenant=outlet max_holds=5\n\
+         shop reserver cert-sha256:{}\n\
+         plain reserver token-sha256:{}\n\
+         support operator token-sha256:{}\n",
+        token("shop"),
+        "cd".repeat(32),
+        token("plain"),
+        token("support"),
+    );
+    // A caller's second line may leave the tenant out only if the first named `default`:
+    // here it names outlet, so the second line is a different tenant and refused.
+    let problems = Authenticator::parse(&text).unwrap_err();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("line 2") && problems[0].contains("one tenant"));
+    let text = text.replace(
+        &"cd".repeat(32),
+        &format!("{} tenant=outlet", "cd".repeat(32)),
+    );
+    let auth = Authenticator::parse(&text).unwrap();
+    let as_caller = |token: &str, header: Option<&str>| {
+        let mut request = Request::new(());
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        if let Some(tenant) = header {
+            request
+                .metadata_mut()
+                .insert(TENANT_HEADER, tenant.parse().unwrap());
+        }
+        auth.authorize(&request, Action::Read)
+    };
+    let shop = as_caller("shop", None).unwrap();
+    assert_eq!(shop.tenant().as_str(), "outlet");
+    assert_eq!(shop.limits().caps.max_holds, Some(5));
+    assert!(as_caller("plain", None).unwrap().tenant().is_default());
+    // Naming its own tenant is allowed; another is not, for anyone but an operator.
+    assert!(as_caller("shop", Some("outlet")).is_ok());
+    let refused = as_caller("shop", Some("default")).unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    let support = as_caller("support", Some("outlet")).unwrap();
+    assert_eq!(support.tenant().as_str(), "outlet");
+    assert!(support.is_operator());
+    assert!(as_caller("support", None).unwrap().tenant().is_default());
+    let bad = as_caller("support", Some("Not-A-Tenant")).unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+
+    for (line, expected) in [
+        (
+            "x reserver token-sha256:{} tenant=Outlet",
+            "tenant must start",
+        ),
+        ("x reserver token-sha256:{} tenant=a tenant=b", "one tenant"),
+    ] {
+        let problems = Authenticator::parse(&line.replace("{}", &token("x"))).unwrap_err();
+        assert!(problems[0].contains(expected), "{problems:?}");
+    }
 }

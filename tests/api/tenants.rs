@@ -663,3 +663,126 @@ async fn an_existing_database_is_tenant_default_and_gains_tenants_in_place() {
     assert_eq!(tables, public_tables, "brand_a's schema has every table");
     app.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_tenants_callers_share_its_calls_in_flight_and_other_tenants_are_served() {
+    use inventory_core::pause::PausePoint;
+    let app = spawn_tenants(TenantLimits {
+        max_in_flight: Some(1),
+        caps: Default::default(),
+    })
+    .await;
+    for token in [A_ADMIN, B_ADMIN] {
+        app.client
+            .clone()
+            .set_stock(with_token(set_stock("FLY-1", 10, None, "fly"), Some(token)))
+            .await
+            .unwrap();
+    }
+    // One call of brand_a held after its lease: brand_a's one place in flight is taken.
+    let mut held = app.pauses.arm(PausePoint::LeaseGranted);
+    let mut first = app.client.clone();
+    let call = tokio::spawn(async move {
+        first
+            .reserve(with_token(reserve("f1", &[("FLY-1", 1)]), Some(A_SHOP)))
+            .await
+    });
+    held.reached().await;
+    let refused = app
+        .client
+        .clone()
+        .get_stock(with_token(get_stock(&["FLY-1"]), Some(A_SHOP_2)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(error_reason(&refused), "TENANT_SATURATED");
+    app.client
+        .clone()
+        .get_stock(with_token(get_stock(&["FLY-1"]), Some(B_SHOP)))
+        .await
+        .expect("another tenant is served");
+    held.resume();
+    call.await.unwrap().unwrap();
+    app.client
+        .clone()
+        .get_stock(with_token(get_stock(&["FLY-1"]), Some(A_SHOP_2)))
+        .await
+        .expect("the place is given back when the call ends");
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn metrics_carry_the_tenant_and_the_access_log_marks_an_operators_calls() {
+    use inventory_server::access::{AccessLogSettings, Sink};
+    let database = fresh_database().await;
+    migrate_tenants(&database, &["brand_a", "brand_b"]).await;
+    let mut settings = test_settings(database);
+    settings.auth.authenticator = Authenticator::parse(&credentials()).unwrap();
+    settings.tenants =
+        TenantSettings::parse("default,brand_a,brand_b", TenantLimits::default()).unwrap();
+    settings.server.admin_listen_addr = Some("127.0.0.1:0".parse().unwrap());
+    let (lines, received) = std::sync::mpsc::channel();
+    settings.server.access_log = AccessLogSettings {
+        enabled: true,
+        read_sample: 1.0,
+        sink: Sink::Channel(lines),
+    };
+    let telemetry = inventory_server::telemetry::init(
+        inventory_server::config::LogFormat::Text,
+        &inventory_server::telemetry::TelemetrySettings::default(),
+    )
+    .unwrap();
+    let app = crate::helpers::spawn_app_exporting(settings, telemetry.registry().clone()).await;
+    let mut client = app.client.clone();
+    client
+        .set_stock(with_token(
+            set_stock("LOG-1", 1, None, "log"),
+            Some(A_ADMIN),
+        ))
+        .await
+        .unwrap();
+    let mut as_operator = with_token(get_stock(&["LOG-1"]), Some(OPERATOR));
+    as_operator
+        .metadata_mut()
+        .insert(TENANT_HEADER, "brand_a".parse().unwrap());
+    client.get_stock(as_operator).await.unwrap();
+    // A caller of a tenant not served here: the metric does not name it.
+    client
+        .get_stock(with_token(get_stock(&["LOG-1"]), Some(ELSEWHERE)))
+        .await
+        .unwrap_err();
+    // Unknown credentials: no tenant known.
+    client
+        .get_stock(with_token(get_stock(&["LOG-1"]), Some("stolen")))
+        .await
+        .unwrap_err();
+
+    let mut log = Vec::new();
+    while log.len() < 4 {
+        let line = received
+            .recv_timeout(Duration::from_secs(20))
+            .expect("an access-log line per call");
+        log.push(serde_json::from_str::<serde_json::Value>(&line).unwrap());
+    }
+    assert_eq!(log[0]["tenant"], "brand_a", "{log:#?}");
+    assert!(log[0].get("operator").is_none(), "{log:#?}");
+    assert_eq!(log[1]["caller"], "support");
+    assert_eq!(log[1]["tenant"], "brand_a");
+    assert_eq!(log[1]["operator"], true);
+    assert_eq!(log[2]["tenant"], "brand_z", "{log:#?}");
+    assert!(log[3].get("tenant").is_none(), "{log:#?}");
+
+    let page = crate::telemetry::scrape(app.admin_addr.unwrap()).await;
+    let series = |tenant: &str, method: &str| {
+        page.lines().any(|line| {
+            line.starts_with("rpc_server_duration_milliseconds_count")
+                && line.contains(&format!("tenant=\"{tenant}\""))
+                && line.contains(&format!("rpc_method=\"{method}\""))
+        })
+    };
+    assert!(series("brand_a", "SetStock"), "{page}");
+    assert!(series("brand_a", "GetStock"), "{page}");
+    assert!(series("_OTHER", "GetStock"), "{page}");
+    assert!(!page.contains("tenant=\"brand_z\""), "{page}");
+    app.stop().await.unwrap();
+}

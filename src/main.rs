@@ -119,7 +119,8 @@ async fn verify_tenant(
         config.clone().in_schema(Schema::of_tenant(tenant)),
         &settings,
     )?;
-    let store = inventory_postgres::PgStore::new(pool, settings.operation_bound());
+    let store =
+        inventory_postgres::PgStore::new(pool, settings.operation_bound()).for_tenant(tenant);
     let started = std::time::Instant::now();
     let report = inventory_core::ports::Upkeep::verify(&store).await?;
     for drift in &report.drifts {

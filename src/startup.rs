@@ -558,7 +558,7 @@ impl Core {
             )
             .with_context(|| format!("cannot build the PostgreSQL pool of tenant {tenant}"))?;
             let store = PgStore::new(pool, database.pool.operation_bound())
-                .in_schema(&schema)
+                .for_tenant(tenant)
                 .with_pause_points(pauses.clone());
             let mut config = config.clone();
             config.tenant_caps = Some((tenant.clone(), tenants.limits.caps));

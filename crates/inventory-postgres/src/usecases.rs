@@ -54,6 +54,9 @@ pub struct PgStore {
     /// The channel the sequencer announces new positions on (one per schema, so a tenant's
     /// tailers wake for its events only).
     pub(crate) positions_channel: Arc<str>,
+    /// `tenant=<name>`, on the gauges of what this store counts (held reservations, outbox
+    /// lag): each tenant's store reports its own series.
+    tenant: Arc<[opentelemetry::KeyValue; 1]>,
 }
 
 impl PgStore {
@@ -68,14 +71,29 @@ impl PgStore {
             bound,
             pauses: PausePoints::default(),
             positions_channel: Arc::from(events::POSITIONS_CHANNEL),
+            tenant: Arc::new([opentelemetry::KeyValue::new(
+                "tenant",
+                inventory_core::domain::Tenant::DEFAULT,
+            )]),
         }
     }
 
-    /// The same store, for a pool whose connections work in `schema`
-    /// ([`crate::PgConfig::in_schema`]): its sequencer notifies that schema's channel.
-    pub fn in_schema(mut self, schema: &crate::Schema) -> Self {
+    /// The same store, for `tenant`'s pool (one whose connections work in its schema,
+    /// [`crate::PgConfig::in_schema`]): its sequencer notifies that schema's channel, and its
+    /// gauges carry the tenant.
+    pub fn for_tenant(mut self, tenant: &inventory_core::domain::Tenant) -> Self {
+        let schema = crate::Schema::of_tenant(tenant);
         self.positions_channel = Arc::from(schema.positions_channel());
+        self.tenant = Arc::new([opentelemetry::KeyValue::new(
+            "tenant",
+            tenant.as_str().to_owned(),
+        )]);
         self
+    }
+
+    /// The attributes of this store's gauges.
+    pub(crate) fn tenant_attribute(&self) -> &[opentelemetry::KeyValue] {
+        &self.tenant[..]
     }
 
     /// The same store, reaching these pause points (the core's, so one test arms both).

@@ -137,7 +137,7 @@ impl PgStore {
             tx.commit().await.map_err(from_db)?;
             crate::plumbing::metrics::store()
                 .unpositioned
-                .record(u64::try_from(waiting).unwrap_or(0), &[]);
+                .record(u64::try_from(waiting).unwrap_or(0), self.tenant_attribute());
             Ok(Positioned::Moved(moved))
         })
         .await

@@ -62,15 +62,18 @@ impl PgStore {
             })
             .await?;
         let metrics = crate::plumbing::metrics::store();
-        metrics
-            .held_reservations
-            .record(u64::try_from(totals.reservations).unwrap_or(0), &[]);
-        metrics
-            .overdue_reservations
-            .record(u64::try_from(totals.overdue).unwrap_or(0), &[]);
-        metrics
-            .held_units
-            .record(u64::try_from(totals.units).unwrap_or(0), &[]);
+        metrics.held_reservations.record(
+            u64::try_from(totals.reservations).unwrap_or(0),
+            self.tenant_attribute(),
+        );
+        metrics.overdue_reservations.record(
+            u64::try_from(totals.overdue).unwrap_or(0),
+            self.tenant_attribute(),
+        );
+        metrics.held_units.record(
+            u64::try_from(totals.units).unwrap_or(0),
+            self.tenant_attribute(),
+        );
         Ok(totals)
     }
 
@@ -90,7 +93,7 @@ impl PgStore {
         let seconds = seconds.max(0.0);
         crate::plumbing::metrics::store()
             .oldest_overdue
-            .record(seconds, &[]);
+            .record(seconds, self.tenant_attribute());
         Ok(Duration::from_secs_f64(seconds))
     }
 

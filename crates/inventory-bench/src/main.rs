@@ -9,7 +9,7 @@ use inventory_bench::{
     compare::{self, CompareConfig, Variant},
     load::{self, LoadConfig, Scenario},
     report::{RunResult, svg},
-    suite::{self, SuiteConfig},
+    suite::{self, Section, SuiteConfig},
 };
 
 #[derive(Debug, Parser)]
@@ -27,10 +27,26 @@ struct Cli {
 enum Command {
     /// Run one scenario against a running service, audit it, write JSON and SVG.
     Run(Box<RunArgs>),
-    /// The benchmark suite: pgbench's raw-SQL ceiling, then the service, as ratios.
-    Suite(SuiteArgs),
+    /// The benchmark suite: pgbench's raw-SQL ceiling, then the service, as ratios; then one
+    /// cell alone against two side by side.
+    Suite(SuiteCommand),
     /// The service as built now against an earlier build, sides alternating, as ratios.
     Compare(CompareArgs),
+}
+
+#[derive(Debug, Args)]
+struct SuiteCommand {
+    #[command(flatten)]
+    suite: SuiteArgs,
+    /// The parts of the suite to run, comma separated.
+    #[arg(
+        long,
+        env = "BENCH_SECTIONS",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "ratios,cells"
+    )]
+    sections: Vec<Section>,
 }
 
 #[derive(Debug, Args)]
@@ -153,7 +169,13 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Suite(args) => exit(suite::run(args.config()).await),
+        Command::Suite(args) => exit(
+            suite::run(SuiteConfig {
+                sections: args.sections,
+                ..args.suite.config()
+            })
+            .await,
+        ),
         Command::Compare(args) => exit(
             compare::run(CompareConfig {
                 rounds: args.suite.rounds.max(1),
@@ -180,6 +202,7 @@ impl SuiteArgs {
             skus: self.skus,
             rounds: self.rounds.max(1),
             out: self.out.join(timestamp()),
+            sections: Section::ALL.to_vec(),
         }
     }
 }

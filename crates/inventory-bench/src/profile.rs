@@ -6,9 +6,17 @@ use std::{collections::BTreeMap, net::SocketAddr};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-/// CPU seconds (user + system) per process name, of every process alive at the moment.
+/// CPU seconds (user + system) of every process alive at the moment, with its name and its
+/// parent.
 #[derive(Clone, Debug, Default)]
-pub struct CpuSnapshot(BTreeMap<u32, (String, f64)>);
+pub struct CpuSnapshot(BTreeMap<u32, Process>);
+
+#[derive(Clone, Debug)]
+struct Process {
+    name: String,
+    parent: u32,
+    seconds: f64,
+}
 
 impl CpuSnapshot {
     /// Empty where `/proc` is not there (not Linux).
@@ -37,7 +45,14 @@ impl CpuSnapshot {
                     .and_then(|f| f.parse::<f64>().ok())
                     .unwrap_or(0.0)
             };
-            processes.insert(pid, (name, (ticks(11) + ticks(12)) / TICKS));
+            processes.insert(
+                pid,
+                Process {
+                    name,
+                    parent: ticks(1) as u32,
+                    seconds: (ticks(11) + ticks(12)) / TICKS,
+                },
+            );
         }
         Self(processes)
     }
@@ -50,9 +65,10 @@ impl CpuSnapshot {
     pub fn since(&self, before: &Self) -> BTreeMap<String, f64> {
         let mut by_component = BTreeMap::new();
         let mut busiest_server: f64 = 0.0;
-        for (pid, (name, now)) in &self.0 {
-            let then = before.0.get(pid).map_or(0.0, |(_, t)| *t);
-            let component = match name.as_str() {
+        for (pid, process) in &self.0 {
+            let now = process.seconds;
+            let then = before.0.get(pid).map_or(0.0, |p| p.seconds);
+            let component = match process.name.as_str() {
                 "postgres" => "postgres",
                 "redis-server" => "redis",
                 n if n.starts_with("inventory-serv") => "server",
@@ -66,6 +82,33 @@ impl CpuSnapshot {
         }
         by_component.insert("server (busiest)".to_owned(), busiest_server);
         by_component
+    }
+
+    /// CPU seconds spent since `before` by process `root` and every process descending from
+    /// it (a PostgreSQL postmaster and its backends), of those alive now.
+    pub fn tree_since(&self, before: &Self, root: u32) -> f64 {
+        self.0
+            .iter()
+            .filter(|(pid, _)| self.descends_from(**pid, root))
+            .map(|(pid, process)| process.seconds - before.0.get(pid).map_or(0.0, |p| p.seconds))
+            .sum()
+    }
+
+    /// Whether `pid` is `root` or one of its descendants.
+    fn descends_from(&self, mut pid: u32, root: u32) -> bool {
+        // A process tree is never this deep; the bound only guards against a loop.
+        for _ in 0..64 {
+            if pid == root {
+                return true;
+            }
+            match self.0.get(&pid) {
+                Some(process) if process.parent != 0 && process.parent != pid => {
+                    pid = process.parent;
+                }
+                _ => return false,
+            }
+        }
+        false
     }
 }
 
@@ -200,5 +243,54 @@ impl Profile {
                 s.requests_per_transaction
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(processes: &[(u32, &str, u32, f64)]) -> CpuSnapshot {
+        CpuSnapshot(
+            processes
+                .iter()
+                .map(|&(pid, name, parent, seconds)| {
+                    let name = name.to_owned();
+                    (
+                        pid,
+                        Process {
+                            name,
+                            parent,
+                            seconds,
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_tree_counts_its_root_and_every_descendant_only() {
+        // Two clusters: postmasters 10 and 20, each with backends (and a grandchild of 10).
+        let before = snapshot(&[
+            (10, "postgres", 1, 1.0),
+            (11, "postgres", 10, 2.0),
+            (20, "postgres", 1, 5.0),
+            (21, "postgres", 20, 5.0),
+        ]);
+        let after = snapshot(&[
+            (10, "postgres", 1, 1.5),
+            (11, "postgres", 10, 3.0),
+            // Started during the window: all of its time counts.
+            (12, "postgres", 10, 0.25),
+            (13, "postgres", 12, 0.25),
+            (20, "postgres", 1, 6.0),
+            (21, "postgres", 20, 7.0),
+        ]);
+        assert_eq!(after.tree_since(&before, 10), 2.0);
+        assert_eq!(after.tree_since(&before, 20), 3.0);
+        assert_eq!(after.tree_since(&before, 21), 2.0);
+        assert_eq!(after.tree_since(&before, 99), 0.0);
+        assert_eq!(after.since(&before)["postgres"], 5.0);
     }
 }

@@ -3,7 +3,9 @@
 //! the service as shipped, at the same concurrency, in one run; for a hot SKU also the
 //! batched-SQL ceiling (pgbench running the coalesced transaction with the batch size the
 //! service reached); then a table of ratios. Every point is measured in several rounds, the
-//! variants' order rotating, and the table gives each figure's median and range.
+//! variants' order rotating, and the table gives each figure's median and range. Then
+//! [`crate::cells`]: one complete copy of the service alone against two side by side.
+//! `BENCH_SECTIONS` picks the parts that run ([`Section`]).
 
 use std::{
     path::{Path, PathBuf},
@@ -21,7 +23,7 @@ use serde::Serialize;
 use tokio::process::Command;
 
 use crate::{
-    audit,
+    audit, cells,
     load::{self, LoadConfig, Scenario},
     profile::{self, CpuSnapshot, Profile},
     report::{RunResult, Storage, svg, us},
@@ -51,6 +53,24 @@ pub struct SuiteConfig {
     /// Times every point is measured; the table gives the medians.
     pub rounds: usize,
     pub out: PathBuf,
+    /// The parts of the suite that run.
+    pub sections: Vec<Section>,
+}
+
+/// The parts of the suite (`BENCH_SECTIONS`; all of them by default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Section {
+    /// pgbench's raw-SQL ceiling against the service at each concurrency, with the hot SKU
+    /// at several locations, several replicas, abandoned holds, the race and `verify`'s
+    /// speed.
+    Ratios,
+    /// One cell (its own PostgreSQL, Redis and server) alone, against two side by side.
+    Cells,
+}
+
+impl Section {
+    pub const ALL: [Section; 2] = [Section::Ratios, Section::Cells];
 }
 
 /// One point of the table (a scenario at a concurrency), measured once per round.
@@ -177,9 +197,11 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
     let mut abandoned: Vec<Abandoned> = Vec::new();
     let mut all_audits_passed = true;
     let mut serial = 0;
+    let ratios = config.sections.contains(&Section::Ratios);
+    let ratio_rounds = if ratios { config.rounds } else { 0 };
     // Every point once per round, rather than each point's rounds back to back: a slow spell
     // of the machine then falls on several points once, not on one point every time.
-    for round in 0..config.rounds {
+    for round in 0..ratio_rounds {
         println!("== round {} of {}", round + 1, config.rounds);
         for row in &mut rows {
             let measured = point(
@@ -284,33 +306,45 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
             .last()
             .is_some_and(|a| a.long.audit_passed && a.expiring.audit_passed);
     }
-    serial += 1;
-    let run = ServiceRun {
-        server: &config.server,
-        verify: true,
-        label: "coalesced-race".into(),
-        serial,
-        scenario: Scenario::Race,
-        clients: 64,
-        replicas: 1,
-        max_batch: 64,
-        locations: 1,
-        ttl: LONG_HOLD,
+    if ratios {
+        serial += 1;
+        let run = ServiceRun {
+            server: &config.server,
+            verify: true,
+            label: "coalesced-race".into(),
+            serial,
+            scenario: Scenario::Race,
+            clients: 64,
+            replicas: 1,
+            max_batch: 64,
+            locations: 1,
+            ttl: LONG_HOLD,
+        };
+        let race = service(&config, &databases, run).await?;
+        race.print();
+        all_audits_passed &= race.audit.as_ref().is_some_and(|a| a.passed);
+        all_audits_passed &= verify_speed(&config, &databases).await?;
+    }
+    let cell_rounds = if config.sections.contains(&Section::Cells) {
+        cells::run(&config, &mut serial).await?
+    } else {
+        Vec::new()
     };
-    let race = service(&config, &databases, run).await?;
-    race.print();
-    all_audits_passed &= race.audit.as_ref().is_some_and(|a| a.passed);
-    all_audits_passed &= verify_speed(&config, &databases).await?;
+    all_audits_passed &= cell_rounds.iter().all(cells::Round::audits_passed);
 
-    let mut table = format!(
-        "{} rounds per point, variants rotating; median (min–max) of each round's figure, \
-         ratios within the same round\n\n{}",
-        config.rounds,
-        table(&rows)
-    );
+    let mut table = String::new();
+    if ratios {
+        table.push_str(&format!(
+            "{} rounds per point, variants rotating; median (min–max) of each round's figure, \
+             ratios within the same round\n\n{}",
+            config.rounds,
+            self::table(&rows)
+        ));
+    }
     table.push_str(&located_table(&located));
     table.push_str(&replicated_table(&replicated));
     table.push_str(&abandoned_table(&abandoned));
+    table.push_str(&cells::table(&cell_rounds));
     println!("\n{table}");
     std::fs::write(config.out.join("summary.md"), &table)?;
     std::fs::write(
@@ -320,6 +354,7 @@ pub async fn run(config: SuiteConfig) -> anyhow::Result<bool> {
             "located": located,
             "replicated": replicated,
             "abandoned": abandoned,
+            "cells": cell_rounds,
         }))?,
     )?;
     println!(
@@ -479,7 +514,7 @@ struct Replicated {
 }
 
 /// `median (min–max)` of `values`, each printed by `show`.
-fn spread(values: &[f64], show: impl Fn(f64) -> String) -> String {
+pub(crate) fn spread(values: &[f64], show: impl Fn(f64) -> String) -> String {
     if values.is_empty() {
         return "—".to_owned();
     }
@@ -490,11 +525,11 @@ fn spread(values: &[f64], show: impl Fn(f64) -> String) -> String {
     format!("{} ({}–{})", show(median(values)), show(min), show(max))
 }
 
-fn rate(value: f64) -> String {
+pub(crate) fn rate(value: f64) -> String {
     format!("{value:.0}")
 }
 
-fn ratio(value: f64) -> String {
+pub(crate) fn ratio(value: f64) -> String {
     format!("{value:.2}x")
 }
 
@@ -919,7 +954,7 @@ pub(crate) struct ServiceRun<'a> {
 
 /// Every replica's `/metrics` page, one after the other: the step timings are then the
 /// fleet's (their histograms add up).
-async fn scrape_all(admin_addrs: &[std::net::SocketAddr]) -> String {
+pub(crate) async fn scrape_all(admin_addrs: &[std::net::SocketAddr]) -> String {
     let mut pages = String::new();
     for addr in admin_addrs {
         pages.push_str(&profile::scrape(*addr).await);
@@ -930,6 +965,36 @@ async fn scrape_all(admin_addrs: &[std::net::SocketAddr]) -> String {
 
 /// What the bench's replicas sign forwarded calls with.
 const PEER_SECRET: &str = "the benchmark's peer secret, 32+ bytes long";
+
+/// The environment of one bench replica of tenant `default` with authentication off: its
+/// database, its Redis and the key prefix it shares with the other replicas, a pool of
+/// `clients` connections (at least 16: as many as pgbench gets, so the comparison is like for
+/// like), and the coalescing limit.
+pub(crate) fn server_env(
+    database_url: String,
+    redis_url: String,
+    key_prefix: String,
+    admin_addr: std::net::SocketAddr,
+    clients: usize,
+    max_batch: usize,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let env = [
+        ("DATABASE_URL", database_url),
+        ("REDIS_URL", redis_url),
+        ("REDIS_KEY_PREFIX", key_prefix),
+        ("ADMIN_LISTEN_ADDR", admin_addr.to_string()),
+        ("AUTH_DISABLED", "true".into()),
+        ("TENANTS", "default".into()),
+        ("DATABASE_POOL_SIZE", clients.max(16).to_string()),
+        ("COALESCE_MAX_BATCH", max_batch.to_string()),
+        // Forwarding on, as deployed: a hot SKU's calls go to the replica holding its lease
+        // (with one replica, nobody else ever holds it).
+        ("PEER_LISTEN_ADDR", format!("127.0.0.1:{}", free_port()?)),
+        ("PEER_SECRET", PEER_SECRET.into()),
+        ("RUST_LOG", "warn".into()),
+    ];
+    Ok(env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
 
 /// The service under load: a fresh database, its own server process, then the audit.
 pub(crate) async fn service(
@@ -957,29 +1022,15 @@ pub(crate) async fn service(
     let mut admin_addrs = Vec::with_capacity(replicas);
     for replica in 0..replicas {
         let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let peer_addr = format!("127.0.0.1:{}", free_port()?);
-        let env = [
-            ("DATABASE_URL", url(&db_config)),
-            ("REDIS_URL", config.redis_url.clone()),
-            // One prefix for every replica: they share the leases, as in a deployment.
-            ("REDIS_KEY_PREFIX", format!("bench:{name}")),
-            ("ADMIN_LISTEN_ADDR", admin_addr.to_string()),
-            ("AUTH_DISABLED", "true".into()),
-            // As many connections as pgbench gets, so the comparison is like for like.
-            (
-                "DATABASE_POOL_SIZE",
-                clients.div_ceil(replicas).max(16).to_string(),
-            ),
-            ("COALESCE_MAX_BATCH", max_batch.to_string()),
-            // Forwarding on, as deployed: a hot SKU's calls go to the replica holding its
-            // lease (with one replica, nobody else ever holds it).
-            ("PEER_LISTEN_ADDR", peer_addr),
-            ("PEER_SECRET", PEER_SECRET.into()),
-            ("RUST_LOG", "warn".into()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
+        // One prefix for every replica: they share the leases, as in a deployment.
+        let env = server_env(
+            url(&db_config),
+            config.redis_url.clone(),
+            format!("bench:{name}"),
+            admin_addr,
+            clients.div_ceil(replicas),
+            max_batch,
+        )?;
         let log = if replicas == 1 {
             config.out.join(format!("{label}.server.log"))
         } else {

@@ -83,6 +83,8 @@ pub struct TestApp {
     pub store: inventory_postgres::PgStore,
     pub events: inventory_server::events::EventHub,
     pub pauses: PausePoints,
+    /// Every tenant's core, for tests of a tenant other than `default`.
+    pub tenants: inventory_server::tenants::Tenants,
     /// The app's Redis key prefix and a client of the same Redis, to inspect or damage keys.
     pub key_prefix: KeyPrefix,
     pub redis: fred::clients::Client,
@@ -248,6 +250,7 @@ pub async fn spawn_app_exporting(settings: Settings, registry: prometheus::Regis
     let store = application.store();
     let events = application.events();
     let pauses = application.pause_points();
+    let tenants = application.tenants();
     let (shutdown, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(application.run_until_stopped(async {
         let _ = stopped.await;
@@ -269,6 +272,7 @@ pub async fn spawn_app_exporting(settings: Settings, registry: prometheus::Regis
         store,
         events,
         pauses,
+        tenants,
         key_prefix,
         redis,
         shutdown: Some(shutdown),

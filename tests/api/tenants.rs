@@ -786,3 +786,90 @@ async fn metrics_carry_the_tenant_and_the_access_log_marks_an_operators_calls() 
     assert!(!page.contains("tenant=\"brand_z\""), "{page}");
     app.stop().await.unwrap();
 }
+
+/// A hot SKU of one tenant, forwarded between replicas: the call runs in that tenant on the
+/// replica holding the lease, never in the holder's default tenant.
+#[tokio::test]
+async fn a_forwarded_call_runs_in_its_callers_tenant_on_the_holder() {
+    use inventory_core::{domain::Sku, pause::PausePoint};
+    let database = fresh_database().await;
+    migrate_tenants(&database, &["brand_a", "brand_b"]).await;
+    let mut apps = Vec::new();
+    let mut prefix = None;
+    for _ in 0..2 {
+        let mut settings = test_settings(database.clone());
+        let prefix = prefix.get_or_insert_with(|| settings.redis.client.key_prefix.clone());
+        settings.redis.client.key_prefix = prefix.clone();
+        settings.auth.authenticator = Authenticator::parse(&credentials()).unwrap();
+        settings.tenants =
+            TenantSettings::parse("default,brand_a,brand_b", TenantLimits::default()).unwrap();
+        settings.peer = Some(inventory_server::config::PeerSettings {
+            listen_addr: "127.0.0.1:0".parse().unwrap(),
+            advertise_addr: None,
+            secret: b"a peer secret of at least 32 bytes, for tests"
+                .to_vec()
+                .into(),
+        });
+        apps.push(spawn_app_with(settings).await);
+    }
+    let (a, b) = (&apps[0], &apps[1]);
+    for token in [A_ADMIN, OPERATOR] {
+        // brand_a's HOT and tenant default's HOT (the operator naming no tenant).
+        a.client
+            .clone()
+            .set_stock(with_token(set_stock("HOT", 10, None, "hot"), Some(token)))
+            .await
+            .unwrap();
+    }
+    // A holds brand_a's HOT lease, paused right after the grant.
+    let mut held = a.pauses.arm(PausePoint::LeaseGranted);
+    let mut leader_client = a.client.clone();
+    let leader = tokio::spawn(async move {
+        leader_client
+            .reserve(with_token(reserve("leader", &[("HOT", 1)]), Some(A_SHOP)))
+            .await
+    });
+    held.reached().await;
+
+    // B's call for brand_a's HOT goes to A and queues behind A's brand_a leader.
+    let mut client = b.client.clone();
+    let call = tokio::spawn(async move {
+        client
+            .reserve(with_token(reserve("via-b", &[("HOT", 2)]), Some(A_SHOP_2)))
+            .await
+    });
+    let brand_a = Tenant::parse("brand_a").unwrap();
+    let sku = Sku::parse("HOT").unwrap();
+    let at_a = std::sync::Arc::clone(&a.tenants.core(&brand_a).unwrap().inventory);
+    while at_a.queued(&sku) == 0 {
+        assert!(!call.is_finished(), "B answered instead of forwarding to A");
+        tokio::task::yield_now().await;
+    }
+    held.resume();
+    leader.await.unwrap().unwrap();
+    call.await.unwrap().expect("answered by A");
+    let at_b = &b.tenants.core(&brand_a).unwrap().inventory;
+    assert_eq!(
+        at_b.forwards()
+            .answered
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    let level = |token: &'static str| {
+        let mut client = b.client.clone();
+        async move {
+            let level = client
+                .get_stock(with_token(get_stock(&["HOT"]), Some(token)))
+                .await
+                .unwrap()
+                .into_inner();
+            (level.levels[0].on_hand, level.levels[0].reserved)
+        }
+    };
+    assert_eq!(level(A_ADMIN).await, (10, 3), "both holds are brand_a's");
+    assert_eq!(
+        level(OPERATOR).await,
+        (10, 0),
+        "tenant default's HOT is untouched"
+    );
+}

@@ -188,3 +188,125 @@ async fn a_tenants_calls_stay_in_its_cell_and_the_other_cell_sells_through_an_ou
     );
     assert_eq!(reservations_in(&two, "tenant_brand_b").await, 2);
 }
+
+/// Moving a tenant between cells (docs/operations.md, "Moving a tenant to another cell"):
+/// the source stops serving it, its schema is copied whole, the target serves it, the map
+/// changes. A retry with a key used before the move replays its answer; the stock, the
+/// holds and the event stream go on where they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_moves_to_another_cell_with_its_keys_stock_and_stream() {
+    use inventory_server::proto::{GetStockRequest, WatchEventsRequest};
+    use inventory_testkit::cells::copy_tenant;
+
+    let dir = inventory_testkit::Scratch::new("cells-move");
+    let credentials = credentials(&dir.0);
+    let binary = Path::new(env!("CARGO_BIN_EXE_inventory-server"));
+    let spec = |name: &str, tenants: &[&str]| CellSpec {
+        name: name.into(),
+        tenants: tenants.iter().map(|t| (*t).to_owned()).collect(),
+        replicas: 1,
+        credentials: credentials.clone(),
+    };
+    let (one, two) = tokio::join!(
+        Cell::start(binary, spec("c1", &["brand_a"])),
+        Cell::start(binary, spec("c2", &["brand_b", "brand_c"])),
+    );
+    let (mut one, mut two) = (one.unwrap(), two.unwrap());
+    let before = CellMap::parse(&cell_map(&[&one, &two])).unwrap();
+    clients(&before, B_ADMIN)
+        .for_tenant("brand_b")
+        .unwrap()
+        .set_stock(count(5))
+        .await
+        .unwrap();
+    let held = clients(&before, B_SHOP)
+        .for_tenant("brand_b")
+        .unwrap()
+        .reserve(order("before-move", 2))
+        .await
+        .unwrap();
+    // A consumer's cursor: the last event it read before the move.
+    let mut stream = clients(&before, B_ADMIN)
+        .for_tenant("brand_b")
+        .unwrap()
+        .watch_events(WatchEventsRequest::default())
+        .await
+        .unwrap();
+    let mut last = None;
+    while last
+        .as_ref()
+        .is_none_or(|e: &inventory_server::proto::Event| e.sequence < 2)
+    {
+        last = stream.message().await.unwrap();
+    }
+    let last = last.unwrap();
+    drop(stream);
+
+    // The move: c2 stops serving brand_b, its schema goes to c1, c1 serves it, the map moves.
+    two.serve(&["brand_c"]).await.unwrap();
+    let frozen = clients(&before, B_SHOP)
+        .for_tenant("brand_b")
+        .unwrap()
+        .reserve(order("during-move", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refusal(&frozen),
+        (Code::FailedPrecondition, "TENANT_NOT_SERVED")
+    );
+    copy_tenant(&two, &one, "brand_b").await.unwrap();
+    one.serve(&["brand_a", "brand_b"]).await.unwrap();
+    let after = CellMap::parse(&cell_map(&[&one, &two])).unwrap();
+    assert_eq!(after.cell_of("brand_b").unwrap().name(), "c1");
+    let b_shop = clients(&after, B_SHOP).for_tenant("brand_b").unwrap();
+
+    // The key used before the move replays its answer, and moves no stock again.
+    let replay = b_shop.reserve(order("before-move", 2)).await.unwrap();
+    assert_eq!(replay.reservation_id, held.reservation_id);
+    let level = |map: &CellMap| {
+        let client = clients(map, B_ADMIN).for_tenant("brand_b").unwrap();
+        async move {
+            let level = client
+                .get_stock(GetStockRequest {
+                    skus: vec!["SAME-1".into()],
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            (level.levels[0].on_hand, level.levels[0].reserved)
+        }
+    };
+    assert_eq!(level(&after).await, (5, 2));
+    // A new hold: c1's Redis has no fence counter for brand_b's SKU, which is behind the
+    // fence the copied row carries; the service raises it and sells.
+    b_shop.reserve(order("after-move", 3)).await.unwrap();
+    assert_eq!(level(&after).await, (5, 5));
+    let sold_out = b_shop.reserve(order("after-move-2", 1)).await.unwrap_err();
+    assert_eq!(
+        refusal(&sold_out),
+        (Code::FailedPrecondition, "INSUFFICIENT_STOCK")
+    );
+    // The consumer goes on from its cursor in the new cell: the next event is the new hold.
+    let mut stream = clients(&after, B_ADMIN)
+        .for_tenant("brand_b")
+        .unwrap()
+        .watch_events(WatchEventsRequest {
+            after_sequence: last.sequence,
+            epoch: last.epoch.clone(),
+        })
+        .await
+        .unwrap();
+    let next = stream.message().await.unwrap().unwrap();
+    assert_eq!(next.sequence, last.sequence + 1, "{next:?}");
+    // A client still on the old map reaches nothing of brand_b's in c2.
+    let stale = clients(&before, B_SHOP)
+        .for_tenant("brand_b")
+        .unwrap()
+        .reserve(order("stale", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refusal(&stale),
+        (Code::FailedPrecondition, "TENANT_NOT_SERVED")
+    );
+}

@@ -103,6 +103,20 @@ impl Cell {
         Ok(())
     }
 
+    /// Serves `tenants` from now on: the configuration changes and every replica is
+    /// restarted with it, one after another (a rollout). A tenant taken off answers
+    /// `TENANT_NOT_SERVED` here from then on.
+    pub async fn serve(&mut self, tenants: &[&str]) -> anyhow::Result<()> {
+        self.spec.tenants = tenants.iter().map(|t| (*t).to_owned()).collect();
+        let tenants = self.spec.tenants.join(",");
+        for replica in &mut self.replicas {
+            replica.set_env("TENANTS", &tenants);
+            replica.stop(Duration::from_secs(5)).await;
+            replica.restart().await?;
+        }
+        Ok(())
+    }
+
     /// A connection to the cell's database.
     pub async fn database(&self) -> anyhow::Result<tokio_postgres::Client> {
         let config = self.postgres.admin_config()?;
@@ -126,4 +140,53 @@ pub fn cell_map(cells: &[&Cell]) -> String {
             )
         })
         .collect()
+}
+
+/// Copies `tenant`'s schema, whole, from `source`'s database to `target`'s: its stock,
+/// reservations, orders, idempotency keys, ledger, fences and event stream, with `pg_dump
+/// --schema` and `psql`, as docs/operations.md ("Moving a tenant to another cell") does by
+/// hand. The source should no longer serve the tenant ([`Cell::serve`]), so nothing is
+/// written there during the copy.
+pub async fn copy_tenant(source: &Cell, target: &Cell, tenant: &str) -> anyhow::Result<()> {
+    let bin = crate::postgres::pg_bin()?;
+    let dump = std::env::temp_dir().join(format!(
+        "inventory-move-{tenant}-{}.sql",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let schema = format!("tenant_{tenant}");
+    let dumped = tokio::process::Command::new(bin.join("pg_dump"))
+        .args([
+            "--dbname",
+            &source.database_url,
+            "--schema",
+            &schema,
+            "--no-owner",
+        ])
+        .arg("--file")
+        .arg(&dump)
+        .output()
+        .await
+        .context("run pg_dump")?;
+    if !dumped.status.success() {
+        bail!("pg_dump: {}", String::from_utf8_lossy(&dumped.stderr));
+    }
+    let restored = tokio::process::Command::new(bin.join("psql"))
+        .args([
+            "--dbname",
+            &target.database_url,
+            "--quiet",
+            "--set",
+            "ON_ERROR_STOP=1",
+            "--file",
+        ])
+        .arg(&dump)
+        .output()
+        .await
+        .context("run psql");
+    let _ = std::fs::remove_file(&dump);
+    let restored = restored?;
+    if !restored.status.success() {
+        bail!("psql: {}", String::from_utf8_lossy(&restored.stderr));
+    }
+    Ok(())
 }

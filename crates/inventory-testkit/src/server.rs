@@ -145,6 +145,12 @@ impl ServerProcess {
         }
     }
 
+    /// Sets (or replaces) one variable of its environment, taken at the next (re)start.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_owned(), value.to_owned()));
+    }
+
     /// SIGKILL.
     pub async fn kill(&mut self) -> anyhow::Result<()> {
         self.process.kill().await

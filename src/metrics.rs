@@ -58,15 +58,7 @@ pub fn register_saturation(
 ) {
     let meter = global::meter("inventory-server");
     // One pool per tenant, told apart by `tenant`.
-    let weak_pools: Vec<_> = pools
-        .iter()
-        .map(|(tenant, pool)| {
-            (
-                KeyValue::new("tenant", tenant.as_str().to_owned()),
-                pool.weak(),
-            )
-        })
-        .collect();
+    let weak_pools = weak_by_tenant(pools);
     meter
         .u64_observable_gauge("inventory.db.pool.connections")
         .with_description(
@@ -85,15 +77,7 @@ pub fn register_saturation(
             }
         })
         .build();
-    let weak_pools: Vec<_> = pools
-        .iter()
-        .map(|(tenant, pool)| {
-            (
-                KeyValue::new("tenant", tenant.as_str().to_owned()),
-                pool.weak(),
-            )
-        })
-        .collect();
+    let weak_pools = weak_by_tenant(pools);
     meter
         .u64_observable_gauge("inventory.db.pool.waiting")
         .with_description("Requests waiting for a PostgreSQL connection")
@@ -137,6 +121,21 @@ pub fn register_saturation(
             }
         })
         .build();
+}
+
+/// Each pool, not kept alive by a gauge, with its tenant's attribute.
+fn weak_by_tenant(
+    pools: &[(inventory_core::domain::Tenant, inventory_postgres::Pool)],
+) -> Vec<(KeyValue, inventory_postgres::WeakPool)> {
+    pools
+        .iter()
+        .map(|(tenant, pool)| {
+            (
+                KeyValue::new("tenant", tenant.as_str().to_owned()),
+                pool.weak(),
+            )
+        })
+        .collect()
 }
 
 /// `inventory_caller_limit_refusals_total{limit}`: calls refused because their caller was at

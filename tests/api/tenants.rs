@@ -63,13 +63,61 @@ fn credentials() -> String {
     .concat()
 }
 
-async fn spawn_tenants(limits: TenantLimits) -> TestApp {
-    let database = fresh_database().await;
+/// Settings serving `default`, brand_a and brand_b (their schemas migrated) to the callers
+/// of [`credentials`].
+async fn tenant_settings(
+    database: PgConfig,
+    limits: TenantLimits,
+) -> inventory_server::config::Settings {
     migrate_tenants(&database, &["brand_a", "brand_b"]).await;
     let mut settings = test_settings(database);
     settings.auth.authenticator = Authenticator::parse(&credentials()).unwrap();
     settings.tenants = TenantSettings::parse("default,brand_a,brand_b", limits).unwrap();
-    spawn_app_with(settings).await
+    settings
+}
+
+async fn spawn_tenants(limits: TenantLimits) -> TestApp {
+    spawn_app_with(tenant_settings(fresh_database().await, limits).await).await
+}
+
+/// Sets `sku` to `units` in the tenant of each admin token.
+async fn stock_in(app: &TestApp, sku: &str, units: i64, admins: &[&str]) {
+    for token in admins {
+        app.client
+            .clone()
+            .set_stock(with_token(
+                set_stock(sku, units, None, &fresh("set")),
+                Some(token),
+            ))
+            .await
+            .unwrap();
+    }
+}
+
+type HeldCall = tokio::task::JoinHandle<
+    Result<tonic::Response<inventory_server::proto::Reservation>, tonic::Status>,
+>;
+
+/// A `Reserve` of one unit of `sku` by `token`, held right after its lease was granted.
+async fn hold_after_lease(
+    app: &TestApp,
+    token: &'static str,
+    sku: &'static str,
+) -> (inventory_core::pause::Held, HeldCall) {
+    let mut held = app
+        .pauses
+        .arm(inventory_core::pause::PausePoint::LeaseGranted);
+    let mut client = app.client.clone();
+    let call = tokio::spawn(async move {
+        client
+            .reserve(with_token(
+                reserve(&fresh("held"), &[(sku, 1)]),
+                Some(token),
+            ))
+            .await
+    });
+    held.reached().await;
+    (held, call)
 }
 
 /// What a call answered, with `name` (the object asked about) replaced, so an answer about
@@ -561,15 +609,7 @@ async fn a_tenants_callers_share_its_cap_on_holds_and_other_tenants_sell_on() {
         },
     })
     .await;
-    for token in [A_ADMIN, B_ADMIN] {
-        app.client
-            .set_stock(with_token(
-                set_stock("CAP-1", 100, None, "cap"),
-                Some(token),
-            ))
-            .await
-            .unwrap();
-    }
+    stock_in(&app, "CAP-1", 100, &[A_ADMIN, B_ADMIN]).await;
     app.client
         .reserve(with_token(reserve("c1", &[("CAP-1", 1)]), Some(A_SHOP)))
         .await
@@ -666,28 +706,14 @@ async fn an_existing_database_is_tenant_default_and_gains_tenants_in_place() {
 
 #[tokio::test]
 async fn a_tenants_callers_share_its_calls_in_flight_and_other_tenants_are_served() {
-    use inventory_core::pause::PausePoint;
     let app = spawn_tenants(TenantLimits {
         max_in_flight: Some(1),
         caps: Default::default(),
     })
     .await;
-    for token in [A_ADMIN, B_ADMIN] {
-        app.client
-            .clone()
-            .set_stock(with_token(set_stock("FLY-1", 10, None, "fly"), Some(token)))
-            .await
-            .unwrap();
-    }
+    stock_in(&app, "FLY-1", 10, &[A_ADMIN, B_ADMIN]).await;
     // One call of brand_a held after its lease: brand_a's one place in flight is taken.
-    let mut held = app.pauses.arm(PausePoint::LeaseGranted);
-    let mut first = app.client.clone();
-    let call = tokio::spawn(async move {
-        first
-            .reserve(with_token(reserve("f1", &[("FLY-1", 1)]), Some(A_SHOP)))
-            .await
-    });
-    held.reached().await;
+    let (held, call) = hold_after_lease(&app, A_SHOP, "FLY-1").await;
     let refused = app
         .client
         .clone()
@@ -714,12 +740,7 @@ async fn a_tenants_callers_share_its_calls_in_flight_and_other_tenants_are_serve
 #[tokio::test]
 async fn metrics_carry_the_tenant_and_the_access_log_marks_an_operators_calls() {
     use inventory_server::access::{AccessLogSettings, Sink};
-    let database = fresh_database().await;
-    migrate_tenants(&database, &["brand_a", "brand_b"]).await;
-    let mut settings = test_settings(database);
-    settings.auth.authenticator = Authenticator::parse(&credentials()).unwrap();
-    settings.tenants =
-        TenantSettings::parse("default,brand_a,brand_b", TenantLimits::default()).unwrap();
+    let mut settings = tenant_settings(fresh_database().await, TenantLimits::default()).await;
     settings.server.admin_listen_addr = Some("127.0.0.1:0".parse().unwrap());
     let (lines, received) = std::sync::mpsc::channel();
     settings.server.access_log = AccessLogSettings {
@@ -791,18 +812,14 @@ async fn metrics_carry_the_tenant_and_the_access_log_marks_an_operators_calls() 
 /// replica holding the lease, never in the holder's default tenant.
 #[tokio::test]
 async fn a_forwarded_call_runs_in_its_callers_tenant_on_the_holder() {
-    use inventory_core::{domain::Sku, pause::PausePoint};
+    use inventory_core::domain::Sku;
     let database = fresh_database().await;
-    migrate_tenants(&database, &["brand_a", "brand_b"]).await;
     let mut apps = Vec::new();
     let mut prefix = None;
     for _ in 0..2 {
-        let mut settings = test_settings(database.clone());
+        let mut settings = tenant_settings(database.clone(), TenantLimits::default()).await;
         let prefix = prefix.get_or_insert_with(|| settings.redis.client.key_prefix.clone());
         settings.redis.client.key_prefix = prefix.clone();
-        settings.auth.authenticator = Authenticator::parse(&credentials()).unwrap();
-        settings.tenants =
-            TenantSettings::parse("default,brand_a,brand_b", TenantLimits::default()).unwrap();
         settings.peer = Some(inventory_server::config::PeerSettings {
             listen_addr: "127.0.0.1:0".parse().unwrap(),
             advertise_addr: None,
@@ -813,23 +830,10 @@ async fn a_forwarded_call_runs_in_its_callers_tenant_on_the_holder() {
         apps.push(spawn_app_with(settings).await);
     }
     let (a, b) = (&apps[0], &apps[1]);
-    for token in [A_ADMIN, OPERATOR] {
-        // brand_a's HOT and tenant default's HOT (the operator naming no tenant).
-        a.client
-            .clone()
-            .set_stock(with_token(set_stock("HOT", 10, None, "hot"), Some(token)))
-            .await
-            .unwrap();
-    }
+    // brand_a's HOT and tenant default's HOT (the operator naming no tenant).
+    stock_in(a, "HOT", 10, &[A_ADMIN, OPERATOR]).await;
     // A holds brand_a's HOT lease, paused right after the grant.
-    let mut held = a.pauses.arm(PausePoint::LeaseGranted);
-    let mut leader_client = a.client.clone();
-    let leader = tokio::spawn(async move {
-        leader_client
-            .reserve(with_token(reserve("leader", &[("HOT", 1)]), Some(A_SHOP)))
-            .await
-    });
-    held.reached().await;
+    let (held, leader) = hold_after_lease(a, A_SHOP, "HOT").await;
 
     // B's call for brand_a's HOT goes to A and queues behind A's brand_a leader.
     let mut client = b.client.clone();

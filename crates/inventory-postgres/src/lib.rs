@@ -24,7 +24,7 @@ mod plumbing;
 mod tables;
 mod usecases;
 
-pub use deadpool_postgres::Pool;
+pub use deadpool_postgres::{Pool, WeakPool};
 pub use inventory_core::upkeep::HeldTotals;
 pub use plumbing::{
     connect::{

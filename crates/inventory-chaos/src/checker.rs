@@ -10,6 +10,12 @@
 //!
 //! One module per guarantee, each a function of what it needs that returns its [`Check`];
 //! [`check`] runs them all, in the order the report lists them.
+//!
+//! A run serves several tenants with the same SKU names, and the guarantees hold per tenant:
+//! [`check`] runs once for each, on that tenant's history (`History::of_tenant`), its event
+//! stream and the rows of its own schema, and every check it returns names the tenant.
+//! [`tenants_isolated`] then looks across them: nothing of one tenant is in another's rows,
+//! stream or answers.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -32,6 +38,7 @@ mod retryable_during_failover;
 mod settled_never_lost;
 mod stock_returned_once;
 mod successes_exist_once;
+mod tenants_isolated;
 mod unavailable_while_redis_down;
 mod units_settled_once;
 
@@ -49,6 +56,7 @@ use retryable_during_failover::retryable_during_failover;
 use settled_never_lost::settled_never_lost;
 use stock_returned_once::stock_returned_once;
 use successes_exist_once::successes_exist_once;
+pub use tenants_isolated::{TenantRows, tenants_isolated};
 use unavailable_while_redis_down::unavailable_while_redis_down;
 use units_settled_once::units_settled_once;
 
@@ -84,6 +92,10 @@ pub struct Facts {
     pub adjust_keys: Vec<String>,
     /// The orders stored as cancelled.
     pub cancelled_orders: Vec<String>,
+    /// Every caller the rows name: of reservations, idempotency keys, cancelled orders (but an
+    /// admin's `*`) and the ledger's movements (`actor`, but the sweeper's empty one).
+    #[serde(default)]
+    pub callers: Vec<String>,
 }
 
 /// A fault healed at this moment; the `Reserve` calls that must succeed again soon after are
@@ -109,6 +121,9 @@ pub struct Outage {
 #[derive(Clone, Debug, Serialize)]
 pub struct Check {
     pub name: &'static str,
+    /// The tenant whose history, stream and rows it judged; `None`: the run as a whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub passed: bool,
     pub examined: usize,
     pub detail: String,
@@ -153,6 +168,7 @@ impl Verdict {
         };
         Check {
             name: self.name,
+            tenant: None,
             passed,
             examined: self.examined,
             detail,
@@ -164,6 +180,32 @@ fn sorted_lines(lines: &[Line]) -> Vec<(String, i64)> {
     let mut lines: Vec<_> = lines.iter().map(|l| (l.sku.clone(), l.quantity)).collect();
     lines.sort();
     lines
+}
+
+/// Every guarantee of one tenant, judged on its own history, stream and rows.
+pub fn check_tenant(
+    tenant: &str,
+    history: &History,
+    stream: &[SeenEvent],
+    facts: &Facts,
+    (outages, heals): (&[Outage], &[Heal]),
+    failovers: &[Outage],
+    load_end_ms: f64,
+) -> Vec<Check> {
+    let history = history.of_tenant(tenant);
+    let mut checks = check(
+        &history,
+        stream,
+        facts,
+        outages,
+        heals,
+        failovers,
+        load_end_ms,
+    );
+    for check in &mut checks {
+        check.tenant = Some(tenant.to_owned());
+    }
+    checks
 }
 
 pub fn check(

@@ -1,8 +1,11 @@
 //! The recorded history of a run: every client operation with its invocation and completion
 //! time and outcome, every stock snapshot, and every event the live watcher received.
 //!
+//! Every operation, snapshot and event names the tenant it belongs to: a run serves several
+//! tenants with the same SKU names, and the checker judges each tenant's history on its own.
+//!
 //! Fields added since the first histories were written default when absent, so older
-//! `history.jsonl` and `events.json` files still parse.
+//! `history.jsonl` and `events.json` files still parse (their records are tenant `default`'s).
 
 use std::{
     sync::{Arc, Mutex},
@@ -11,6 +14,14 @@ use std::{
 
 pub use inventory_testkit::outcome::Outcome;
 use serde::{Deserialize, Serialize};
+
+/// The tenant a deployment without tenants serves, and the tenant of records written before
+/// histories named one.
+pub const DEFAULT_TENANT: &str = "default";
+
+fn default_tenant() -> String {
+    DEFAULT_TENANT.to_owned()
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -44,6 +55,10 @@ pub struct Line {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Op {
+    /// The tenant whose caller made the call: its keys, orders and reservations are that
+    /// tenant's alone.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     pub client: usize,
     pub replica: usize,
     pub kind: OpKind,
@@ -94,6 +109,8 @@ impl Op {
 /// What `GetStock` showed at one moment.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Snapshot {
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     pub at_ms: f64,
     pub sku: String,
     pub on_hand: i64,
@@ -104,6 +121,9 @@ pub struct Snapshot {
 /// One event as `WatchEvents` delivered it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SeenEvent {
+    /// The tenant whose stream delivered it (each tenant's is dense on its own).
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     pub sequence: i64,
     pub event_id: String,
     pub event_type: String,
@@ -132,8 +152,34 @@ pub struct SeenEvent {
 pub struct History {
     pub ops: Vec<Op>,
     pub snapshots: Vec<Snapshot>,
-    /// In the order the live watcher received them, reconnections included.
+    /// In the order the live watchers (one per tenant) received them, reconnections included.
     pub live_events: Vec<SeenEvent>,
+}
+
+impl History {
+    /// What `tenant`'s callers did and saw, in the same order: the history its checks read.
+    pub fn of_tenant(&self, tenant: &str) -> History {
+        History {
+            ops: self
+                .ops
+                .iter()
+                .filter(|o| o.tenant == tenant)
+                .cloned()
+                .collect(),
+            snapshots: self
+                .snapshots
+                .iter()
+                .filter(|s| s.tenant == tenant)
+                .cloned()
+                .collect(),
+            live_events: self
+                .live_events
+                .iter()
+                .filter(|e| e.tenant == tenant)
+                .cloned()
+                .collect(),
+        }
+    }
 }
 
 /// Shared by every client task of a run.
@@ -180,14 +226,15 @@ impl Recorder {
         self.history.lock().expect("history").ops.clone()
     }
 
-    /// The status code of the latest operation under `key`.
-    pub fn last_code_of(&self, key: &str) -> Option<String> {
+    /// The status code of the latest operation of `tenant` under `key` (the same key in
+    /// another tenant is another key).
+    pub fn last_code_of(&self, tenant: &str, key: &str) -> Option<String> {
         let history = self.history.lock().expect("history");
         history
             .ops
             .iter()
             .rev()
-            .find(|o| o.key.as_deref() == Some(key))
+            .find(|o| o.tenant == tenant && o.key.as_deref() == Some(key))
             .map(|o| o.code.clone())
     }
 

@@ -7,9 +7,13 @@
 //!   proxies in front of PostgreSQL and a single Redis.
 //! - [`topology`]: what a run is made of (the Redis layout; PostgreSQL alone or failing over).
 //! - [`schedule`]: the seeded fault schedule.
-//! - [`workload`]: shoppers, a stocker and a live event watcher, every call recorded.
+//! - [`tenants`]: the tenants the replicas serve (two by default, with the same SKU names) and
+//!   each tenant's callers.
+//! - [`workload`]: shoppers, a stocker and a live event watcher per tenant, every call
+//!   recorded.
 //! - [`history`]: what was recorded.
-//! - [`checker`]: the guarantees, checked against the history, the stream and the rows.
+//! - [`checker`]: the guarantees, checked per tenant against its history, its stream and its
+//!   rows, and across tenants: nothing of one is in another.
 //! - [`report`]: the summary, JSON and the SVG timeline.
 //! - [`run`]: one run of one topology.
 
@@ -18,5 +22,6 @@ pub mod history;
 pub mod report;
 pub mod run;
 pub mod schedule;
+pub mod tenants;
 pub mod topology;
 pub mod workload;

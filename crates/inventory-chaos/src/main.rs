@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use inventory_chaos::{
     run::{self, RunConfig},
+    tenants::TENANTS,
     topology::Topology,
 };
 use inventory_testkit::postgres::Postgres;
@@ -47,6 +48,11 @@ struct Cli {
     /// Units each SKU starts with; a SKU running low is restocked by half of it.
     #[arg(long, default_value_t = 40)]
     stock: i64,
+    /// The tenants the replicas serve, each with the same SKU names and a reserver and an
+    /// admin of its own; the shoppers are dealt to them in turn, and the checker runs per
+    /// tenant. `rolling-upgrade` serves `default` alone.
+    #[arg(long, value_delimiter = ',', default_values_t = TENANTS.map(String::from))]
+    tenants: Vec<String>,
 }
 
 #[tokio::main]
@@ -113,6 +119,7 @@ async fn run_all(cli: Cli) -> anyhow::Result<bool> {
             clients: cli.clients,
             skus: cli.skus,
             stock: cli.stock,
+            tenants: cli.tenants.clone(),
         };
         eprintln!("chaos {}: starting", topology.name());
         match run::run(&config, postgres.as_ref()).await {

@@ -1,5 +1,6 @@
-//! A run's report: the schedule as applied, counts by outcome and by fault, the checker's
-//! verdict, and a timeline chart (SVG) of throughput and errors with the faults marked.
+//! A run's report: the schedule as applied, counts by outcome and by fault (and holds by
+//! tenant), the checker's verdict per tenant, and a timeline chart (SVG) of throughput and
+//! errors with the faults marked.
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
@@ -38,17 +39,20 @@ pub struct Applied {
 pub struct HolderFault {
     /// `None`: no replica held a lease when the fault came; it hit replica 0.
     pub replica: Option<usize>,
+    /// The tenant whose SKU's lease it held (its keys: `<prefix>:<tenant>:{<sku>}:lease`).
+    pub tenant: Option<String>,
     pub sku: Option<String>,
     pub sold_again_ms: Option<f64>,
 }
 
-/// How long after `from_ms` a `Reserve` of `sku` made since was first answered OK.
-pub fn sold_again_ms(history: &History, sku: &str, from_ms: f64) -> Option<f64> {
+/// How long after `from_ms` a `Reserve` of `tenant`'s `sku` made since was first answered OK.
+pub fn sold_again_ms(history: &History, tenant: &str, sku: &str, from_ms: f64) -> Option<f64> {
     history
         .ops
         .iter()
         .filter(|o| {
-            o.kind == OpKind::Reserve
+            o.tenant == tenant
+                && o.kind == OpKind::Reserve
                 && o.outcome == Outcome::Ok
                 && o.invoked_ms >= from_ms
                 && o.lines.iter().any(|l| l.sku == sku)
@@ -63,12 +67,17 @@ pub struct RunReport {
     pub seed: u64,
     pub duration_s: f64,
     pub clients: usize,
+    /// SKU names, each a SKU of every tenant.
     pub skus: usize,
+    /// The tenants the replicas served, each with the same SKU names.
+    pub tenants: Vec<String>,
     pub schedule: Vec<Planned>,
     pub applied: Vec<Applied>,
     /// Operation kind (partial confirms and releases apart, as "confirm part") → status code
     /// → count, load and resolve phases together.
     pub counts: BTreeMap<String, BTreeMap<String, u64>>,
+    /// `Reserve` calls answered OK, by tenant.
+    pub holds_by_tenant: BTreeMap<String, u64>,
     /// Keys whose outcome was unknown after their in-run retries.
     pub unknown_after_load: usize,
     pub events: usize,
@@ -92,6 +101,17 @@ pub fn counts(history: &History) -> BTreeMap<String, BTreeMap<String, u64>> {
             .or_insert(0) += 1;
     }
     counts
+}
+
+/// `Reserve` calls answered OK, by tenant (every tenant served, none left out).
+pub fn holds_by_tenant(history: &History, tenants: &[String]) -> BTreeMap<String, u64> {
+    let mut holds: BTreeMap<String, u64> = tenants.iter().map(|t| (t.clone(), 0)).collect();
+    for op in &history.ops {
+        if op.kind == OpKind::Reserve && op.outcome == Outcome::Ok {
+            *holds.entry(op.tenant.clone()).or_insert(0) += 1;
+        }
+    }
+    holds
 }
 
 /// `Reserve` answers for calls invoked between two moments, by code.
@@ -142,12 +162,13 @@ impl RunReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "== chaos {}: seed {}, {:.0} s, {} clients, {} SKUs: {}",
+            "== chaos {}: seed {}, {:.0} s, {} clients, {} SKUs in tenants {}: {}",
             self.topology.name(),
             self.seed,
             self.duration_s,
             self.clients,
             self.skus,
+            self.tenants.join(", "),
             if self.passed { "PASSED" } else { "FAILED" }
         );
         let _ = writeln!(out, "faults ({}):", self.applied.len());
@@ -174,14 +195,16 @@ impl RunReport {
                 );
             }
             if let Some(holder) = &a.holder {
+                let tenant = holder.tenant.as_deref().unwrap_or_default();
                 let line = match (holder.replica, &holder.sku, holder.sold_again_ms) {
                     (Some(replica), Some(sku), Some(ms)) => format!(
-                        "replica {replica} held {sku}'s lease; {sku} sold again after {:.2} s",
+                        "replica {replica} held tenant {tenant}'s {sku} lease; sold again after \
+                         {:.2} s",
                         ms / 1000.0
                     ),
-                    (Some(replica), Some(sku), None) => {
-                        format!("replica {replica} held {sku}'s lease; {sku} never sold again")
-                    }
+                    (Some(replica), Some(sku), None) => format!(
+                        "replica {replica} held tenant {tenant}'s {sku} lease; never sold again"
+                    ),
                     _ => "no replica held a lease at that moment; replica 0 took it".to_owned(),
                 };
                 let _ = writeln!(out, "            {line}");
@@ -191,17 +214,32 @@ impl RunReport {
         for (kind, codes) in &self.counts {
             let _ = writeln!(out, "  {kind:<12} {}", codes_line(codes));
         }
+        let holds: Vec<String> = self
+            .holds_by_tenant
+            .iter()
+            .map(|(tenant, n)| format!("{tenant} {n}"))
+            .collect();
+        let _ = writeln!(out, "  holds by tenant: {}", holds.join(", "));
         let _ = writeln!(
             out,
             "  {} keys unknown after their retries, resolved afterwards; {} events",
             self.unknown_after_load, self.events
         );
-        let _ = writeln!(out, "checks:");
+        // Each tenant's checks together, then those of the run as a whole.
+        let width = self
+            .tenants
+            .iter()
+            .map(String::len)
+            .max()
+            .unwrap_or(0)
+            .max(3);
+        let _ = writeln!(out, "checks (per tenant, then across tenants):");
         for c in &self.checks {
             let _ = writeln!(
                 out,
-                "  {} {:<34} {:>6} examined  {}",
+                "  {} {:<width$} {:<34} {:>6} examined  {}",
                 if c.passed { "ok  " } else { "FAIL" },
+                c.tenant.as_deref().unwrap_or("all"),
                 c.name,
                 c.examined,
                 c.detail

@@ -1,9 +1,10 @@
-//! One run: a fresh database, Redis in one topology, three server replicas, the load, the
-//! seeded faults, then the resolve phase, the checker and the report.
+//! One run: a fresh database migrated for every tenant, Redis in one topology, three server
+//! replicas serving the tenants, the load of every tenant, the seeded faults, then the resolve
+//! phase, the checker (per tenant, then across tenants) and the report.
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -15,14 +16,15 @@ use inventory_testkit::{
     process::{eventually, eventually_ok},
     proxy::Proxy,
     redis::{self, Redis},
-    server::{self, ServerProcess},
+    server::ServerProcess,
 };
 
 use crate::{
-    checker::{self, Facts, Heal, Outage, OutboxRow, StockRow},
-    history::{History, Op, OpKind, Outcome, Phase, Recorder},
+    checker::{self, Facts, Heal, Outage, OutboxRow, StockRow, TenantRows},
+    history::{History, Op, OpKind, Outcome, Phase, Recorder, SeenEvent},
     report::{self, Applied, RunReport},
     schedule::{self, Fault, Release},
+    tenants::{self, Tenancy, TenantCallers},
     topology::Topology,
     workload::{self, Caller, Endpoints, WorkloadConfig},
 };
@@ -53,20 +55,38 @@ pub struct RunConfig {
     pub clients: usize,
     pub skus: usize,
     pub stock: i64,
+    /// The tenants the replicas serve, each with the same SKU names and callers of its own
+    /// (`tenants::TENANTS` by default). A rolling upgrade serves tenant `default` alone,
+    /// whatever this says: the release it starts from may predate tenants.
+    pub tenants: Vec<String>,
 }
 
 impl RunConfig {
+    /// The tenants this run serves.
+    pub fn tenancy(&self) -> anyhow::Result<Tenancy> {
+        if self.topology.rolls() {
+            return Ok(Tenancy::unauthenticated());
+        }
+        anyhow::ensure!(!self.tenants.is_empty(), "a run serves one tenant at least");
+        Ok(Tenancy::with_tokens(&self.tenants))
+    }
+
     /// The command that runs this schedule, and these shoppers' choices, again.
     pub fn replay(&self) -> String {
         format!(
             "target/release/inventory-chaos --topologies {} --seed {} --duration {}s \
-             --clients {} --skus {} --stock {}{}",
+             --clients {} --skus {} --stock {}{}{}",
             self.topology.name(),
             self.seed,
             self.duration.as_secs(),
             self.clients,
             self.skus,
             self.stock,
+            if self.tenants == tenants::TENANTS {
+                String::new()
+            } else {
+                format!(" --tenants {}", self.tenants.join(","))
+            },
             self.previous
                 .as_ref()
                 .map(|p| format!(" --previous-server {}", p.display()))
@@ -132,12 +152,16 @@ struct Targets<'a, 'p> {
     replicas: &'a mut [ServerProcess],
     skus: &'a [String],
     key_prefix: &'a str,
+    /// The tenants served: each has its own lease and fence keys of every SKU name.
+    tenancy: &'a Tenancy,
+    /// Faults on a lease holder so far: each looks first at the next tenant's leases.
+    holder_faults: usize,
     /// Each replica's peer port, to tell from a lease which replica holds it.
     peer_ports: &'a [u16],
     /// The two releases of a rolling upgrade (the previous one only there), and the URL
     /// their `migrate` runs against.
-    current: &'a std::path::Path,
-    previous: Option<&'a std::path::Path>,
+    current: &'a Path,
+    previous: Option<&'a Path>,
     database_url: String,
 }
 
@@ -180,13 +204,16 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
     } else {
         config.server.as_path()
     };
+    let tenancy = config.tenancy()?;
+    // The template holds tenant `default`'s schema; `migrate` adds every other tenant's.
     let database_config = if config.topology.rolls() {
-        let created = databases.create_empty(&database).await?;
-        server::migrate(first, &db.url(&database)).await?;
-        created
+        databases.create_empty(&database).await?
     } else {
         databases.create(&database).await?
     };
+    migrate(first, &db.url(&database), &tenancy).await?;
+    let credentials = config.out.join("credentials");
+    std::fs::write(&credentials, tenancy.credentials_file())?;
 
     let mut redis = Redis::start(config.topology.redis(), &config.out.join("redis")).await?;
     let key_prefix = format!("chaos:{run_id}");
@@ -204,11 +231,11 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
         ("LEASE_WAIT", "500ms".into()),
         ("SWEEP_INTERVAL", "250ms".into()),
         ("SHUTDOWN_GRACE", "2s".into()),
-        ("AUTH_DISABLED", "true".into()),
         ("RUST_LOG", "warn".into()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
+    .chain(tenancy.env(&credentials))
     .collect();
     let mut replicas = Vec::new();
     // Forwarding on: each replica's peer port, which its leases name.
@@ -231,43 +258,15 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
 
     let started = Instant::now();
     let recorder = Recorder::new(started);
-    let seeder = Caller {
-        endpoints: &endpoints,
-        recorder: &recorder,
-        phase: Phase::Load,
-        timeout: CALL_TIMEOUT,
-        attempts: 20,
-    };
-    // Stock spread over the locations: every Reserve allocates among them.
-    let mut grpc = endpoints.client(0);
-    for (priority, location) in workload::LOCATIONS.iter().enumerate().skip(1) {
-        grpc.upsert_location(inventory_proto::UpsertLocationRequest {
-            location_id: (*location).to_owned(),
-            priority: priority as i32,
-            active: true,
-        })
-        .await
-        .with_context(|| format!("could not create location {location}"))?;
-    }
-    let share = config.stock / workload::LOCATIONS.len() as i64;
-    for sku in &skus {
-        for (i, location) in workload::LOCATIONS.iter().enumerate() {
-            let key = format!("{run_id}-seed-{sku}@{location}");
-            let units = if i == 0 {
-                config.stock - share * (workload::LOCATIONS.len() as i64 - 1)
-            } else {
-                share
-            };
-            if seeder.adjust(&key, sku, units).await != Outcome::Ok {
-                bail!("could not stock {sku} at {location} before the run");
-            }
-        }
+    for tenant in &tenancy.tenants {
+        stock_up(config, &run_id, tenant, &skus, (&endpoints, &recorder)).await?;
     }
 
     let workload = workload::start(
         WorkloadConfig {
             run_id: run_id.clone(),
             clients: config.clients,
+            tenants: tenancy.tenants.clone(),
             skus: skus.clone(),
             stock: config.stock,
             seed: config.seed,
@@ -285,6 +284,8 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
         replicas: &mut replicas,
         skus: &skus,
         key_prefix: &key_prefix,
+        tenancy: &tenancy,
+        holder_faults: 0,
         peer_ports: &peer_ports,
         current: &config.server,
         previous: config.previous.as_deref(),
@@ -312,7 +313,7 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
             }) => {
                 let healed_ms = recorder.now_ms();
                 if let Some(down) = down {
-                    outages.push(Outage {
+                    outages.push(RunOutage {
                         fault: p.fault.name().into(),
                         start_ms: started_ms,
                         end_ms: down.until_ms,
@@ -327,10 +328,14 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
                     promoted_ms,
                     unavailable_ms: None,
                     reserve_codes: Default::default(),
-                    holder: holder.map(|(replica, sku)| report::HolderFault {
-                        replica,
-                        sku,
-                        sold_again_ms: None,
+                    holder: holder.map(|(replica, held)| {
+                        let (tenant, sku) = held.unzip();
+                        report::HolderFault {
+                            replica,
+                            tenant,
+                            sku,
+                            sold_again_ms: None,
+                        }
                     }),
                 });
             }
@@ -350,30 +355,25 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
     // Everything serves again; calls still in flight on a resumed replica finish.
     targets.redis.wait_healthy().await?;
     tokio::time::sleep(LEASE_TTL + CALL_TIMEOUT + Duration::from_secs(1)).await;
-    let unknown_after_load = resolve(&endpoints, &recorder).await;
+    let unknown_after_load = resolve(&endpoints, &tenancy, &recorder).await;
 
+    // Each tenant's rows, from its own schema, and its own stream.
     let client = connect(&database_config).await?;
-    wait_quiet(&client).await?;
-    let facts = read_facts(&client).await?;
-    let stream = workload::read_stream(&endpoints, facts.head).await?;
+    let mut facts: BTreeMap<String, Facts> = BTreeMap::new();
+    let mut streams: BTreeMap<String, Vec<SeenEvent>> = BTreeMap::new();
+    for tenant in &tenancy.tenants {
+        client
+            .batch_execute(&format!("SET search_path = {}", tenant.schema()))
+            .await?;
+        wait_quiet(&client)
+            .await
+            .with_context(|| format!("tenant {}", tenant.tenant))?;
+        let rows = read_facts(&client).await?;
+        let stream = workload::read_stream(&endpoints, tenant, rows.head).await?;
+        facts.insert(tenant.tenant.clone(), rows);
+        streams.insert(tenant.tenant.clone(), stream);
+    }
     let history = recorder.take();
-    let heals: Vec<Heal> = applied
-        .iter()
-        .enumerate()
-        .map(|(i, a)| Heal {
-            next_failover_ms: applied[i + 1..]
-                .iter()
-                .find(|next| next.fault.fails_over())
-                .map(|next| next.started_ms),
-            fault: a.fault.name().to_owned(),
-            healed_ms: a.healed_ms,
-            // After a Cluster node comes back, it is its own SKUs that must sell again.
-            skus: outages
-                .iter()
-                .find(|o| o.start_ms == a.started_ms)
-                .and_then(|o| o.skus.clone()),
-        })
-        .collect();
     let failovers: Vec<Outage> = applied
         .iter()
         .filter(|a| a.fault.fails_over())
@@ -384,22 +384,42 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
             skus: None,
         })
         .collect();
-    let mut checks = checker::check(
-        &history,
-        &stream,
-        &facts,
-        &outages,
-        &heals,
-        &failovers,
-        load_end_ms,
-    );
-    let (verified, report) =
-        server::verify(&config.server, &targets.database.url(&database)).await?;
+    let mut checks = Vec::new();
+    let mut isolation = Vec::new();
+    for tenant in &tenancy.tenants {
+        let name = tenant.tenant.as_str();
+        let (facts, stream) = (&facts[name], &streams[name]);
+        let its_outages: Vec<Outage> = outages.iter().map(|o| o.of_tenant(name)).collect();
+        let its_heals = heals(&applied, &its_outages);
+        checks.extend(checker::check_tenant(
+            name,
+            &history,
+            stream,
+            facts,
+            (&its_outages, &its_heals),
+            &failovers,
+            load_end_ms,
+        ));
+        isolation.push(TenantRows {
+            tenant: name,
+            callers: tenant.caller_names(),
+            facts,
+            stream,
+        });
+    }
+    checks.push(checker::tenants_isolated(&history, &isolation, &skus));
+    let (verified, report) = inventory_testkit::server::verify_tenants(
+        &config.server,
+        &targets.database.url(&database),
+        &tenancy.names(),
+    )
+    .await?;
     checks.push(checker::Check {
         name: "ledger_verified",
+        tenant: None,
         passed: verified,
-        examined: facts.stock.len(),
-        detail: report.lines().last().unwrap_or_default().to_owned(),
+        examined: facts.values().map(|f| f.stock.len()).sum(),
+        detail: verify_summary(&report),
     });
     if !verified {
         eprintln!("inventory-server verify found drift:\n{report}");
@@ -407,10 +427,12 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
     for a in &mut applied {
         a.reserve_codes = report::reserve_codes(&history, a.started_ms, a.healed_ms);
         if let Some(holder) = &mut a.holder {
-            holder.sold_again_ms = holder
-                .sku
-                .as_deref()
-                .and_then(|sku| report::sold_again_ms(&history, sku, a.started_ms));
+            holder.sold_again_ms = match (&holder.tenant, &holder.sku) {
+                (Some(tenant), Some(sku)) => {
+                    report::sold_again_ms(&history, tenant, sku, a.started_ms)
+                }
+                _ => None,
+            };
         }
         if a.fault.fails_over() {
             a.unavailable_ms = Some(report::longest_without_reserve(
@@ -427,16 +449,18 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
         duration_s: config.duration.as_secs_f64(),
         clients: config.clients,
         skus: config.skus,
+        tenants: tenancy.tenant_names(),
         schedule: planned,
         applied,
         counts: report::counts(&history),
+        holds_by_tenant: report::holds_by_tenant(&history, &tenancy.tenant_names()),
         unknown_after_load,
-        events: stream.len(),
+        events: streams.values().map(Vec::len).sum(),
         checks,
         passed,
         replay: config.replay(),
     };
-    write_files(config, &report, &history, &stream, &facts)?;
+    write_files(config, &report, &history, &streams, &facts)?;
     for replica in &mut replicas {
         replica.stop(STOP_GRACE).await;
     }
@@ -447,9 +471,59 @@ async fn run_on(config: &RunConfig, db: &mut Database<'_>) -> anyhow::Result<Run
     Ok(report)
 }
 
-/// While a fault lasted, Redis could not grant a lease for these SKUs (all, when `None`).
+/// SKU names of each tenant, by tenant.
+type TenantSkus = BTreeMap<String, Vec<String>>;
+
+/// A span during which Redis could not grant a lease for these SKUs of each tenant (all, when
+/// `None`).
+struct RunOutage {
+    fault: String,
+    start_ms: f64,
+    end_ms: f64,
+    skus: Option<TenantSkus>,
+}
+
+impl RunOutage {
+    /// The outage as one tenant's checks see it: its SKUs only.
+    fn of_tenant(&self, tenant: &str) -> Outage {
+        Outage {
+            fault: self.fault.clone(),
+            start_ms: self.start_ms,
+            end_ms: self.end_ms,
+            skus: self
+                .skus
+                .as_ref()
+                .map(|skus| skus.get(tenant).cloned().unwrap_or_default()),
+        }
+    }
+}
+
+/// When each fault healed, with the SKUs that must sell again (those of a killed Cluster
+/// node, from one tenant's `outages`), and when the next failover began.
+fn heals(applied: &[Applied], outages: &[Outage]) -> Vec<Heal> {
+    applied
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Heal {
+            next_failover_ms: applied[i + 1..]
+                .iter()
+                .find(|next| next.fault.fails_over())
+                .map(|next| next.started_ms),
+            fault: a.fault.name().to_owned(),
+            healed_ms: a.healed_ms,
+            // After a Cluster node comes back, it is its own SKUs that must sell again.
+            skus: outages
+                .iter()
+                .find(|o| o.start_ms == a.started_ms)
+                .and_then(|o| o.skus.clone()),
+        })
+        .collect()
+}
+
+/// While a fault lasted, Redis could not grant a lease for these SKUs of each tenant (all,
+/// when `None`).
 struct Down {
-    skus: Option<Vec<String>>,
+    skus: Option<TenantSkus>,
     /// The moment the harness began to heal it (a restarted process may answer at once).
     until_ms: f64,
 }
@@ -461,14 +535,20 @@ struct Effect {
     down: Option<Down>,
     /// When the monitor had promoted the standby (a failover), from the start of the load.
     promoted_ms: Option<f64>,
-    /// A fault on a lease holder: the replica and the SKU it held (`None`s: none was found).
-    holder: Option<(Option<usize>, Option<String>)>,
+    /// A fault on a lease holder: the replica and the tenant and SKU whose lease it held
+    /// (`None`s: none was found).
+    holder: Option<Holder>,
 }
 
-/// The replica holding a lease of one of the run's SKUs, as the lease's value names its peer
-/// port (`<token>@127.0.0.1:<port>`), and that SKU. Under load one is almost always held; a
-/// few looks, 10 ms apart, cover a moment between two holds. `(None, None)`: none was.
-async fn lease_holder(t: &Targets<'_, '_>) -> anyhow::Result<(Option<usize>, Option<String>)> {
+/// The replica holding a lease, and the tenant and SKU the lease is of.
+type Holder = (Option<usize>, Option<(String, String)>);
+
+/// The replica holding a lease of one of the run's SKUs of any tenant (each tenant's lease key
+/// of a SKU is its own, `tenants::redis_key`), as the lease's value names its peer port
+/// (`<token>@127.0.0.1:<port>`), and that tenant and SKU. Under load one is almost always
+/// held; a few looks, 10 ms apart, cover a moment between two holds. `(None, None)`: none was.
+/// Each fault looks at the next tenant's leases first, so the faults take turns among them.
+async fn lease_holder(t: &mut Targets<'_, '_>) -> anyhow::Result<Holder> {
     use fred::interfaces::{ClientLike as _, KeysInterface as _};
     let config = fred::types::config::Config::from_url(&t.redis.url())?;
     let client = fred::types::Builder::from_config(config)
@@ -476,16 +556,24 @@ async fn lease_holder(t: &Targets<'_, '_>) -> anyhow::Result<(Option<usize>, Opt
         .build()?;
     client.init().await?;
     let mut found = (None, None);
+    let (tenants, skus) = (&t.tenancy.tenants, t.skus);
+    let first = t.holder_faults % tenants.len();
+    t.holder_faults += 1;
+    let leases: Vec<(&str, &String)> = tenants[first..]
+        .iter()
+        .chain(&tenants[..first])
+        .flat_map(|c| skus.iter().map(move |sku| (c.tenant.as_str(), sku)))
+        .collect();
     'looking: for _ in 0..100 {
-        for sku in t.skus {
-            let key = format!("{}:{{{sku}}}:lease", t.key_prefix);
+        for &(tenant, sku) in &leases {
+            let key = tenants::redis_key(t.key_prefix, tenant, sku, "lease");
             let value: Option<String> = client.get(key).await?;
             let port = value
                 .as_deref()
                 .and_then(|v| v.rsplit_once(':'))
                 .and_then(|(_, port)| port.parse::<u16>().ok());
             if let Some(replica) = port.and_then(|p| t.peer_ports.iter().position(|&q| q == p)) {
-                found = (Some(replica), Some(sku.clone()));
+                found = (Some(replica), Some((tenant.to_owned(), sku.clone())));
                 break 'looking;
             }
         }
@@ -512,7 +600,7 @@ async fn apply(
     }
     let down = match *fault {
         Fault::MigrateSchema => {
-            let printed = server::migrate(t.current, &t.database_url).await?;
+            let printed = migrate(t.current, &t.database_url, t.tenancy).await?;
             eprintln!(
                 "  {:>7.1} s  migrate: {}",
                 recorder.now_ms() / 1000.0,
@@ -625,16 +713,21 @@ async fn apply(
             let until_ms = recorder.now_ms();
             t.redis.nodes[node].restart().await?;
             t.redis.wait_healthy().await?;
+            // Each tenant's own lease keys: the slot is the SKU's hash tag's, whatever the
+            // tenant, but it is the tenant's key that the replicas use.
             let skus = t
-                .skus
+                .tenancy
+                .tenants
                 .iter()
-                .filter(|sku| {
-                    let key = format!("{}:{{{sku}}}:lease", t.key_prefix);
-                    t.redis
-                        .cluster_node_of_slot(fred::util::redis_keyslot(key.as_bytes()))
-                        == node
+                .map(|c| {
+                    let on_node = t.skus.iter().filter(|sku| {
+                        let key = tenants::redis_key(t.key_prefix, &c.tenant, sku, "lease");
+                        t.redis
+                            .cluster_node_of_slot(fred::util::redis_keyslot(key.as_bytes()))
+                            == node
+                    });
+                    (c.tenant.clone(), on_node.cloned().collect())
                 })
-                .cloned()
                 .collect();
             Some(Down {
                 skus: Some(skus),
@@ -720,18 +813,19 @@ fn announce(recorder: &Recorder, fault: &Fault) {
 }
 
 /// Sends every `Reserve` and `AdjustStock` whose outcome is still unknown again, with its key,
-/// until it gets a definite answer: the answer says whether the first attempt took effect.
-/// Returns how many keys needed it.
-async fn resolve(endpoints: &Endpoints, recorder: &Recorder) -> usize {
+/// as its tenant's caller, until it gets a definite answer: the answer says whether the first
+/// attempt took effect. Returns how many keys needed it.
+async fn resolve(endpoints: &Endpoints, tenancy: &Tenancy, recorder: &Recorder) -> usize {
     use futures::StreamExt as _;
     let ops = recorder.ops();
-    let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    // The same key in two tenants is two keys.
+    let mut by_key: BTreeMap<(&str, &str), Vec<&Op>> = BTreeMap::new();
     for op in ops
         .iter()
         .filter(|o| matches!(o.kind, OpKind::Reserve | OpKind::Adjust))
     {
         by_key
-            .entry(op.key.as_deref().unwrap_or(""))
+            .entry((op.tenant.as_str(), op.key.as_deref().unwrap_or("")))
             .or_default()
             .push(op);
     }
@@ -743,18 +837,35 @@ async fn resolve(endpoints: &Endpoints, recorder: &Recorder) -> usize {
         })
         .map(|ops| ops[0])
         .collect();
-    let caller = Caller {
-        endpoints,
-        recorder,
-        phase: Phase::Resolve,
-        timeout: Duration::from_secs(5),
-        attempts: 5,
-    };
+    let callers: BTreeMap<&str, Caller> = tenancy
+        .tenants
+        .iter()
+        .map(|tenant| {
+            let caller = Caller {
+                tenant,
+                endpoints,
+                recorder,
+                phase: Phase::Resolve,
+                timeout: Duration::from_secs(5),
+                attempts: 5,
+            };
+            (tenant.tenant.as_str(), caller)
+        })
+        .collect();
     // Eight keys at a time, within one minute in all: a key still unknown after that fails
     // the checker rather than hanging the run.
     let deadline = Instant::now() + Duration::from_secs(60);
     futures::stream::iter(&pending)
-        .for_each_concurrent(8, |op| resolve_key(&caller, op, deadline))
+        .for_each_concurrent(8, |op| async {
+            match callers.get(op.tenant.as_str()) {
+                Some(caller) => resolve_key(caller, op, deadline).await,
+                None => eprintln!(
+                    "{} of tenant {}, not served",
+                    op.key.as_deref().unwrap_or(""),
+                    op.tenant
+                ),
+            }
+        })
         .await;
     pending.len()
 }
@@ -780,7 +891,7 @@ async fn resolve_key(caller: &Caller<'_>, op: &Op, deadline: Instant) {
         // progress, the lease was busy): they say nothing of the outcome, so ask again.
         let settled = caller
             .recorder
-            .last_code_of(key)
+            .last_code_of(&op.tenant, key)
             .is_some_and(|code| Outcome::settles(&code));
         if outcome == Outcome::Ok || (outcome == Outcome::Fail && settled) {
             return;
@@ -789,8 +900,9 @@ async fn resolve_key(caller: &Caller<'_>, op: &Op, deadline: Instant) {
     }
 }
 
-/// Waits for the quiet end of a run: every hold (all last a few seconds) swept, and every
-/// event positioned. Nothing changes after that, so rows and stream can be read in turn.
+/// Waits for the quiet end of a run in the schema `client` works in (one tenant's): every hold
+/// (all last a few seconds) swept, and every event positioned. Nothing changes after that, so
+/// rows and stream can be read in turn.
 async fn wait_quiet(client: &tokio_postgres::Client) -> anyhow::Result<()> {
     eventually_ok(
         "holds still unswept or events unpositioned",
@@ -812,7 +924,7 @@ async fn wait_quiet(client: &tokio_postgres::Client) -> anyhow::Result<()> {
     .await
 }
 
-/// The rows, all from one snapshot.
+/// The rows of the schema `client` works in (one tenant's), all from one snapshot.
 async fn read_facts(client: &tokio_postgres::Client) -> anyhow::Result<Facts> {
     client
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -877,6 +989,19 @@ async fn read_rows(client: &tokio_postgres::Client) -> anyhow::Result<Facts> {
     {
         facts.cancelled_orders.push(row.get(0));
     }
+    for row in client
+        .query(
+            "SELECT caller FROM reservations
+             UNION SELECT caller FROM idempotency_keys
+             UNION SELECT caller FROM cancelled_orders WHERE caller <> '*'
+             UNION SELECT actor FROM stock_movements WHERE actor <> ''
+             ORDER BY 1",
+            &[],
+        )
+        .await?
+    {
+        facts.callers.push(row.get(0));
+    }
     Ok(facts)
 }
 
@@ -912,12 +1037,14 @@ async fn cancel_violations(client: &tokio_postgres::Client) -> anyhow::Result<Ve
         .collect())
 }
 
+/// The run's files; `events.json` has each tenant's stream and `facts.json` each tenant's rows,
+/// by tenant.
 fn write_files(
     config: &RunConfig,
     report: &RunReport,
     history: &History,
-    stream: &[crate::history::SeenEvent],
-    facts: &Facts,
+    streams: &BTreeMap<String, Vec<SeenEvent>>,
+    facts: &BTreeMap<String, Facts>,
 ) -> anyhow::Result<()> {
     use std::io::Write as _;
     let mut ops = std::io::BufWriter::new(std::fs::File::create(config.out.join("history.jsonl"))?);
@@ -929,7 +1056,7 @@ fn write_files(
     std::fs::write(
         config.out.join("events.json"),
         serde_json::to_vec(&serde_json::json!({
-            "stream": stream,
+            "streams": streams,
             "live": history.live_events,
             "snapshots": history.snapshots,
         }))?,
@@ -945,4 +1072,75 @@ fn write_files(
         report::svg(report, history),
     )?;
     Ok(())
+}
+
+/// Creates the locations of one tenant and stocks each SKU name at each, as the tenant's
+/// admin: every `Reserve` allocates among them.
+async fn stock_up(
+    config: &RunConfig,
+    run_id: &str,
+    tenant: &TenantCallers,
+    skus: &[String],
+    (endpoints, recorder): (&Endpoints, &Recorder),
+) -> anyhow::Result<()> {
+    let name = &tenant.tenant;
+    let seeder = Caller {
+        tenant,
+        endpoints,
+        recorder,
+        phase: Phase::Load,
+        timeout: CALL_TIMEOUT,
+        attempts: 20,
+    };
+    let mut grpc = endpoints.client(0);
+    for (priority, location) in workload::LOCATIONS.iter().enumerate().skip(1) {
+        let mut request = tonic::Request::new(inventory_proto::UpsertLocationRequest {
+            location_id: (*location).to_owned(),
+            priority: priority as i32,
+            active: true,
+        });
+        tenant.admin.authorize(&mut request);
+        grpc.upsert_location(request)
+            .await
+            .with_context(|| format!("could not create location {location} of tenant {name}"))?;
+    }
+    let share = config.stock / workload::LOCATIONS.len() as i64;
+    for sku in skus {
+        for (i, location) in workload::LOCATIONS.iter().enumerate() {
+            let key = format!("{run_id}-seed-{sku}@{location}");
+            let units = if i == 0 {
+                config.stock - share * (workload::LOCATIONS.len() as i64 - 1)
+            } else {
+                share
+            };
+            if seeder.adjust(&key, sku, units).await != Outcome::Ok {
+                bail!("could not stock {sku} of tenant {name} at {location} before the run");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `binary migrate` for every tenant of the run (`TENANTS`): tenant `default`'s schema, and a
+/// schema of its own created and migrated for every other. What it printed.
+async fn migrate(binary: &Path, database_url: &str, tenancy: &Tenancy) -> anyhow::Result<String> {
+    inventory_testkit::server::migrate_tenants(binary, database_url, &tenancy.names()).await
+}
+
+/// `verify`'s last line of each tenant (`[tenant <name>: ]verified <n> SKUs ...`, the tenant
+/// named here for `default` too), or its last line when it printed none (it failed).
+fn verify_summary(report: &str) -> String {
+    let lines: Vec<String> = report
+        .lines()
+        .filter_map(|l| match l.find("verified ") {
+            Some(0) => Some(format!("tenant default: {l}")),
+            Some(_) => Some(l.to_owned()),
+            None => None,
+        })
+        .collect();
+    if lines.is_empty() {
+        report.lines().last().unwrap_or_default().to_owned()
+    } else {
+        lines.join("; ")
+    }
 }

@@ -3,6 +3,11 @@
 //! hold expire, retrying every keyed call of unknown outcome with the same key; a stocker that
 //! snapshots and restocks; and a live event watcher that reconnects wherever it can. Every
 //! call goes into the [`Recorder`].
+//!
+//! Each tenant of the run has a stocker and a watcher of its own, and the shoppers take turns
+//! among the tenants (shopper `i` is tenant `i mod n`'s), so the tenants' calls interleave on
+//! every replica. A tenant's shoppers use the same SKU names, idempotency keys and order ids
+//! as every other tenant's: the `k`-th shopper of each tenant sends `<run>-c<k>-<n>`.
 
 use std::{
     sync::Arc,
@@ -19,12 +24,18 @@ use rand::{Rng as _, SeedableRng as _, rngs::StdRng, seq::IndexedRandom as _};
 use tokio::{sync::watch, task::JoinHandle};
 use tonic::{Code, transport::Channel};
 
-use crate::history::{Line, Op, OpKind, Outcome, Phase, Recorder, SeenEvent, Snapshot};
+use crate::{
+    history::{Line, Op, OpKind, Outcome, Phase, Recorder, SeenEvent, Snapshot},
+    tenants::{Credentials, TenantCallers},
+};
 
 #[derive(Clone, Debug)]
 pub struct WorkloadConfig {
     pub run_id: String,
+    /// Shoppers of all tenants together, dealt to the tenants in turn.
     pub clients: usize,
+    /// The tenants and their callers; each stocks, sells and watches the same SKU names.
+    pub tenants: Vec<TenantCallers>,
     pub skus: Vec<String>,
     /// Units a SKU starts with, and the restock step.
     pub stock: i64,
@@ -37,8 +48,14 @@ pub struct WorkloadConfig {
 }
 
 impl WorkloadConfig {
-    fn caller<'a>(&self, endpoints: &'a Endpoints, recorder: &'a Recorder) -> Caller<'a> {
+    fn caller<'a>(
+        &'a self,
+        tenant: &'a TenantCallers,
+        endpoints: &'a Endpoints,
+        recorder: &'a Recorder,
+    ) -> Caller<'a> {
         Caller {
+            tenant,
             endpoints,
             recorder,
             phase: Phase::Load,
@@ -138,14 +155,20 @@ fn state_name(state: i32) -> Option<String> {
     })
 }
 
-/// Runs one call with a client-side deadline as well as the `grpc-timeout` the server sees,
-/// so a paused server cannot hold a client forever; `ok` reduces a success.
-async fn call<T, R, F>(timeout: Duration, message: T, f: F, ok: impl FnOnce(R) -> Answer) -> Answer
+/// Runs one call as `as_caller`, with a client-side deadline as well as the `grpc-timeout` the
+/// server sees, so a paused server cannot hold a client forever; `ok` reduces a success.
+async fn call<T, R, F>(
+    (timeout, as_caller): (Duration, &Credentials),
+    message: T,
+    f: F,
+    ok: impl FnOnce(R) -> Answer,
+) -> Answer
 where
     F: AsyncFnOnce(tonic::Request<T>) -> Result<tonic::Response<R>, tonic::Status>,
 {
     let mut request = tonic::Request::new(message);
     request.set_timeout(timeout);
+    as_caller.authorize(&mut request);
     match tokio::time::timeout(timeout + Duration::from_millis(200), f(request)).await {
         Ok(Ok(response)) => ok(response.into_inner()),
         Ok(Err(status)) => Answer::status(status.code(), status.message().to_owned()),
@@ -226,7 +249,8 @@ impl Running {
     }
 }
 
-/// Starts shoppers, the stocker and the watcher; they run until [`Running::stop`].
+/// Starts the shoppers, and each tenant's stocker and watcher; they run until
+/// [`Running::stop`].
 pub fn start(config: WorkloadConfig, endpoints: Endpoints, recorder: Recorder) -> Running {
     let (stop, stopped) = watch::channel(false);
     let config = Arc::new(config);
@@ -246,20 +270,26 @@ pub fn start(config: WorkloadConfig, endpoints: Endpoints, recorder: Recorder) -
             shopper(client, &config, &endpoints, &recorder, stopped).await;
         }));
     }
-    {
+    for tenant in 0..config.tenants.len() {
         let (config, endpoints, recorder, stopped) = handles();
         tasks.push(tokio::spawn(async move {
-            stocker(&config, &endpoints, &recorder, stopped).await;
+            stocker(&config, tenant, &endpoints, &recorder, stopped).await;
+        }));
+        let (config, endpoints, recorder, stopped) = handles();
+        tasks.push(tokio::spawn(async move {
+            let tenant = &config.tenants[tenant];
+            watcher(tenant, endpoints, recorder, stopped).await;
         }));
     }
-    tasks.push(tokio::spawn(watcher(endpoints, recorder, stopped)));
     Running { stop, tasks }
 }
 
-/// How calls are made in one phase: through which replicas, recorded where, with what
-/// deadline and how many attempts under one key.
+/// How calls are made in one phase: as which tenant's callers, through which replicas,
+/// recorded where, with what deadline and how many attempts under one key.
 #[derive(Clone, Copy, Debug)]
 pub struct Caller<'a> {
+    /// Shoppers' calls go as its `reserver`, `AdjustStock` as its `admin`.
+    pub tenant: &'a TenantCallers,
     pub endpoints: &'a Endpoints,
     pub recorder: &'a Recorder,
     pub phase: Phase,
@@ -282,34 +312,38 @@ impl Caller<'_> {
     /// Sends one request to one replica.
     async fn attempt(&self, replica: usize, request: Request) -> Answer {
         let mut grpc = self.endpoints.client(replica);
-        let timeout = self.timeout;
+        let as_caller = match request {
+            Request::Adjust(_) => &self.tenant.admin,
+            _ => &self.tenant.shopper,
+        };
+        let how = (self.timeout, as_caller);
         match request {
             Request::Reserve(m) => {
                 let f = async |r| grpc.reserve(r).await;
-                call(timeout, m, f, Answer::of_reservation).await
+                call(how, m, f, Answer::of_reservation).await
             }
             Request::Confirm(m) => {
                 let f = async |r| grpc.confirm_reservation(r).await;
-                call(timeout, m, f, Answer::of_reservation).await
+                call(how, m, f, Answer::of_reservation).await
             }
             Request::Release(m) => {
                 let f = async |r| grpc.release_reservation(r).await;
-                call(timeout, m, f, Answer::of_reservation).await
+                call(how, m, f, Answer::of_reservation).await
             }
             Request::Extend(m) => {
                 let f = async |r| grpc.extend_reservation(r).await;
-                call(timeout, m, f, Answer::of_reservation).await
+                call(how, m, f, Answer::of_reservation).await
             }
             Request::Cancel(m) => {
                 let f = async |r| grpc.cancel_order(r).await;
-                call(timeout, m, f, |c: CancelOrderResponse| {
+                call(how, m, f, |c: CancelOrderResponse| {
                     Answer::of_cancel(c.reservations)
                 })
                 .await
             }
             Request::Adjust(m) => {
                 let f = async |r| grpc.adjust_stock(r).await;
-                call(timeout, m, f, |_| Answer::status(Code::Ok, String::new())).await
+                call(how, m, f, |_| Answer::status(Code::Ok, String::new())).await
             }
         }
     }
@@ -468,6 +502,7 @@ impl Caller<'_> {
     /// An operation of this phase with nothing filled in yet.
     fn op(&self, client: usize, kind: OpKind) -> Op {
         Op {
+            tenant: self.tenant.tenant.clone(),
             client,
             replica: 0,
             kind,
@@ -541,6 +576,8 @@ impl Plan {
     }
 }
 
+/// Shopper `client` of all: tenant `client mod n`'s, and within it shopper `client / n`, whose
+/// keys are those of the same shopper of every other tenant.
 async fn shopper(
     client: usize,
     config: &WorkloadConfig,
@@ -550,7 +587,9 @@ async fn shopper(
 ) {
     let mut rng =
         StdRng::seed_from_u64(config.seed ^ (client as u64 + 1).wrapping_mul(0x9e37_79b9));
-    let caller = config.caller(endpoints, recorder);
+    let tenants = config.tenants.len();
+    let caller = config.caller(&config.tenants[client % tenants], endpoints, recorder);
+    let own = client / tenants;
     for n in 0.. {
         if *stopped.borrow() {
             return;
@@ -567,7 +606,7 @@ async fn shopper(
                 quantity: rng.random_range(1..=3),
             })
             .collect();
-        let key = format!("{}-c{client}-{n}", config.run_id);
+        let key = format!("{}-c{own}-{n}", config.run_id);
         let order_id = format!("order-{key}");
         let ttl_ms = rng.random_range(1_000..=3_000);
         let (_, reservation) = caller
@@ -684,14 +723,16 @@ async fn sleep_ms(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
-/// Snapshots every SKU's level every 200 ms and restocks a SKU that runs low.
+/// Snapshots every SKU's level of one tenant every 200 ms and restocks a SKU that runs low.
 async fn stocker(
     config: &WorkloadConfig,
+    tenant: usize,
     endpoints: &Endpoints,
     recorder: &Recorder,
     stopped: watch::Receiver<bool>,
 ) {
-    let caller = config.caller(endpoints, recorder);
+    let tenant = &config.tenants[tenant];
+    let caller = config.caller(tenant, endpoints, recorder);
     let mut restocks = 0;
     for tick in 0usize.. {
         if *stopped.borrow() {
@@ -703,6 +744,7 @@ async fn stocker(
             ..Default::default()
         });
         request.set_timeout(config.call_timeout);
+        tenant.admin.authorize(&mut request);
         let levels = match tokio::time::timeout(config.call_timeout, grpc.get_stock(request)).await
         {
             Ok(Ok(response)) => response.into_inner().levels,
@@ -711,6 +753,7 @@ async fn stocker(
         let at_ms = recorder.now_ms();
         for level in levels {
             recorder.snapshot(Snapshot {
+                tenant: tenant.tenant.clone(),
                 at_ms,
                 sku: level.sku.clone(),
                 on_hand: level.on_hand,
@@ -727,9 +770,14 @@ async fn stocker(
     }
 }
 
-/// Follows `WatchEvents` live; on any break it resumes after the last event it saw, on the
-/// next replica.
-async fn watcher(endpoints: Endpoints, recorder: Recorder, mut stopped: watch::Receiver<bool>) {
+/// Follows one tenant's `WatchEvents` live; on any break it resumes after the last event it
+/// saw, on the next replica.
+async fn watcher(
+    tenant: &TenantCallers,
+    endpoints: Endpoints,
+    recorder: Recorder,
+    mut stopped: watch::Receiver<bool>,
+) {
     let (mut after, mut epoch) = (0, String::new());
     for replica in 0.. {
         if *stopped.borrow() {
@@ -737,17 +785,16 @@ async fn watcher(endpoints: Endpoints, recorder: Recorder, mut stopped: watch::R
         }
         let mut grpc = endpoints.client(replica);
         let follow = async {
-            let mut stream = grpc
-                .watch_events(WatchEventsRequest {
-                    after_sequence: after,
-                    epoch: epoch.clone(),
-                })
-                .await?
-                .into_inner();
+            let mut request = tonic::Request::new(WatchEventsRequest {
+                after_sequence: after,
+                epoch: epoch.clone(),
+            });
+            tenant.admin.authorize(&mut request);
+            let mut stream = grpc.watch_events(request).await?.into_inner();
             while let Some(event) = stream.message().await? {
                 after = event.sequence;
                 epoch.clone_from(&event.epoch);
-                recorder.event(seen(event));
+                recorder.event(seen(&tenant.tenant, event));
             }
             Ok::<_, tonic::Status>(())
         };
@@ -759,9 +806,10 @@ async fn watcher(endpoints: Endpoints, recorder: Recorder, mut stopped: watch::R
     }
 }
 
-/// An event reduced to what the checker compares.
-pub fn seen(event: Event) -> SeenEvent {
+/// An event of `tenant`'s stream reduced to what the checker compares.
+pub fn seen(tenant: &str, event: Event) -> SeenEvent {
     let mut seen = SeenEvent {
+        tenant: tenant.to_owned(),
         sequence: event.sequence,
         event_id: event.event_id,
         event_type: EventType::try_from(event.r#type)
@@ -828,8 +876,13 @@ pub fn seen(event: Event) -> SeenEvent {
     seen
 }
 
-/// Reads the whole stream from the start until `head`, from whichever replica answers.
-pub async fn read_stream(endpoints: &Endpoints, head: i64) -> anyhow::Result<Vec<SeenEvent>> {
+/// Reads one tenant's whole stream from the start until `head`, from whichever replica
+/// answers.
+pub async fn read_stream(
+    endpoints: &Endpoints,
+    tenant: &TenantCallers,
+    head: i64,
+) -> anyhow::Result<Vec<SeenEvent>> {
     let mut events: Vec<SeenEvent> = Vec::new();
     let mut epoch = String::new();
     let started = Instant::now();
@@ -837,20 +890,20 @@ pub async fn read_stream(endpoints: &Endpoints, head: i64) -> anyhow::Result<Vec
     while events.last().map_or(0, |e| e.sequence) < head {
         if started.elapsed() > Duration::from_secs(60) {
             anyhow::bail!(
-                "the event stream stopped at {} of {head}",
+                "tenant {}'s event stream stopped at {} of {head}",
+                tenant.tenant,
                 events.last().map_or(0, |e| e.sequence)
             );
         }
         let mut grpc = endpoints.client(replica);
         replica += 1;
         let after = events.last().map_or(0, |e| e.sequence);
-        let Ok(response) = grpc
-            .watch_events(WatchEventsRequest {
-                after_sequence: after,
-                epoch: epoch.clone(),
-            })
-            .await
-        else {
+        let mut request = tonic::Request::new(WatchEventsRequest {
+            after_sequence: after,
+            epoch: epoch.clone(),
+        });
+        tenant.admin.authorize(&mut request);
+        let Ok(response) = grpc.watch_events(request).await else {
             continue;
         };
         let mut stream = response.into_inner();
@@ -859,7 +912,7 @@ pub async fn read_stream(endpoints: &Endpoints, head: i64) -> anyhow::Result<Vec
         {
             let done = event.sequence >= head;
             epoch.clone_from(&event.epoch);
-            events.push(seen(event));
+            events.push(seen(&tenant.tenant, event));
             if done {
                 return Ok(events);
             }

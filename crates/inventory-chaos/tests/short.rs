@@ -2,6 +2,10 @@
 //! load under a seeded fault schedule, then the checker, and PostgreSQL failing over for 35 s
 //! (a failover comes first). `make chaos` runs the long profile.
 //!
+//! Every run serves two tenants, `default` and `brand_b`, with the same SKU names, keys and
+//! order ids, each through its own callers of the credentials file; the checker runs per
+//! tenant, then checks that nothing of one tenant is in the other.
+//!
 //! Each run starts its own PostgreSQL (one instance, or a formation with a monitor and a
 //! standby), Redis processes and three `inventory-server` replicas
 //! (the binary built next to this test), so nothing is shared with other tests. Set
@@ -11,6 +15,7 @@ use std::{path::PathBuf, time::Duration};
 
 use inventory_chaos::{
     run::{self, RunConfig},
+    tenants::TENANTS,
     topology::Topology,
 };
 use inventory_testkit::postgres::Postgres;
@@ -59,6 +64,7 @@ async fn short_run(topology: Topology) {
         clients: 8,
         skus: 4,
         stock: 30,
+        tenants: TENANTS.map(String::from).to_vec(),
     };
     let report = run::run(&config, postgres.as_ref()).await;
     if let Some(postgres) = postgres {
@@ -90,6 +96,19 @@ async fn short_run(topology: Topology) {
         assert!(report.applied.len() >= 4, "{} faults", report.applied.len());
     }
     assert!(report.counts["reserve"]["Ok"] > 100, "{:?}", report.counts);
+    // Both tenants sold, and each was judged on its own.
+    assert_eq!(report.tenants, TENANTS, "{}", report.summary());
+    for tenant in TENANTS {
+        assert!(
+            report.holds_by_tenant[tenant] > 50,
+            "{:?}",
+            report.holds_by_tenant
+        );
+        let judged = report.checks.iter();
+        let judged = judged.filter(|c| c.tenant.as_deref() == Some(tenant));
+        assert!(judged.count() > 10, "no checks of tenant {tenant}");
+    }
+    assert!(report.checks.iter().any(|c| c.name == "tenants_isolated"));
 }
 
 #[tokio::test]

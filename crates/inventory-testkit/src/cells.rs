@@ -46,19 +46,9 @@ impl Cell {
         let database_url = postgres.url("postgres");
         let redis = RedisNode::start(scratch.0.join("redis"), Vec::new()).await?;
         let tenants = spec.tenants.join(",");
-        let migrated = tokio::process::Command::new(binary)
-            .args(["migrate", "--database-url", &database_url])
-            .env("TENANTS", &tenants)
-            .output()
+        crate::server::migrate_tenants(binary, &database_url, &tenants)
             .await
-            .with_context(|| format!("run {} migrate", binary.display()))?;
-        if !migrated.status.success() {
-            bail!(
-                "cell {}: migrate failed: {}",
-                spec.name,
-                String::from_utf8_lossy(&migrated.stderr)
-            );
-        }
+            .with_context(|| format!("cell {}", spec.name))?;
         let env = vec![
             ("DATABASE_URL".to_owned(), database_url.clone()),
             ("REDIS_URL".to_owned(), redis.url()),

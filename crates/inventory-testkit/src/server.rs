@@ -45,7 +45,17 @@ pub async fn ready(addr: &str) -> bool {
 
 /// Runs `binary migrate` against `database_url`: what it printed, or an error with it.
 pub async fn migrate(binary: &Path, database_url: &str) -> anyhow::Result<String> {
-    let (succeeded, printed) = run_on_database(binary, "migrate", database_url).await?;
+    migrate_tenants(binary, database_url, "default").await
+}
+
+/// [`migrate`] for every tenant of `tenants` (`TENANTS`, comma-separated): `public` for
+/// `default`, a schema of its own created and migrated for each other.
+pub async fn migrate_tenants(
+    binary: &Path,
+    database_url: &str,
+    tenants: &str,
+) -> anyhow::Result<String> {
+    let (succeeded, printed) = run_on_database(binary, "migrate", database_url, tenants).await?;
     if !succeeded {
         bail!("{} migrate failed: {printed}", binary.display());
     }
@@ -55,17 +65,29 @@ pub async fn migrate(binary: &Path, database_url: &str) -> anyhow::Result<String
 /// Runs `binary verify` (every SKU recomputed from its ledger and live holds) against
 /// `database_url`: whether it found no drift, and what it printed.
 pub async fn verify(binary: &Path, database_url: &str) -> anyhow::Result<(bool, String)> {
-    run_on_database(binary, "verify", database_url).await
+    verify_tenants(binary, database_url, "default").await
 }
 
-/// `binary <command> --database-url <database_url>`: whether it succeeded, and its output.
+/// [`verify`] of every tenant of `tenants`, each in its own schema.
+pub async fn verify_tenants(
+    binary: &Path,
+    database_url: &str,
+    tenants: &str,
+) -> anyhow::Result<(bool, String)> {
+    run_on_database(binary, "verify", database_url, tenants).await
+}
+
+/// `TENANTS=<tenants> binary <command> --database-url <database_url>`: whether it
+/// succeeded, and its output.
 async fn run_on_database(
     binary: &Path,
     command: &str,
     database_url: &str,
+    tenants: &str,
 ) -> anyhow::Result<(bool, String)> {
     let output = tokio::process::Command::new(binary)
         .args([command, "--database-url", database_url])
+        .env("TENANTS", tenants)
         .output()
         .await
         .with_context(|| format!("run {} {command}", binary.display()))?;

@@ -26,6 +26,7 @@ fn line(quantity: i64) -> Vec<Line> {
 
 fn op(kind: OpKind, key: &str, id: Option<&str>, at: f64, outcome: Outcome, code: &str) -> Op {
     Op {
+        tenant: "default".into(),
         client: 0,
         replica: 0,
         kind,
@@ -58,6 +59,7 @@ fn event(sequence: i64, kind: &str, id: Option<&str>, q: i64, level: (i64, i64, 
         _ => ("EXPIRED", (0, 0, q)),
     };
     SeenEvent {
+        tenant: "default".into(),
         sequence,
         event_id: format!("e{sequence}"),
         event_type: kind.into(),
@@ -262,6 +264,7 @@ fn world() -> World {
         cancel_violations: Vec::new(),
         adjust_keys: Vec::new(),
         cancelled_orders: vec!["order-k6".into()],
+        callers: vec!["shopper".into()],
     };
     World {
         history: History {
@@ -270,6 +273,7 @@ fn world() -> World {
                 late,
             ],
             snapshots: vec![Snapshot {
+                tenant: "default".into(),
                 at_ms: 150.0,
                 sku: "S".into(),
                 on_hand: 10,
@@ -828,4 +832,176 @@ fn a_failovers_outage_is_the_longest_stretch_without_a_reserve_inside_it() {
     // Nothing answered after 1,205 until the heal at 3,000; what follows the heal is not its.
     assert_eq!(longest_without_reserve(&history, 0.0, 3_000.0), 1_795.0);
     assert_eq!(longest_without_reserve(&history, 2_000.0, 3_000.0), 1_000.0);
+}
+
+/// The world of `world()` in `tenant`: the same SKU name, keys and orders, reservations and
+/// events of its own, and its own caller.
+fn world_of(tenant: &str) -> World {
+    let mut w = world();
+    let own = |id: &str| format!("{tenant}-{id}");
+    for op in &mut w.history.ops {
+        op.tenant = tenant.into();
+        op.reservation_id = op.reservation_id.as_deref().map(own);
+    }
+    for snapshot in &mut w.history.snapshots {
+        snapshot.tenant = tenant.into();
+    }
+    for e in w.stream.iter_mut().chain(&mut w.history.live_events) {
+        e.tenant = tenant.into();
+        e.event_id = own(&e.event_id);
+        e.reservation_id = e.reservation_id.as_deref().map(own);
+    }
+    for row in &mut w.facts.reservations {
+        row.id = own(&row.id);
+    }
+    for row in &mut w.facts.outbox {
+        row.event_id = own(&row.event_id);
+    }
+    w.facts.callers = vec![format!("shopper-{tenant}")];
+    w
+}
+
+/// Tenants `default` and `brand_b`, each its world, and the run's history: both tenants' calls
+/// interleaved.
+fn two_tenants() -> (History, World, World) {
+    let (a, b) = (world_of("default"), world_of("brand_b"));
+    let mut history = History::default();
+    for w in [&a, &b] {
+        history.ops.extend(w.history.ops.iter().cloned());
+        history
+            .snapshots
+            .extend(w.history.snapshots.iter().cloned());
+        history
+            .live_events
+            .extend(w.history.live_events.iter().cloned());
+    }
+    history
+        .ops
+        .sort_by(|x, y| x.invoked_ms.total_cmp(&y.invoked_ms));
+    (history, a, b)
+}
+
+fn rows<'a>(tenant: &'a str, caller: &'a str, w: &'a World) -> TenantRows<'a> {
+    TenantRows {
+        tenant,
+        callers: vec![caller],
+        facts: &w.facts,
+        stream: &w.stream,
+    }
+}
+
+fn isolated(history: &History, a: &World, b: &World) -> Check {
+    tenants_isolated(
+        history,
+        &[
+            rows("default", "shopper-default", a),
+            rows("brand_b", "shopper-brand_b", b),
+        ],
+        &["S".to_owned()],
+    )
+}
+
+#[test]
+fn each_tenant_is_judged_on_its_own_history_stream_and_rows() {
+    let (history, a, b) = two_tenants();
+    for (tenant, w) in [("default", &a), ("brand_b", &b)] {
+        let checks = check_tenant(
+            tenant,
+            &history,
+            &w.stream,
+            &w.facts,
+            (&w.outages, &w.heals),
+            &w.failovers,
+            20_000.0,
+        );
+        assert_eq!(checks.len(), run(&a).len());
+        for c in &checks {
+            assert!(c.passed, "{tenant} {}: {}", c.name, c.detail);
+            assert_eq!(c.tenant.as_deref(), Some(tenant), "{}", c.name);
+        }
+    }
+    // Against one tenant's rows, the other's calls under the same keys are strangers.
+    let mixed = check(
+        &history,
+        &a.stream,
+        &a.facts,
+        &a.outages,
+        &a.heals,
+        &a.failovers,
+        20_000.0,
+    );
+    let failed: Vec<_> = mixed.iter().filter(|c| !c.passed).map(|c| c.name).collect();
+    assert!(failed.contains(&"successes_exist_once"), "{failed:?}");
+}
+
+#[test]
+fn nothing_of_one_tenant_may_be_in_another() {
+    let (history, a, b) = two_tenants();
+    let c = isolated(&history, &a, &b);
+    assert!(c.passed, "{}", c.detail);
+    assert!(
+        c.detail.contains("holds: brand_b 4, default 4"),
+        "{}",
+        c.detail
+    );
+
+    let failing = |history: &History, a: &World, b: &World, reason: &str| {
+        let c = isolated(history, a, b);
+        assert!(!c.passed, "passed: {}", c.detail);
+        assert!(c.detail.contains(reason), "{reason:?} not in: {}", c.detail);
+    };
+    // Another tenant's reservation among a tenant's rows.
+    let (history, a, mut b) = two_tenants();
+    b.facts.reservations.push(a.facts.reservations[0].clone());
+    failing(
+        &history,
+        &a,
+        &b,
+        "reservation default-R1 is stored in tenant default's rows and in tenant brand_b's",
+    );
+    // Another tenant's caller in a tenant's rows.
+    let (history, a, mut b) = two_tenants();
+    b.facts.callers.push("shopper-default".into());
+    failing(
+        &history,
+        &a,
+        &b,
+        "tenant brand_b's rows name caller \"shopper-default\"",
+    );
+    // A tenant's caller answered with another tenant's reservation.
+    let (mut history, a, b) = two_tenants();
+    let k1 = history
+        .ops
+        .iter_mut()
+        .find(|o| o.tenant == "brand_b" && o.key.as_deref() == Some("k1"))
+        .unwrap();
+    k1.reservation_id = Some("default-R1".into());
+    failing(
+        &history,
+        &a,
+        &b,
+        "tenant brand_b's Reserve k1 was answered with reservation default-R1",
+    );
+    // One event in two streams; a stream naming another tenant's reservation.
+    let (history, a, mut b) = two_tenants();
+    b.stream[0].event_id = "default-e1".into();
+    b.stream[1].reservation_id = Some("default-R1".into());
+    failing(
+        &history,
+        &a,
+        &b,
+        "event default-e1 is in tenant default's stream and in tenant brand_b's",
+    );
+    failing(
+        &history,
+        &a,
+        &b,
+        "tenant brand_b's stream names reservation default-R1, stored in tenant default's rows",
+    );
+    // A tenant without its own stock row of a SKU name, or that never sold.
+    let (mut history, a, mut b) = two_tenants();
+    b.facts.stock.clear();
+    history.ops.retain(|o| o.tenant != "brand_b");
+    failing(&history, &a, &b, "tenant brand_b has no stock row of S");
+    failing(&history, &a, &b, "tenant brand_b: no Reserve succeeded");
 }

@@ -411,10 +411,18 @@ build_baseline() {
     mkdir -p "$target" && cp -a "$ROOT/target/release" "$target/"
   fi
   # The baseline target is shared by every revision built there. Cargo judges the
-  # workspace's own crates fresh by file times, and a worktree checked out before the last
-  # build of another revision looks older than that build's artifacts: touch its files so
-  # they are compiled again when the revision changes.
+  # workspace's own crates fresh by the times of the files their last build read, and those
+  # may be another revision's worktree (or this tree): when the revision changes, the
+  # workspace's own crates (their build scripts' outputs too) are removed from the target, so
+  # they are compiled from this revision's files; the registry's crates stay.
   if [ "$(cat "$target/revision" 2>/dev/null)" != "$rev" ]; then
+    local members
+    members=$(cd "$tree" && cargo metadata --no-deps --format-version 1 --offline 2>/dev/null |
+      python3 -c 'import json, sys; print(" ".join("-p " + p["name"] for p in json.load(sys.stdin)["packages"]))')
+    if [ -n "$members" ]; then
+      # shellcheck disable=SC2086 # one word per -p and name
+      (cd "$tree" && CARGO_TARGET_DIR="$target" cargo clean --release $members >/dev/null 2>&1) || true
+    fi
     (cd "$tree" && git ls-files -z | xargs -0 touch)
   fi
   log "building the release binary of $rev"

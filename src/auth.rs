@@ -10,7 +10,7 @@
 //! | `reserver` | the above, `Reserve`, `ExtendReservation`, `ConfirmReservation`, `ReleaseReservation`, `CancelOrder` | its own |
 //! | `watcher` | `GetStock`, `GetReservation`, `ListReservations`, `WatchEvents` | every caller's (read only) |
 //! | `admin` | every call | every caller's |
-//! | `operator` | every call, in the tenant its `inventory-tenant` header names | every caller's |
+//! | `operator` | every call, in the tenant its `inventory-tenant` header names (its own without one) | every caller's |
 //!
 //! Every caller also belongs to exactly one tenant (`tenant=` on its credentials line, the
 //! tenant claim of its JWT, `default` otherwise and without authentication), and every call
@@ -533,10 +533,11 @@ impl Authenticator {
     /// The caller, if its credentials allow `action`. Without authentication every call is
     /// the anonymous caller's, with every right.
     pub fn authorize<T>(&self, request: &Request<T>, action: Action) -> Result<Principal, Status> {
-        self.allow(self.identify_caller(request)?, action)
+        let principal = chosen_tenant(self.identify_caller(request)?, request.metadata())?;
+        self.allow(principal, action)
     }
 
-    /// Who is calling, whatever it asks for.
+    /// Who is calling, whatever it asks for, in its own tenant.
     fn identify_caller<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
         if self.disabled {
             return Ok(Principal {
@@ -546,8 +547,7 @@ impl Authenticator {
                 limits: self.defaults,
             });
         }
-        let principal = self.identify(request)?;
-        chosen_tenant(principal, request.metadata())
+        self.identify(request)
     }
 
     /// `principal`, if its role allows `action`.
@@ -589,13 +589,20 @@ impl Authenticator {
             }
             return match &self.jwt {
                 Some(verifier) if jwt::looks_like_jwt(token) => {
-                    let (subject, role, tenant) = verifier.verify(token).map_err(|problem| {
+                    let (subject, role, claimed) = verifier.verify(token).map_err(|problem| {
                         Status::unauthenticated(format!("invalid token: {problem}"))
                     })?;
                     // A subject a line maps is that line's caller, with its role; any other
                     // is a caller of its own, `jwt:<subject>`, which no line can name, so a
                     // signed token never shares another caller's keys or reservations.
                     if let Some(principal) = self.subjects.get(&subject) {
+                        // The line's tenant is the caller's; a token claiming another is not
+                        // this line's caller (subjects may repeat across an issuer's realms).
+                        if let Some(claimed) = claimed.filter(|c| c != &principal.tenant) {
+                            return Err(Status::permission_denied(format!(
+                                "the token's tenant {claimed} is not the tenant of the line that names its subject"
+                            )));
+                        }
                         return Ok(principal.clone());
                     }
                     let caller = Caller::parse(&format!("{JWT_CALLERS}{subject}")).map_err(
@@ -608,7 +615,7 @@ impl Authenticator {
                     Ok(Principal {
                         caller,
                         role,
-                        tenant,
+                        tenant: claimed.unwrap_or_else(Tenant::default_tenant),
                         limits: self.defaults,
                     })
                 }
@@ -661,8 +668,10 @@ impl Authenticator {
 }
 
 /// The tenant a call works in: its caller's, or for an `operator` the one its
-/// [`TENANT_HEADER`] names (`default` without one). Any other caller naming a tenant not its
-/// own is refused: a tenant comes from credentials, never from the request.
+/// [`TENANT_HEADER`] names (its own, from its credentials, without one). Any other caller
+/// naming a tenant not its own is refused (the anonymous caller of a server without
+/// authentication too: its tenant is `default`): a tenant comes from credentials, never
+/// from the request.
 fn chosen_tenant(
     principal: Principal,
     metadata: &tonic::metadata::MetadataMap,
@@ -723,7 +732,12 @@ impl Gate {
     ) -> Result<Principal, Status> {
         let current = self.current.load();
         let principal = current.identify_caller(request)?;
+        // Noted before the tenant it asks for is judged, so a refusal names its caller.
         crate::access::attribute(request, &principal, || current.label(principal.caller()));
+        let principal = chosen_tenant(principal, request.metadata())?;
+        if principal.is_operator() {
+            crate::access::attribute(request, &principal, || current.label(principal.caller()));
+        }
         current.allow(principal, action)
     }
 
@@ -742,9 +756,10 @@ impl Gate {
         let Some(limit) = principal.limits.max_in_flight else {
             return Ok(CallerPermit(None));
         };
-        let name = principal.caller.as_str();
+        // By tenant and caller: the same JWT subject may call in two tenants.
+        let name = format!("{}/{}", principal.tenant, principal.caller.as_str());
         let mut counts = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        let count = counts.entry(name.to_owned()).or_default();
+        let count = counts.entry(name.clone()).or_default();
         if *count >= limit {
             return Err(Error::CallerSaturated {
                 caller: principal.caller.clone(),
@@ -752,10 +767,7 @@ impl Gate {
             });
         }
         *count += 1;
-        Ok(CallerPermit(Some((
-            Arc::clone(&self.in_flight),
-            name.to_owned(),
-        ))))
+        Ok(CallerPermit(Some((Arc::clone(&self.in_flight), name))))
     }
 }
 

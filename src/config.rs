@@ -665,10 +665,11 @@ impl Settings {
         let tenants = args.tenant.settings(&args.database.database, &mut problems);
         if let Some(tenants) = &tenants
             && args.auth.auth_disabled
-            && !tenants.serves(&inventory_core::domain::Tenant::default_tenant())
+            && tenants.tenants != [inventory_core::domain::Tenant::default_tenant()]
         {
             problems.push(
-                "AUTH_DISABLED makes every call tenant default's: TENANTS must include default"
+                "AUTH_DISABLED makes every call tenant default's: TENANTS must be default alone \
+                 (other tenants need credentials that name them)"
                     .into(),
             );
         }

@@ -40,13 +40,12 @@ impl Default for TenantSettings {
 }
 
 impl TenantSettings {
-    /// Parses `TENANTS`: names separated by commas or spaces. Every problem is reported.
+    /// Parses `TENANTS`: names separated by commas or white space. Every problem is reported.
     pub fn parse(raw: &str, limits: TenantLimits) -> Result<Self, Vec<String>> {
         let mut tenants = Vec::new();
         let mut problems = Vec::new();
         for name in raw
-            .split([',', ' '])
-            .map(str::trim)
+            .split(|c: char| c == ',' || c.is_whitespace())
             .filter(|n| !n.is_empty())
         {
             match Tenant::parse(name) {
@@ -182,8 +181,9 @@ mod tests {
 
     #[test]
     fn tenants_are_plain_names_listed_once() {
-        let settings = TenantSettings::parse("brand_b, default brand_a", TenantLimits::default())
-            .expect("three tenants");
+        let settings =
+            TenantSettings::parse("brand_b,\n default\tbrand_a", TenantLimits::default())
+                .expect("three tenants");
         let names: Vec<_> = settings.tenants.iter().map(Tenant::as_str).collect();
         assert_eq!(names, ["brand_a", "brand_b", "default"]);
         let problems = TenantSettings::parse("a,Brand,a,x-y", TenantLimits::default()).unwrap_err();

@@ -139,7 +139,7 @@ impl Verifier {
 
     /// The caller's name and role, if `token` is signed by one of the keys and its claims
     /// hold; otherwise why not (never the token itself).
-    pub(super) fn verify(&self, token: &str) -> Result<(String, Role, Tenant), String> {
+    pub(super) fn verify(&self, token: &str) -> Result<(String, Role, Option<Tenant>), String> {
         let header =
             decode_header(token).map_err(|error| format!("unreadable header ({error})"))?;
         let candidates = self.keys.iter().filter(|key| {
@@ -170,7 +170,7 @@ impl Verifier {
     fn principal(
         &self,
         claims: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<(String, Role, Tenant), String> {
+    ) -> Result<(String, Role, Option<Tenant>), String> {
         let text = |claim: &str| {
             claims
                 .get(claim)
@@ -185,11 +185,14 @@ impl Verifier {
                 self.settings.role_claim
             )
         })?;
-        let tenant = match claims.get(&self.settings.tenant_claim) {
-            None => Tenant::default_tenant(),
-            Some(_) => Tenant::parse(text(&self.settings.tenant_claim)?)
-                .map_err(|problem| format!("claim '{}' {problem}", self.settings.tenant_claim))?,
-        };
+        // Absent: the caller's tenant is its credentials line's, or `default`.
+        let tenant =
+            match claims.get(&self.settings.tenant_claim) {
+                None => None,
+                Some(_) => Some(Tenant::parse(text(&self.settings.tenant_claim)?).map_err(
+                    |problem| format!("claim '{}' {problem}", self.settings.tenant_claim),
+                )?),
+            };
         Ok((caller.to_owned(), role, tenant))
     }
 }
@@ -248,7 +251,7 @@ mod tests {
     }
 
     #[test]
-    fn the_tenant_claim_names_the_callers_tenant_and_its_absence_is_default() {
+    fn the_tenant_claim_names_the_callers_tenant_and_may_be_absent() {
         let text = serde_json::json!({ "keys": [jwk("signs", Some("sig"))] }).to_string();
         let verifier = Verifier::parse(&settings(), &text).unwrap();
         let claims = |tenant: Option<serde_json::Value>| {
@@ -259,9 +262,9 @@ mod tests {
             claims.as_object().unwrap().clone()
         };
         let (_, _, tenant) = verifier.principal(&claims(None)).unwrap();
-        assert!(tenant.is_default());
+        assert_eq!(tenant, None);
         let (_, _, tenant) = verifier.principal(&claims(Some("outlet".into()))).unwrap();
-        assert_eq!(tenant.as_str(), "outlet");
+        assert_eq!(tenant.unwrap().as_str(), "outlet");
         for bad in [serde_json::json!("Outlet Store"), serde_json::json!(7)] {
             let problem = verifier.principal(&claims(Some(bad))).unwrap_err();
             assert!(problem.contains("inventory_tenant"), "{problem}");

@@ -223,3 +223,41 @@ fn a_line_names_its_callers_one_tenant_and_only_an_operator_chooses_another() {
         assert!(problems[0].contains(expected), "{problems:?}");
     }
 }
+
+#[test]
+fn without_authentication_the_one_caller_is_tenant_defaults_and_names_no_other() {
+    let auth = Authenticator::disabled();
+    let with_header = |tenant: Option<&str>| {
+        let mut request = Request::new(());
+        if let Some(tenant) = tenant {
+            request
+                .metadata_mut()
+                .insert(TENANT_HEADER, tenant.parse().unwrap());
+        }
+        auth.authorize(&request, Action::Adjust)
+    };
+    assert!(with_header(None).unwrap().tenant().is_default());
+    assert!(with_header(Some("default")).unwrap().tenant().is_default());
+    let refused = with_header(Some("outlet")).unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+}
+
+#[test]
+fn the_same_caller_name_in_two_tenants_has_a_place_in_flight_in_each() {
+    let gate = Gate::new(Authenticator::disabled());
+    let limits = CallerLimits {
+        max_in_flight: Some(1),
+        ..CallerLimits::default()
+    };
+    let caller = |tenant: &str| {
+        let mut principal = Principal::new(Caller::parse("jwt:checkout").unwrap(), Role::Reserver)
+            .in_tenant(Tenant::parse(tenant).unwrap());
+        principal.limits = limits;
+        principal
+    };
+    let first = gate.admit(&caller("brand_a")).unwrap();
+    let other_tenant = gate.admit(&caller("brand_b")).unwrap();
+    assert!(gate.admit(&caller("brand_a")).is_err());
+    drop((first, other_tenant));
+    assert!(gate.admit(&caller("brand_a")).is_ok());
+}

@@ -281,6 +281,28 @@ async fn signed_tokens_are_checked_for_key_issuer_audience_expiry_and_algorithm(
             .await,
         1
     );
+    // The line is tenant default's: a token of that subject claiming another tenant is not
+    // this line's caller (an issuer's realms may repeat subjects), and reserves nothing.
+    let mut elsewhere = claims(
+        "spiffe://shop.example/ns/orders/sa/checkout",
+        "reserver",
+        "inventory",
+        hour,
+    );
+    elsewhere["inventory_tenant"] = "outlet".into();
+    let status = client
+        .reserve(with_token(
+            reserve("k3", &[("SKU-1", 1)]),
+            Some(&first.token(elsewhere)),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM reservations WHERE caller = 'checkout'")
+            .await,
+        1
+    );
 
     let refused = [
         (

@@ -99,9 +99,10 @@ pub fn outcome_unknown(code: Code) -> bool {
 /// not.
 pub fn settles_key(status: &Status) -> bool {
     match status.code() {
-        Code::FailedPrecondition | Code::NotFound | Code::InvalidArgument | Code::AlreadyExists => {
-            true
-        }
+        // A cell that does not serve the caller's tenant refuses before anything else: an
+        // earlier attempt may have been written where the tenant was served (a move).
+        Code::FailedPrecondition => reason(status).as_deref() != Some("TENANT_NOT_SERVED"),
+        Code::NotFound | Code::InvalidArgument | Code::AlreadyExists => true,
         Code::Aborted => reason(status).as_deref() == Some("VERSION_MISMATCH"),
         _ => false,
     }
@@ -197,6 +198,7 @@ mod tests {
             Status::unimplemented("old replica"),
             with_reason(Code::Aborted, "LEASE_BUSY", None),
             Status::resource_exhausted("shed"),
+            with_reason(Code::FailedPrecondition, "TENANT_NOT_SERVED", None),
         ] {
             assert!(!settles_key(&status), "{status:?}");
         }

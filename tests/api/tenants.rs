@@ -877,3 +877,42 @@ async fn a_forwarded_call_runs_in_its_callers_tenant_on_the_holder() {
         "tenant default's HOT is untouched"
     );
 }
+
+/// The order locks of `Reserve` and `CancelOrder` are per tenant: brand_b cancelling an order
+/// id brand_a is reserving under does not wait for brand_a's transaction.
+#[tokio::test]
+async fn the_same_order_id_in_two_tenants_never_waits_on_the_other() {
+    use inventory_server::proto::CancelOrderRequest;
+    let app = spawn_tenants(TenantLimits::default()).await;
+    stock_in(&app, "ORD-1", 5, &[A_ADMIN]).await;
+    // brand_a's Reserve for order-shared, held with the order's lock taken.
+    let mut held = app
+        .pauses
+        .arm(inventory_core::pause::PausePoint::OrderChecked);
+    let mut client = app.client.clone();
+    let reserving = tokio::spawn(async move {
+        let mut request = reserve("a-shared", &[("ORD-1", 1)]);
+        request.order_id = "order-shared".into();
+        client.reserve(with_token(request, Some(A_SHOP))).await
+    });
+    held.reached().await;
+    // brand_b cancels its own order of that id while brand_a's transaction holds its lock.
+    let cancelled = tokio::time::timeout(
+        Duration::from_secs(20),
+        app.client.clone().cancel_order(with_token(
+            CancelOrderRequest {
+                order_id: "order-shared".into(),
+                idempotency_key: "b-cancel".into(),
+                reason: String::new(),
+            },
+            Some(B_SHOP),
+        )),
+    )
+    .await
+    .expect("brand_b's cancel does not wait for brand_a's order lock");
+    cancelled.unwrap();
+    held.resume();
+    // brand_a's order is not cancelled: its hold is made.
+    reserving.await.unwrap().unwrap();
+    app.stop().await.unwrap();
+}

@@ -57,6 +57,8 @@ pub struct PgStore {
     /// `tenant=<name>`, on the gauges of what this store counts (held reservations, outbox
     /// lag): each tenant's store reports its own series.
     tenant: Arc<[opentelemetry::KeyValue; 1]>,
+    /// A named tenant's name, which its order locks are keyed under; `None` for `default`.
+    order_locks: Option<Arc<str>>,
 }
 
 impl PgStore {
@@ -75,6 +77,7 @@ impl PgStore {
                 "tenant",
                 inventory_core::domain::Tenant::DEFAULT,
             )]),
+            order_locks: None,
         }
     }
 
@@ -88,7 +91,13 @@ impl PgStore {
             "tenant",
             tenant.as_str().to_owned(),
         )]);
+        self.order_locks = (!tenant.is_default()).then(|| Arc::from(tenant.as_str()));
         self
+    }
+
+    /// The namespace of this store's order locks (see `tables::orders::lock_key`).
+    pub(crate) fn order_lock_space(&self) -> Option<&str> {
+        self.order_locks.as_deref()
     }
 
     /// The attributes of this store's gauges.

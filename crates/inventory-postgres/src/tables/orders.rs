@@ -39,10 +39,17 @@ const TOMBSTONE: &str = "
     INSERT INTO cancelled_orders (caller, order_id, reason) VALUES ($1, $2, $3)
     ON CONFLICT (caller, order_id) DO NOTHING";
 
-/// The advisory lock key of an order id.
-pub(crate) fn lock_key(order_id: &str) -> i64 {
+/// The advisory lock key of an order id in a tenant's namespace. Advisory locks belong to the
+/// whole database, so a named tenant's orders are locked under keys of its own (the same
+/// order id in two tenants never waits on the other); tenant `default` (`None`) keeps the
+/// key of releases before tenants, which a rolling upgrade's old replicas take.
+pub(crate) fn lock_key(space: Option<&str>, order_id: &str) -> i64 {
     let mut hash = Sha256::new();
-    for part in ["inventory.order", order_id] {
+    for part in ["inventory.order"]
+        .into_iter()
+        .chain(space)
+        .chain([order_id])
+    {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part.as_bytes());
     }
@@ -54,9 +61,10 @@ pub(crate) fn lock_key(order_id: &str) -> i64 {
 /// that were cancelled. Statements are pipelined in order: the read runs after every lock.
 pub(crate) async fn lock_and_read_cancelled(
     tx: &Transaction<'_>,
+    space: Option<&str>,
     orders: &[(&str, &str)],
 ) -> Result<HashSet<(String, String)>, Error> {
-    let mut keys: Vec<i64> = orders.iter().map(|(_, o)| lock_key(o)).collect();
+    let mut keys: Vec<i64> = orders.iter().map(|(_, o)| lock_key(space, o)).collect();
     keys.sort_unstable();
     keys.dedup();
     // Both prepared at once, in one round: the locks then go out in the same poll as the
@@ -90,14 +98,38 @@ pub(crate) async fn lock_and_read_cancelled(
 /// or [`EVERY_CALLER`]).
 pub(crate) async fn cancel(
     tx: &Transaction<'_>,
+    space: Option<&str>,
     caller: &str,
     order_id: &OrderId,
     reason: &str,
 ) -> Result<(), tokio_postgres::Error> {
     let lock = tx.prepare_cached(LOCK_EXCLUSIVE).await?;
-    tx.query_one(&lock, &[&lock_key(order_id.as_str())]).await?;
+    tx.query_one(&lock, &[&lock_key(space, order_id.as_str())])
+        .await?;
     let tombstone = tx.prepare_cached(TOMBSTONE).await?;
     tx.execute(&tombstone, &[&caller, &order_id.as_str(), &reason])
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_named_tenants_order_locks_are_its_own_and_defaults_are_as_before() {
+        // The key of releases before tenants: the order id after a length-prefixed domain.
+        let mut hash = Sha256::new();
+        for part in ["inventory.order", "order-7"] {
+            hash.update((part.len() as u64).to_be_bytes());
+            hash.update(part.as_bytes());
+        }
+        let before = i64::from_be_bytes(hash.finalize()[..8].try_into().unwrap());
+        assert_eq!(lock_key(None, "order-7"), before);
+        assert_ne!(lock_key(Some("brand_a"), "order-7"), before);
+        assert_ne!(
+            lock_key(Some("brand_a"), "order-7"),
+            lock_key(Some("brand_b"), "order-7")
+        );
+    }
 }

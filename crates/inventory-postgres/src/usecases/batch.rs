@@ -127,7 +127,7 @@ impl PgStore {
             biased;
             idempotency::claim_many(&tx, &keys, RESERVE),
             idempotency::read_stored_many(&tx, &keys),
-            orders::lock_and_read_cancelled(&tx, &orders),
+            orders::lock_and_read_cancelled(&tx, self.order_lock_space(), &orders),
             stock::lock_many(&tx, &skus),
             locations::all(&tx),
         )?;

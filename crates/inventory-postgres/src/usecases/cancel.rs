@@ -50,9 +50,15 @@ impl PgStore {
                 Scope::Own(caller) => caller.as_str(),
                 Scope::All => orders::EVERY_CALLER,
             };
-            orders::cancel(tx, tombstone_of, &command.order_id, command.reason.as_str())
-                .await
-                .map_err(from_db)?;
+            orders::cancel(
+                tx,
+                self.order_lock_space(),
+                tombstone_of,
+                &command.order_id,
+                command.reason.as_str(),
+            )
+            .await
+            .map_err(from_db)?;
             let callers: Vec<String> = match &command.scope {
                 Scope::Own(caller) => vec![caller.as_str().to_owned()],
                 Scope::All => reservations::callers_of_order(tx, &command.order_id)

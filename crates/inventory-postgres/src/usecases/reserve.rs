@@ -71,7 +71,7 @@ impl ReservationStore for PgStore {
             // The order's lock (shared) before any stock row: a cancel of this order either
             // committed already (its tombstone is read here) or waits for this commit.
             let order = [(command.caller.as_str(), command.order_id.as_str())];
-            let cancelled = !orders::lock_and_read_cancelled(tx, &order)
+            let cancelled = !orders::lock_and_read_cancelled(tx, self.order_lock_space(), &order)
                 .await?
                 .is_empty();
             self.pauses.reach(PausePoint::OrderChecked).await;

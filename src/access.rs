@@ -146,6 +146,10 @@ no_subject!(
     ListStockMovementsRequest,
     ListLocationsRequest,
     WatchEventsRequest,
+    CreateSubscriptionRequest,
+    AckEventsRequest,
+    ListSubscriptionsRequest,
+    DeleteSubscriptionRequest,
 );
 
 /// How calls are logged (`ACCESS_LOG`, `ACCESS_LOG_READ_SAMPLE`).

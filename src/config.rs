@@ -234,6 +234,12 @@ pub struct ServerArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_watchers: u32,
 
+    /// How often a filtered or subscription WatchEvents stream that scanned past events it
+    /// did not send sends a heartbeat with the latest sequence scanned (and how often a
+    /// subscription's reader checks that it was not taken over).
+    #[arg(long, env = "WATCH_HEARTBEAT_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub watch_heartbeat_interval: Duration,
+
     /// Largest request message accepted, in bytes; larger ones get RESOURCE_EXHAUSTED.
     #[arg(long, env = "MAX_MESSAGE_BYTES", default_value_t = 262_144,
           value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
@@ -417,6 +423,12 @@ pub struct RetentionArgs {
     #[arg(long, env = "EVENT_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
     pub event_retention: Duration,
 
+    /// How long a subscription (CreateSubscription) may go without an acknowledgement and
+    /// still hold events back from retention; past it, retention goes on and the
+    /// subscription is marked lost once events it had not acknowledged are pruned.
+    #[arg(long, env = "SUBSCRIPTION_IDLE_LIMIT", default_value = "7days", value_parser = humantime::parse_duration)]
+    pub subscription_idle_limit: Duration,
+
     /// How long a confirmed, released or expired reservation (and its lines) is kept after its
     /// last change (at least 24h); its events and stored outcome have their own retention.
     #[arg(long, env = "RESERVATION_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
@@ -547,6 +559,7 @@ pub struct ServerSettings {
     pub tls_files: Option<TlsFiles>,
     pub max_in_flight: usize,
     pub max_watchers: usize,
+    pub watch_heartbeat_interval: Duration,
     pub max_message_bytes: usize,
     pub max_connection_age: Duration,
     pub shutdown_grace: Duration,
@@ -855,6 +868,7 @@ impl ServerArgs {
             tls_files,
             max_in_flight: self.max_in_flight as usize,
             max_watchers: self.max_watchers as usize,
+            watch_heartbeat_interval: self.watch_heartbeat_interval,
             max_message_bytes: self.max_message_bytes as usize,
             max_connection_age: self.max_connection_age,
             shutdown_grace: self.shutdown_grace,
@@ -1063,8 +1077,12 @@ impl RetentionArgs {
         if self.event_retention.is_zero() {
             problems.push("EVENT_RETENTION must be greater than zero".into());
         }
+        if self.subscription_idle_limit.is_zero() {
+            problems.push("SUBSCRIPTION_IDLE_LIMIT must be greater than zero".into());
+        }
         Retention {
             events: self.event_retention,
+            subscription_idle: self.subscription_idle_limit,
             idempotency_keys: self.idempotency_retention,
             reservations: self.reservation_retention,
             ledger: self.ledger_retention,

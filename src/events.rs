@@ -9,6 +9,13 @@
 //!   follows the broadcast. A watcher that falls behind the broadcast (a slow consumer) goes
 //!   back to reading PostgreSQL from its cursor: the server never buffers more than the
 //!   broadcast ring and [`WATCH_BUFFER`] events per watcher.
+//!
+//! A watcher with a filter still scans every event (its cursor is the whole stream's
+//! position) but sends only those the filter passes, and a heartbeat with the position it
+//! scanned through whenever it scanned past events it did not send: at the end of each
+//! catch-up, and every heartbeat interval while it follows the tail. A subscription's watcher
+//! is a filtered one that started from the subscription's acknowledged position; on every
+//! heartbeat tick it also checks that no other reader took the subscription over.
 
 use std::{
     sync::{Arc, Mutex},
@@ -18,7 +25,7 @@ use std::{
 use inventory_core::{
     Error,
     command::WatchEvents,
-    events::{EpochId, Event, Positioned, StreamBounds},
+    events::{EpochId, Event, EventFilter, Positioned, StreamBounds, SubscriptionName},
     ports::{HeadFeed, Subscription},
 };
 use tokio::sync::{Notify, broadcast, mpsc, watch};
@@ -72,22 +79,30 @@ pub struct EventHub {
     stopping: watch::Receiver<bool>,
     /// Senders of the open watchers, to count them and report how much they have queued.
     watchers: Arc<Watchers>,
+    limits: WatchLimits,
+}
+
+/// What bounds and paces the watchers of a replica.
+#[derive(Clone, Copy, Debug)]
+pub struct WatchLimits {
     /// Most watchers open at once (`MAX_WATCHERS`).
-    max_watchers: usize,
+    pub max_watchers: usize,
+    /// `WATCH_HEARTBEAT_INTERVAL`.
+    pub heartbeat: Duration,
 }
 
 impl EventHub {
     pub fn new(
         inventory: Arc<Service>,
         stopping: watch::Receiver<bool>,
-        max_watchers: usize,
+        limits: WatchLimits,
     ) -> Self {
         Self {
             inventory,
             live: broadcast::channel(BROADCAST_RING).0,
             stopping,
             watchers: Arc::default(),
-            max_watchers,
+            limits,
         }
     }
 
@@ -99,7 +114,7 @@ impl EventHub {
             live: broadcast::channel(BROADCAST_RING).0,
             stopping: self.stopping.clone(),
             watchers: Arc::clone(&self.watchers),
-            max_watchers: self.max_watchers,
+            limits: self.limits,
         }
     }
 
@@ -113,20 +128,48 @@ impl EventHub {
         WatcherCount(Arc::downgrade(&self.watchers))
     }
 
-    /// Starts a watcher after checking its cursor against retention. Beyond `MAX_WATCHERS`
-    /// open at once: [`Error::TooManyWatchers`], before any work.
+    /// Starts a watcher after checking its cursor against retention (a subscription's: after
+    /// taking it over). Beyond `MAX_WATCHERS` open at once: [`Error::TooManyWatchers`], before
+    /// any work.
     pub async fn watch(&self, command: WatchEvents) -> Result<mpsc::Receiver<Delivery>, Error> {
-        if self.watching() >= self.max_watchers {
+        if self.watching() >= self.limits.max_watchers {
             return Err(Error::TooManyWatchers);
         }
+        let (command, reader) = match command.subscription {
+            None => (command, None),
+            Some(name) => {
+                let taken = self.inventory.take_over_subscription(&name).await?;
+                let command = WatchEvents {
+                    after: taken.acked,
+                    epoch: taken.acked_epoch,
+                    filter: Some(taken.filter),
+                    subscription: None,
+                };
+                (
+                    command,
+                    Some(Reader {
+                        name,
+                        generation: taken.reader,
+                    }),
+                )
+            }
+        };
         let bounds = self.inventory.stream_bounds().await?;
         let (after, epoch) = match command.after {
             // From the oldest kept: whatever epoch the consumer had, it starts afresh.
-            0 => (bounds.pruned_through, None),
+            0 if reader.is_none() => (bounds.pruned_through, None),
             after if after < bounds.pruned_through => {
-                return Err(Error::CursorPruned {
-                    requested: after,
-                    pruned_through: bounds.pruned_through,
+                return Err(match reader {
+                    // Pruned by a replica that did not hold events back for it.
+                    Some(reader) => Error::SubscriptionLost {
+                        name: reader.name,
+                        acked: after,
+                        reason: format!("events through {} were pruned", bounds.pruned_through),
+                    },
+                    None => Error::CursorPruned {
+                        requested: after,
+                        pruned_through: bounds.pruned_through,
+                    },
                 });
             }
             after => (after, command.epoch),
@@ -141,12 +184,19 @@ impl EventHub {
             let mut watchers = self.watchers.lock().expect("watchers lock");
             watchers.retain(|w| w.strong_count() > 0);
             // Checked again under the lock: calls racing past the first check stop here.
-            if watchers.len() >= self.max_watchers {
+            if watchers.len() >= self.limits.max_watchers {
                 return Err(Error::TooManyWatchers);
             }
             watchers.push(sender.downgrade());
         }
-        tokio::spawn(self.clone().follow(Cursor { after, epoch }, sender));
+        let watcher = Watcher {
+            cursor: Cursor { after, epoch },
+            sent: after,
+            filter: command.filter,
+            reader,
+            sender,
+        };
+        tokio::spawn(self.clone().follow(watcher));
         Ok(receiver)
     }
 
@@ -161,88 +211,136 @@ impl EventHub {
             .unwrap_or(0)
     }
 
-    /// Sends an event after checking that it continues the history the watcher delivered
-    /// so far; `false` once the watcher must end (the consumer is gone, or told the history
-    /// was cut).
+    /// Sends an event (if the watcher's filter passes it) after checking that it continues
+    /// the history the watcher scanned so far; `false` once the watcher must end (the
+    /// consumer is gone, or told the history was cut).
     async fn deliver(
         &self,
-        cursor: &mut Cursor,
+        watcher: &mut Watcher,
         event: Event,
-        sender: &mpsc::Sender<Delivery>,
         stopping: &mut watch::Receiver<bool>,
     ) -> bool {
-        if !cursor.continues(&event) {
+        if !watcher.cursor.continues(&event) {
             // A new epoch began before positions this watcher already sent from the old one:
             // the history was cut behind the consumer (a restore, a failover that lost them).
             let error = match self.inventory.stream_bounds().await {
-                Ok(bounds) => not_in_history(cursor.after, cursor.epoch, &bounds),
+                Ok(bounds) => not_in_history(watcher.cursor.after, watcher.cursor.epoch, &bounds),
                 Err(error) => error,
             };
-            let _ = sender.send(Err(to_status(error))).await;
+            let _ = watcher.sender.send(Err(to_status(error))).await;
             return false;
         }
-        cursor.after = event.position;
-        cursor.epoch = Some(event.epoch.id);
+        watcher.cursor.after = event.position;
+        watcher.cursor.epoch = Some(event.epoch.id);
+        if watcher.filter.as_ref().is_some_and(|f| !f.matches(&event)) {
+            return true;
+        }
+        watcher.sent = event.position;
         // A consumer that stopped reading must not keep this task (and its database reads)
         // alive past shutdown.
         tokio::select! {
-            sent = sender.send(Ok(event.into_message())) => sent.is_ok(),
+            sent = watcher.sender.send(Ok(event.into_message())) => sent.is_ok(),
             _ = stopping.changed() => false,
         }
     }
 
-    async fn follow(self, mut cursor: Cursor, sender: mpsc::Sender<Delivery>) {
+    /// A filtered watcher that scanned past what it sent says where it is; `false` once the
+    /// consumer is gone.
+    async fn heartbeat(&self, watcher: &mut Watcher, stopping: &mut watch::Receiver<bool>) -> bool {
+        if watcher.filter.is_none() || watcher.cursor.after <= watcher.sent {
+            return true;
+        }
+        watcher.sent = watcher.cursor.after;
+        let beat = crate::wire::heartbeat(watcher.cursor.after, watcher.cursor.epoch);
+        tokio::select! {
+            sent = watcher.sender.send(Ok(beat)) => sent.is_ok(),
+            _ = stopping.changed() => false,
+        }
+    }
+
+    /// A subscription's reader goes on while the subscription is still its own.
+    async fn still_reader(&self, watcher: &Watcher) -> bool {
+        let Some(reader) = &watcher.reader else {
+            return true;
+        };
+        let error = match self.inventory.subscription(&reader.name).await {
+            Ok(found) if found.reader == reader.generation => return true,
+            Ok(_) => Error::SubscriptionTakenOver(reader.name.clone()),
+            Err(error @ Error::SubscriptionNotFound(_)) => error,
+            // PostgreSQL is away: the next tick asks again.
+            Err(_) => return true,
+        };
+        let _ = watcher.sender.send(Err(to_status(error))).await;
+        false
+    }
+
+    async fn follow(self, mut watcher: Watcher) {
         let mut stopping = self.stopping.clone();
+        let mut beats = (watcher.filter.is_some() || watcher.reader.is_some()).then(|| {
+            let mut beats = tokio::time::interval(self.limits.heartbeat);
+            beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            beats
+        });
         'catch_up: loop {
             // Subscribe before reading, so nothing broadcast meanwhile is missed.
             let mut live = self.live.subscribe();
             loop {
-                let page = match self.inventory.events_after(cursor.after, PAGE).await {
+                let page = match self
+                    .inventory
+                    .events_after(watcher.cursor.after, PAGE)
+                    .await
+                {
                     Ok(page) => page,
                     Err(error) => {
-                        let _ = sender.send(Err(to_status(error))).await;
+                        let _ = watcher.sender.send(Err(to_status(error))).await;
                         return;
                     }
                 };
                 if page.is_empty() {
                     break;
                 }
-                if page[0].position != cursor.after + 1 {
+                if page[0].position != watcher.cursor.after + 1 {
                     // Positions are dense: a jump means retention pruned events this watcher
                     // had not read yet. Say so rather than skip them.
                     let error = match self.inventory.stream_bounds().await {
                         Ok(bounds) => Error::CursorPruned {
-                            requested: cursor.after,
+                            requested: watcher.cursor.after,
                             pruned_through: bounds.pruned_through,
                         },
                         Err(error) => error,
                     };
-                    let _ = sender.send(Err(to_status(error))).await;
+                    let _ = watcher.sender.send(Err(to_status(error))).await;
                     return;
                 }
                 for event in page {
-                    if !self
-                        .deliver(&mut cursor, event, &sender, &mut stopping)
-                        .await
-                    {
+                    if !self.deliver(&mut watcher, event, &mut stopping).await {
                         return;
                     }
                 }
             }
+            // Caught up: a filtered consumer learns how far the stream was scanned.
+            if !self.heartbeat(&mut watcher, &mut stopping).await {
+                return;
+            }
             loop {
                 let event = tokio::select! {
                     event = live.recv() => event,
+                    () = tick(beats.as_mut()) => {
+                        if !self.still_reader(&watcher).await
+                            || !self.heartbeat(&mut watcher, &mut stopping).await
+                        {
+                            return;
+                        }
+                        continue;
+                    }
                     _ = stopping.changed() => return,
-                    () = sender.closed() => return,
+                    () = watcher.sender.closed() => return,
                 };
                 match event {
-                    Ok(event) if event.position <= cursor.after => {}
-                    Ok(event) if event.position == cursor.after + 1 => {
+                    Ok(event) if event.position <= watcher.cursor.after => {}
+                    Ok(event) if event.position == watcher.cursor.after + 1 => {
                         let event = event.as_ref().clone();
-                        if !self
-                            .deliver(&mut cursor, event, &sender, &mut stopping)
-                            .await
-                        {
+                        if !self.deliver(&mut watcher, event, &mut stopping).await {
                             return;
                         }
                     }
@@ -256,7 +354,36 @@ impl EventHub {
     }
 }
 
-/// Where a watcher is: the position it sent last, and the epoch of that position.
+/// The next tick of `beats`; never without one.
+async fn tick(beats: Option<&mut tokio::time::Interval>) {
+    match beats {
+        Some(beats) => {
+            beats.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// One `WatchEvents` call's state.
+struct Watcher {
+    /// How far it scanned.
+    cursor: Cursor,
+    /// The position of the last event or heartbeat it sent.
+    sent: i64,
+    /// `None`: every event, no heartbeats.
+    filter: Option<EventFilter>,
+    /// The subscription it reads, if any.
+    reader: Option<Reader>,
+    sender: mpsc::Sender<Delivery>,
+}
+
+/// The subscription a watcher reads, and the generation it took it over at.
+struct Reader {
+    name: SubscriptionName,
+    generation: i64,
+}
+
+/// Where a watcher is: the position it scanned last, and the epoch of that position.
 #[derive(Clone, Copy, Debug)]
 struct Cursor {
     after: i64,

@@ -414,6 +414,53 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         let events = core.events.watch(command).await.map_err(to_status)?;
         Ok(Response::new(Box::pin(ReceiverStream::new(events))))
     }
+
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "CreateSubscription"))]
+    async fn create_subscription(
+        &self,
+        request: Request<proto::CreateSubscriptionRequest>,
+    ) -> Result<Response<proto::Subscription>, Status> {
+        self.unary(request, Action::Watch, |inventory, command, _| async move {
+            inventory.create_subscription(&command).await
+        })
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "AckEvents"))]
+    async fn ack_events(
+        &self,
+        request: Request<proto::AckEventsRequest>,
+    ) -> Result<Response<proto::Subscription>, Status> {
+        self.unary(request, Action::Watch, |inventory, command, _| async move {
+            inventory.ack_events(&command).await
+        })
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "ListSubscriptions"))]
+    async fn list_subscriptions(
+        &self,
+        request: Request<proto::ListSubscriptionsRequest>,
+    ) -> Result<Response<proto::ListSubscriptionsResponse>, Status> {
+        self.unary(request, Action::Watch, |inventory, (), _| async move {
+            inventory.list_subscriptions().await
+        })
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "DeleteSubscription"))]
+    async fn delete_subscription(
+        &self,
+        request: Request<proto::DeleteSubscriptionRequest>,
+    ) -> Result<Response<proto::DeleteSubscriptionResponse>, Status> {
+        self.unary(request, Action::Watch, |inventory, name, _| async move {
+            inventory
+                .delete_subscription(&name)
+                .await
+                .map(|()| crate::wire::Deleted)
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

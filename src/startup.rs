@@ -118,7 +118,10 @@ impl Application {
             &lease_settings,
             &inventory,
             &tenants,
-            server.max_watchers,
+            crate::events::WatchLimits {
+                max_watchers: server.max_watchers,
+                heartbeat: server.watch_heartbeat_interval,
+            },
             peers.as_ref().map(|p| p.secret.clone()),
         )?;
         Ok(Self {
@@ -542,7 +545,7 @@ impl Core {
         leases: &inventory_redis::LeaseSettings,
         config: &InventoryConfig,
         tenants: &TenantSettings,
-        max_watchers: usize,
+        watch_limits: crate::events::WatchLimits,
         peer_secret: Option<PeerSecret>,
     ) -> anyhow::Result<Self> {
         let pauses = PausePoints::default();
@@ -572,7 +575,7 @@ impl Core {
             }
             let inventory = Arc::new(inventory);
             let events = match &first_hub {
-                None => EventHub::new(Arc::clone(&inventory), stopping_rx.clone(), max_watchers),
+                None => EventHub::new(Arc::clone(&inventory), stopping_rx.clone(), watch_limits),
                 Some(hub) => hub.sibling(Arc::clone(&inventory)),
             };
             first_hub.get_or_insert_with(|| events.clone());

@@ -287,6 +287,38 @@ fn status_of(error: Error) -> Status {
                 ("head", head.to_string()),
             ]),
         ),
+        Error::SubscriptionNotFound(name) => with_reason(
+            Code::NotFound,
+            ErrorReason::SubscriptionNotFound,
+            message,
+            metadata([("subscription", name.to_string())]),
+        ),
+        Error::SubscriptionExists(name) => with_reason(
+            Code::AlreadyExists,
+            ErrorReason::SubscriptionExists,
+            message,
+            metadata([("subscription", name.to_string())]),
+        ),
+        Error::SubscriptionTakenOver(name) => with_reason(
+            Code::FailedPrecondition,
+            ErrorReason::SubscriptionTakenOver,
+            message,
+            metadata([("subscription", name.to_string())]),
+        ),
+        Error::SubscriptionLost {
+            name,
+            acked,
+            reason,
+        } => with_reason(
+            Code::FailedPrecondition,
+            ErrorReason::SubscriptionLost,
+            message,
+            metadata([
+                ("subscription", name.to_string()),
+                ("acked_sequence", acked.to_string()),
+                ("reason", reason.clone()),
+            ]),
+        ),
         Error::IdempotencyKeyReused => with_reason(
             Code::AlreadyExists,
             ErrorReason::IdempotencyKeyReused,

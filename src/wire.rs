@@ -5,10 +5,12 @@
 
 mod decode;
 mod encode;
+mod feeds;
 pub mod relay;
 
 pub use decode::Decode;
 pub use encode::{BatchLevels, Encode};
+pub use feeds::{Deleted, heartbeat};
 
 #[cfg(test)]
 mod tests;

@@ -10,7 +10,7 @@ use inventory_core::{
     command::{
         AdjustStock, BatchSetStock, CancelOrder, DEFAULT_PAGE_SIZE, ExtendReservation, GetStock,
         ListReservations, ListStockMovements, MAX_BATCH_COUNTS, MAX_PAGE_SIZE, ReservationFilter,
-        ReservationRef, Reserve, SetStock, Settle, SettleReservation, TransferStock, WatchEvents,
+        ReservationRef, Reserve, SetStock, Settle, SettleReservation, TransferStock,
         movement_token, page_token,
     },
     domain::{
@@ -32,22 +32,26 @@ pub trait Decode {
 
 /// Collects field violations while a request is parsed.
 #[derive(Debug, Default)]
-struct Violations(Vec<FieldViolation>);
+pub(super) struct Violations(Vec<FieldViolation>);
 
 impl Violations {
-    fn check<T>(&mut self, field: impl Into<String>, parsed: Result<T, String>) -> Option<T> {
+    pub(super) fn check<T>(
+        &mut self,
+        field: impl Into<String>,
+        parsed: Result<T, String>,
+    ) -> Option<T> {
         parsed
             .map_err(|description| self.0.push(FieldViolation::new(field, description)))
             .ok()
     }
 
-    fn add(&mut self, field: impl Into<String>, description: impl Into<String>) {
+    pub(super) fn add(&mut self, field: impl Into<String>, description: impl Into<String>) {
         self.0.push(FieldViolation::new(field, description));
     }
 
     /// Builds the command only if no violation was recorded (so constructors may assume a
     /// valid request), and reports every violation otherwise.
-    fn finish<T>(self, build: impl FnOnce() -> Option<T>) -> Result<T, Error> {
+    pub(super) fn finish<T>(self, build: impl FnOnce() -> Option<T>) -> Result<T, Error> {
         if !self.0.is_empty() {
             return Err(Error::InvalidArgument(self.0));
         }
@@ -606,32 +610,6 @@ impl Decode for proto::ListReservationsRequest {
                 page_size: page_size?,
                 after: after?,
             })
-        })
-    }
-}
-
-impl Decode for proto::WatchEventsRequest {
-    type Command = WatchEvents;
-
-    fn into_command(self, _: &Principal) -> Result<WatchEvents, Error> {
-        let request = self;
-        let mut violations = Violations::default();
-        let command =
-            violations.check("after_sequence", WatchEvents::parse(request.after_sequence));
-        let epoch = if request.epoch.is_empty() {
-            Some(None)
-        } else {
-            violations
-                .check(
-                    "epoch",
-                    inventory_core::events::EpochId::parse(&request.epoch),
-                )
-                .map(Some)
-        };
-        violations.finish(|| {
-            let mut command = command?;
-            command.epoch = epoch?;
-            Some(command)
         })
     }
 }

@@ -389,6 +389,6 @@ impl Encode for Event {
     }
 }
 
-fn timestamp(time: SystemTime) -> prost_types::Timestamp {
+pub(super) fn timestamp(time: SystemTime) -> prost_types::Timestamp {
     prost_types::Timestamp::from(time)
 }

@@ -334,7 +334,7 @@ mod hostile {
         #[test]
         fn reservation_refs_and_cursors(id in text(), after in number(), epoch in text()) {
             invalid_only(decode(proto::GetReservationRequest { reservation_id: id }));
-            invalid_only(decode(proto::WatchEventsRequest { after_sequence: after, epoch }));
+            invalid_only(decode(proto::WatchEventsRequest { after_sequence: after, epoch, ..Default::default() }));
         }
 
         /// Raw bytes off the wire: either not a message at all (the gRPC layer refuses it), or

@@ -293,6 +293,7 @@ async fn a_tenant_moves_to_another_cell_with_its_keys_stock_and_stream() {
         .watch_events(WatchEventsRequest {
             after_sequence: last.sequence,
             epoch: last.epoch.clone(),
+            ..Default::default()
         })
         .await
         .unwrap();

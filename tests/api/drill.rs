@@ -176,6 +176,7 @@ async fn a_point_in_time_restore_keeps_what_was_acknowledged_before_the_point_an
         .watch_events(WatchEventsRequest {
             after_sequence: last.sequence,
             epoch: last.epoch.clone(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -308,6 +308,7 @@ async fn a_cursor_behind_retention_is_out_of_range_naming_the_oldest_kept() {
     // Everything positioned so far is past a zero retention.
     let retention = inventory_postgres::retention::Retention {
         events: Duration::ZERO,
+        subscription_idle: Duration::from_secs(86_400),
         idempotency_keys: Duration::from_secs(86_400),
         reservations: Duration::from_secs(86_400),
         ledger: None,
@@ -428,6 +429,7 @@ async fn watch_in(
         .watch_events(WatchEventsRequest {
             after_sequence: after,
             epoch: epoch.into(),
+            ..Default::default()
         })
         .await
         .map(tonic::Response::into_inner)

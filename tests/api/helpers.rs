@@ -161,6 +161,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
             tls_files: None,
             max_in_flight: 1024,
             max_watchers: 256,
+            watch_heartbeat_interval: Duration::from_millis(200),
             max_message_bytes: 262_144,
             max_connection_age: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(5),
@@ -203,6 +204,7 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
             batch: 100,
             retention: Retention {
                 events: Duration::from_secs(7 * 24 * 3600),
+                subscription_idle: Duration::from_secs(7 * 24 * 3600),
                 idempotency_keys: Duration::from_secs(48 * 3600),
                 reservations: Duration::from_secs(30 * 24 * 3600),
                 ledger: None,
@@ -410,6 +412,7 @@ impl TestApp {
 pub fn ledger_only_retention() -> Retention {
     Retention {
         events: Duration::from_secs(86_400),
+        subscription_idle: Duration::from_secs(86_400),
         idempotency_keys: Duration::from_secs(86_400),
         reservations: Duration::from_secs(86_400),
         ledger: Some(Duration::ZERO),

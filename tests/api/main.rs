@@ -20,6 +20,7 @@ mod events;
 mod extend;
 mod failover;
 mod faults;
+mod feeds;
 mod forwarding;
 mod helpers;
 mod hostile;

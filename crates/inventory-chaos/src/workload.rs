@@ -788,6 +788,7 @@ async fn watcher(
             let mut request = tonic::Request::new(WatchEventsRequest {
                 after_sequence: after,
                 epoch: epoch.clone(),
+                ..Default::default()
             });
             tenant.admin.authorize(&mut request);
             let mut stream = grpc.watch_events(request).await?.into_inner();
@@ -901,6 +902,7 @@ pub async fn read_stream(
         let mut request = tonic::Request::new(WatchEventsRequest {
             after_sequence: after,
             epoch: epoch.clone(),
+            ..Default::default()
         });
         tenant.admin.authorize(&mut request);
         let Ok(response) = grpc.watch_events(request).await else {

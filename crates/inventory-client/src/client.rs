@@ -7,14 +7,15 @@ use std::{
 };
 
 use inventory_proto::{
-    AdjustStockRequest, BatchSetStockRequest, BatchSetStockResponse, CancelOrderRequest,
-    CancelOrderResponse, ConfirmReservationRequest, Event, ExtendReservationRequest,
-    GetReservationRequest, GetStockRequest, GetStockResponse, ListLocationsRequest,
-    ListLocationsResponse, ListReservationsRequest, ListReservationsResponse,
-    ListStockMovementsRequest, ListStockMovementsResponse, Location, ReleaseReservationRequest,
-    Reservation, ReserveRequest, SetStockRequest, StockLevel, TransferStockRequest,
-    TransferStockResponse, UpsertLocationRequest, WatchEventsRequest,
-    inventory_service_client::InventoryServiceClient,
+    AckEventsRequest, AdjustStockRequest, BatchSetStockRequest, BatchSetStockResponse,
+    CancelOrderRequest, CancelOrderResponse, ConfirmReservationRequest, CreateSubscriptionRequest,
+    DeleteSubscriptionRequest, DeleteSubscriptionResponse, Event, EventFilter,
+    ExtendReservationRequest, GetReservationRequest, GetStockRequest, GetStockResponse,
+    ListLocationsRequest, ListLocationsResponse, ListReservationsRequest, ListReservationsResponse,
+    ListStockMovementsRequest, ListStockMovementsResponse, ListSubscriptionsRequest,
+    ListSubscriptionsResponse, Location, ReleaseReservationRequest, Reservation, ReserveRequest,
+    SetStockRequest, StockLevel, Subscription, TransferStockRequest, TransferStockResponse,
+    UpsertLocationRequest, WatchEventsRequest, inventory_service_client::InventoryServiceClient,
 };
 use opentelemetry::trace::TraceContextExt as _;
 use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
@@ -296,6 +297,84 @@ impl InventoryClient {
             .await
             .map(Response::into_inner)
             .map_err(Error::from_stream)
+    }
+
+    /// The event stream after `cursor`, only what `filter` passes, with heartbeats
+    /// (`EVENT_TYPE_HEARTBEAT`) that carry the sequence scanned through: advance the cursor
+    /// on those too, so a rare filter never resumes from far behind.
+    pub async fn watch_filtered_from(
+        &self,
+        cursor: &EventCursor,
+        filter: EventFilter,
+    ) -> Result<Streaming<Event>, Error> {
+        let mut request = cursor.request();
+        request.filter = Some(filter);
+        self.watch_events(request).await
+    }
+
+    /// Reads a named subscription from its last acknowledged sequence, taking it over from
+    /// any other reader (whose stream then ends with `SUBSCRIPTION_TAKEN_OVER`).
+    /// Acknowledge with [`Self::ack_events`] what was processed, heartbeats included.
+    pub async fn watch_subscription(&self, name: &str) -> Result<Streaming<Event>, Error> {
+        self.watch_events(WatchEventsRequest {
+            subscription: name.to_owned(),
+            ..WatchEventsRequest::default()
+        })
+        .await
+    }
+
+    /// Creates a named subscription (or answers the one of that name with the same filter).
+    pub async fn create_subscription(
+        &self,
+        name: &str,
+        filter: EventFilter,
+        from_oldest: bool,
+    ) -> Result<Subscription, Error> {
+        let request = CreateSubscriptionRequest {
+            name: name.to_owned(),
+            filter: Some(filter),
+            from_oldest,
+        };
+        self.call(Kind::Read, None, request, |mut grpc, r| async move {
+            grpc.create_subscription(r).await
+        })
+        .await
+    }
+
+    /// Acknowledges every event of the subscription up to `event` (an event or a heartbeat).
+    pub async fn ack_events(&self, name: &str, event: &Event) -> Result<Subscription, Error> {
+        let request = AckEventsRequest {
+            subscription: name.to_owned(),
+            sequence: event.sequence,
+            epoch: event.epoch.clone(),
+        };
+        self.call(Kind::Read, None, request, |mut grpc, r| async move {
+            grpc.ack_events(r).await
+        })
+        .await
+    }
+
+    /// Every subscription of the caller's tenant, with its lag.
+    pub async fn list_subscriptions(&self) -> Result<Vec<Subscription>, Error> {
+        self.call(
+            Kind::Read,
+            None,
+            ListSubscriptionsRequest {},
+            |mut grpc, r| async move { grpc.list_subscriptions(r).await },
+        )
+        .await
+        .map(|list: ListSubscriptionsResponse| list.subscriptions)
+    }
+
+    pub async fn delete_subscription(&self, name: &str) -> Result<(), Error> {
+        let request = DeleteSubscriptionRequest {
+            name: name.to_owned(),
+        };
+        self.call(Kind::Read, None, request, |mut grpc, r| async move {
+            grpc.delete_subscription(r).await
+        })
+        .await
+        .map(|_: DeleteSubscriptionResponse| ())
     }
 
     /// The bearer token and the current span's W3C trace context.

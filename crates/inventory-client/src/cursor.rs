@@ -43,7 +43,7 @@ impl EventCursor {
         &self.epoch
     }
 
-    /// The consumer processed `event`.
+    /// The consumer processed `event` (or a heartbeat: it says the stream scanned through it).
     pub fn advance(&mut self, event: &Event) {
         self.sequence = event.sequence;
         self.epoch.clone_from(&event.epoch);
@@ -54,6 +54,7 @@ impl EventCursor {
         WatchEventsRequest {
             after_sequence: self.sequence,
             epoch: self.epoch.clone(),
+            ..WatchEventsRequest::default()
         }
     }
 

@@ -591,13 +591,17 @@ pub mod page_token {
 }
 
 /// Follow the event stream from a cursor.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct WatchEvents {
     /// Events with a position above this one are sent; 0 starts from the oldest kept.
     pub after: i64,
     /// The epoch `after` belongs to (the one of the event read last); `None` from clients
     /// that do not send it.
     pub epoch: Option<crate::events::EpochId>,
+    /// Only the events it passes, with heartbeats; `None`: every event, no heartbeats.
+    pub filter: Option<crate::events::EventFilter>,
+    /// Read this subscription (its cursor and filter) instead.
+    pub subscription: Option<crate::events::SubscriptionName>,
 }
 
 impl WatchEvents {
@@ -605,7 +609,12 @@ impl WatchEvents {
         if after < 0 {
             return Err("must not be negative".into());
         }
-        Ok(Self { after, epoch: None })
+        Ok(Self {
+            after,
+            epoch: None,
+            filter: None,
+            subscription: None,
+        })
     }
 }
 

@@ -254,6 +254,26 @@ pub enum Error {
     #[error("events after {requested} were pruned; the oldest kept follows {pruned_through}")]
     CursorPruned { requested: i64, pruned_through: i64 },
 
+    /// No subscription of this name in the tenant.
+    #[error("no subscription named {0}")]
+    SubscriptionNotFound(crate::events::SubscriptionName),
+
+    /// A subscription of this name exists with another filter.
+    #[error("subscription {0} exists with another filter")]
+    SubscriptionExists(crate::events::SubscriptionName),
+
+    /// Another reader took the subscription over; this one ends.
+    #[error("another reader took subscription {0} over")]
+    SubscriptionTakenOver(crate::events::SubscriptionName),
+
+    /// Retention removed events the subscription had not acknowledged.
+    #[error("subscription {name} is lost: {reason}")]
+    SubscriptionLost {
+        name: crate::events::SubscriptionName,
+        acked: i64,
+        reason: String,
+    },
+
     /// The consumer's cursor is not in the stream's history as it is now: past the head, or
     /// in an epoch this history does not have or left before that position (a restore or a
     /// promotion cut the history there). Events it read may never have happened here; it
@@ -316,6 +336,10 @@ impl Error {
             | Self::StockLimit { .. }
             | Self::CursorPruned { .. }
             | Self::CursorNotInHistory { .. }
+            | Self::SubscriptionNotFound(_)
+            | Self::SubscriptionExists(_)
+            | Self::SubscriptionTakenOver(_)
+            | Self::SubscriptionLost { .. }
             | Self::IdempotencyKeyReused => true,
             Self::LeaseBusy { .. }
             | Self::TooManyWaiters { .. }

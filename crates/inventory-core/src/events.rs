@@ -1,9 +1,17 @@
 //! Events: what the outbox records about each committed state change, as the stream delivers
 //! it.
 
+mod filter;
+mod subscription;
+
 use std::time::SystemTime;
 
 use uuid::Uuid;
+
+pub use filter::{EventFilter, EventKind, MAX_FILTER_VALUES};
+pub use subscription::{
+    AckEvents, CreateSubscription, MAX_SUBSCRIPTION_NAME_LEN, Subscription, SubscriptionName,
+};
 
 use crate::domain::{OrderId, ReservationId, ReservationLine, ReservationState, Sku, StockLevel};
 

@@ -17,7 +17,10 @@ use crate::{
     },
     domain::{Caller, FenceToken, IdempotencyKey, Location, Reservation, Sku, StockLevel, Ttl},
     error::Error,
-    events::{Event, Positioned, StreamBounds},
+    events::{
+        AckEvents, CreateSubscription, Event, Positioned, StreamBounds, Subscription as Named,
+        SubscriptionName,
+    },
     quota::Holdings,
     upkeep::{HeldTotals, Pruned, Report, Retention},
 };
@@ -344,6 +347,47 @@ pub trait EventStore: Send + Sync + 'static {
 
     /// Completes once this replica has committed an event since the last call.
     fn written(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// Named subscriptions: filters and cursors kept for consumers. Each method is one statement.
+pub trait SubscriptionStore: Send + Sync + 'static {
+    /// Creates it at `start` (a position of `start_epoch`), or answers the one of that name
+    /// if its filter is the same; [`Error::SubscriptionExists`] if not.
+    fn create_subscription(
+        &self,
+        command: &CreateSubscription,
+        start: i64,
+        start_epoch: Option<crate::events::EpochId>,
+    ) -> impl Future<Output = Result<Named, Error>> + Send;
+
+    /// The subscription; [`Error::SubscriptionNotFound`] without one.
+    fn subscription(
+        &self,
+        name: &SubscriptionName,
+    ) -> impl Future<Output = Result<Named, Error>> + Send;
+
+    /// Makes the caller its reader: bumps and answers its reader generation.
+    fn take_over_subscription(
+        &self,
+        name: &SubscriptionName,
+    ) -> impl Future<Output = Result<Named, Error>> + Send;
+
+    /// Moves its acknowledged position forward to `command.position` (never back), with
+    /// `epoch`, the epoch of that position; [`Error::SubscriptionLost`] once lost.
+    fn ack_events(
+        &self,
+        command: &AckEvents,
+        epoch: Option<crate::events::EpochId>,
+    ) -> impl Future<Output = Result<Named, Error>> + Send;
+
+    /// Every subscription, by name.
+    fn list_subscriptions(&self) -> impl Future<Output = Result<Vec<Named>, Error>> + Send;
+
+    /// [`Error::SubscriptionNotFound`] without one.
+    fn delete_subscription(
+        &self,
+        name: &SubscriptionName,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 /// Tells when the stream's head moved, whichever replica moved it.

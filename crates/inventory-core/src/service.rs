@@ -26,11 +26,14 @@ use crate::{
     },
     domain::{FenceToken, Location, Reservation, Sku, StockLevel, Tenant, Ttl},
     error::Error,
-    events::{Event, Positioned, StreamBounds},
+    events::{
+        AckEvents, CreateSubscription, Event, Positioned, StreamBounds, Subscription,
+        SubscriptionName,
+    },
     pause::{PausePoint, PausePoints},
     ports::{
         Answers, Attempt, EventStore, Forwarded, Forwarder, Lease, LeaseService, Peer,
-        ReservationStore, ReserveGroup, StockStore, Upkeep, WriteOutcome,
+        ReservationStore, ReserveGroup, StockStore, SubscriptionStore, Upkeep, WriteOutcome,
     },
     quota::HoldCaps,
     rules,
@@ -953,6 +956,71 @@ impl<S: EventStore, L> Inventory<S, L> {
     /// Completes once this replica has committed an event since the last call.
     pub async fn written(&self) {
         self.store.written().await
+    }
+}
+
+/// Named subscriptions, through the store's [`SubscriptionStore`] port.
+impl<S: EventStore + SubscriptionStore, L> Inventory<S, L> {
+    /// Creates a subscription at the head (or the oldest event kept), or answers the same one.
+    pub async fn create_subscription(
+        &self,
+        command: &CreateSubscription,
+    ) -> Result<Subscription, Error> {
+        let bounds = self.store.stream_bounds().await?;
+        let start = if command.from_oldest {
+            bounds.pruned_through
+        } else {
+            bounds.head
+        };
+        self.store
+            .create_subscription(command, start, bounds.epoch_at(start))
+            .await
+    }
+
+    pub async fn subscription(&self, name: &SubscriptionName) -> Result<Subscription, Error> {
+        self.store.subscription(name).await
+    }
+
+    /// Makes the caller the subscription's one reader (see [`SubscriptionStore`]).
+    pub async fn take_over_subscription(
+        &self,
+        name: &SubscriptionName,
+    ) -> Result<Subscription, Error> {
+        self.store.take_over_subscription(name).await
+    }
+
+    /// Acknowledges up to a position the stream's history has: never past the head, and in
+    /// the epoch the consumer names (when it names one).
+    pub async fn ack_events(&self, command: &AckEvents) -> Result<Subscription, Error> {
+        let bounds = self.store.stream_bounds().await?;
+        if command.position > bounds.head {
+            return Err(Error::InvalidArgument(vec![
+                crate::error::FieldViolation::new(
+                    "sequence",
+                    format!("is past the stream's head ({})", bounds.head),
+                ),
+            ]));
+        }
+        if !bounds.admits(command.epoch, command.position) {
+            return Err(Error::CursorNotInHistory {
+                after: command.position,
+                requested: command
+                    .epoch
+                    .map_or_else(|| "unknown".to_owned(), |e| e.to_string()),
+                current: bounds.current_epoch(),
+                head: bounds.head,
+            });
+        }
+        let epoch = command.epoch.or_else(|| bounds.epoch_at(command.position));
+        self.store.ack_events(command, epoch).await
+    }
+
+    pub async fn list_subscriptions(&self) -> Result<Vec<Subscription>, Error> {
+        self.store.list_subscriptions().await
+    }
+
+    pub async fn delete_subscription(&self, name: &SubscriptionName) -> Result<(), Error> {
+        self.store.delete_subscription(name).await
     }
 }
 

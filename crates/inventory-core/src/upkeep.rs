@@ -12,6 +12,8 @@ pub const OVERDUE_GRACE: Duration = Duration::from_secs(60);
 #[derive(Clone, Copy, Debug)]
 pub struct Retention {
     pub events: Duration,
+    /// A subscription without an acknowledgement this long no longer holds events back.
+    pub subscription_idle: Duration,
     pub idempotency_keys: Duration,
     /// Final reservations (confirmed, released, expired), from their last change.
     pub reservations: Duration,

@@ -12,6 +12,7 @@
 //! - `cancel` — `CancelOrder`: the order's tombstone under its lock, its live holds released.
 //! - `expiry` — the sweeper's transaction: overdue holds expired, their stock returned.
 //! - [`events`] — positions for committed events, reading them back, epochs, `LISTEN`.
+//! - `subscriptions` — named subscriptions: their filters, cursors and readers.
 //! - [`retention`] — pruning events, idempotency keys and final reservations past retention.
 //! - [`verify`] — every SKU recomputed from its ledger and its live holds.
 //! - [`keyed`] — the shape every keyed write shares: claim or replay, body, record, commit.
@@ -38,6 +39,7 @@ pub(crate) mod keyed;
 mod reserve;
 pub mod retention;
 mod stock;
+pub(crate) mod subscriptions;
 pub mod verify;
 
 pub use expiry::OVERDUE_GRACE;

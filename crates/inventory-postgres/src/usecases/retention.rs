@@ -15,11 +15,15 @@ use crate::{
 
 pub use inventory_core::upkeep::{Pruned, Retention};
 
-/// The oldest positioned events, as long as they are past retention: a contiguous prefix of the
-/// stream, so no hole is ever left below a kept event. `pruned_through` records the highest
-/// position removed; a cursor below it is known to have missed events.
+/// The oldest positioned events, as long as they are past retention and every subscription
+/// that is not idle (an acknowledgement within `$3` seconds) acknowledged them: a contiguous
+/// prefix of the stream, so no hole is ever left below a kept event. `pruned_through` records
+/// the highest position removed; a cursor below it is known to have missed events.
 const PRUNE_EVENTS: &str = "
-    WITH oldest AS (
+    WITH held AS (
+        SELECT min(acked_position) AS position FROM event_subscriptions
+        WHERE lost IS NULL AND acked_at >= clock_timestamp() - make_interval(secs => $3)
+    ), oldest AS (
         SELECT sequence, position, occurred_at FROM outbox
         WHERE position IS NOT NULL ORDER BY position LIMIT $2
     ), first_kept AS (
@@ -29,6 +33,7 @@ const PRUNE_EVENTS: &str = "
         DELETE FROM outbox o USING oldest
         WHERE o.sequence = oldest.sequence
           AND oldest.position < coalesce((SELECT position FROM first_kept), 9223372036854775807)
+          AND oldest.position <= coalesce((SELECT position FROM held), 9223372036854775807)
         RETURNING oldest.position
     ), recorded AS (
         UPDATE event_stream
@@ -37,6 +42,16 @@ const PRUNE_EVENTS: &str = "
         RETURNING 1
     )
     SELECT count(*) FROM gone";
+
+/// Subscriptions retention went past (only idle ones: the others hold it back) are lost, and
+/// say so to their next reader, never skipping silently.
+const LOSE_SUBSCRIPTIONS: &str = "
+    UPDATE event_subscriptions s
+    SET lost = format('no acknowledgement since %s; events through %s were pruned at %s',
+                      s.acked_at, e.pruned_through, clock_timestamp())
+    FROM event_stream e
+    WHERE e.id = 1 AND s.lost IS NULL AND s.acked_position < e.pruned_through
+    RETURNING s.name";
 
 const PRUNE_KEYS: &str = "
     DELETE FROM idempotency_keys WHERE ctid IN (
@@ -87,10 +102,31 @@ impl PgStore {
             let limit = i64::try_from(batch).unwrap_or(i64::MAX);
             let statement = client.prepare_cached(PRUNE_EVENTS).await.map_err(from_db)?;
             let events: i64 = client
-                .query_one(&statement, &[&retention.events.as_secs_f64(), &limit])
+                .query_one(
+                    &statement,
+                    &[
+                        &retention.events.as_secs_f64(),
+                        &limit,
+                        &retention.subscription_idle.as_secs_f64(),
+                    ],
+                )
                 .await
                 .map_err(from_db)?
                 .get(0);
+            if events > 0 {
+                let statement = client
+                    .prepare_cached(LOSE_SUBSCRIPTIONS)
+                    .await
+                    .map_err(from_db)?;
+                for row in client.query(&statement, &[]).await.map_err(from_db)? {
+                    let name: &str = row.get(0);
+                    tracing::warn!(
+                        subscription = name,
+                        "subscription idle past SUBSCRIPTION_IDLE_LIMIT lost events to \
+                         retention; its reader is told so"
+                    );
+                }
+            }
             let statement = client.prepare_cached(PRUNE_KEYS).await.map_err(from_db)?;
             let idempotency_keys = client
                 .execute(

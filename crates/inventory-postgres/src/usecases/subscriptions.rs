@@ -1,0 +1,283 @@
+//! Named subscriptions: one row each, in `event_subscriptions` (see V20). A filter is stored
+//! as JSON, its lists sorted, so the same filter is always the same value.
+
+use std::time::SystemTime;
+
+use inventory_core::{
+    Error,
+    domain::{LocationId, OrderId, Sku},
+    events::{
+        AckEvents, CreateSubscription, EpochId, EventFilter, EventKind, Subscription,
+        SubscriptionName,
+    },
+    ports::SubscriptionStore,
+};
+use serde::{Deserialize, Serialize};
+use tokio_postgres::Row;
+
+use crate::{
+    PgStore,
+    plumbing::error::{from_db, from_pool},
+};
+
+/// What every statement answers of a subscription, with its lag behind the head.
+macro_rules! columns {
+    () => {
+        "name, filter, acked_position, acked_epoch, created_at, acked_at, lost, reader,
+         greatest((SELECT head FROM event_stream WHERE id = 1) - acked_position, 0)"
+    };
+}
+
+const CREATE: &str = "
+    INSERT INTO event_subscriptions (name, filter, acked_position, acked_epoch)
+    VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING";
+
+const GET: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM event_subscriptions WHERE name = $1"
+);
+
+const TAKE_OVER: &str = concat!(
+    "UPDATE event_subscriptions SET reader = reader + 1 WHERE name = $1 RETURNING ",
+    columns!()
+);
+
+/// Forward only; the epoch goes with the position it names. Acknowledging the same position
+/// again still counts as activity (a consumer of a rare filter acknowledges heartbeats).
+const ACK: &str = concat!(
+    "UPDATE event_subscriptions
+     SET acked_epoch = CASE WHEN $2 > acked_position THEN $3 ELSE acked_epoch END,
+         acked_position = greatest(acked_position, $2),
+         acked_at = clock_timestamp()
+     WHERE name = $1 AND lost IS NULL RETURNING ",
+    columns!()
+);
+
+const LIST: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM event_subscriptions ORDER BY name"
+);
+
+const DELETE: &str = "DELETE FROM event_subscriptions WHERE name = $1";
+
+/// A filter as stored: names, sorted.
+#[derive(Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+struct StoredFilter {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    types: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    skus: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    sku_prefixes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    order_ids: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    location_ids: Vec<String>,
+}
+
+fn sorted(values: impl Iterator<Item = String>) -> Vec<String> {
+    let mut values: Vec<String> = values.collect();
+    values.sort();
+    values.dedup();
+    values
+}
+
+pub(crate) fn store_filter(filter: &EventFilter) -> serde_json::Value {
+    let stored = StoredFilter {
+        types: sorted(filter.kinds.iter().map(|k| k.as_str().to_owned())),
+        skus: sorted(filter.skus.iter().map(|s| s.as_str().to_owned())),
+        sku_prefixes: sorted(filter.sku_prefixes.iter().cloned()),
+        order_ids: sorted(filter.order_ids.iter().map(|o| o.as_str().to_owned())),
+        location_ids: sorted(filter.locations.iter().map(|l| l.as_str().to_owned())),
+    };
+    serde_json::to_value(stored).unwrap_or_default()
+}
+
+fn load_filter(value: serde_json::Value) -> Result<EventFilter, Error> {
+    let invalid = |problem: String| Error::internal(format!("stored filter is invalid: {problem}"));
+    let stored: StoredFilter = serde_json::from_value(value).map_err(Error::internal)?;
+    Ok(EventFilter {
+        kinds: stored
+            .types
+            .iter()
+            .map(|raw| EventKind::parse(raw).ok_or_else(|| invalid(format!("type {raw:?}"))))
+            .collect::<Result<_, _>>()?,
+        skus: stored
+            .skus
+            .iter()
+            .map(|raw| Sku::parse(raw).map_err(invalid))
+            .collect::<Result<_, _>>()?,
+        sku_prefixes: stored.sku_prefixes,
+        order_ids: stored
+            .order_ids
+            .iter()
+            .map(|raw| OrderId::parse(raw).map_err(invalid))
+            .collect::<Result<_, _>>()?,
+        locations: stored
+            .location_ids
+            .iter()
+            .map(|raw| LocationId::parse(raw).map_err(invalid))
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+pub(crate) fn subscription(row: &Row) -> Result<Subscription, Error> {
+    let name: &str = row.try_get(0).map_err(Error::internal)?;
+    Ok(Subscription {
+        name: SubscriptionName::parse(name).map_err(Error::internal)?,
+        filter: load_filter(row.try_get(1).map_err(Error::internal)?)?,
+        acked: row.try_get(2).map_err(Error::internal)?,
+        acked_epoch: row
+            .try_get::<_, Option<i64>>(3)
+            .map_err(Error::internal)?
+            .map(EpochId),
+        created_at: row.try_get::<_, SystemTime>(4).map_err(Error::internal)?,
+        acked_at: row.try_get::<_, SystemTime>(5).map_err(Error::internal)?,
+        lost: row.try_get(6).map_err(Error::internal)?,
+        reader: row.try_get(7).map_err(Error::internal)?,
+        lag: row.try_get(8).map_err(Error::internal)?,
+    })
+}
+
+/// The refusal of a lost subscription.
+pub(crate) fn lost(found: Subscription) -> Error {
+    Error::SubscriptionLost {
+        reason: found.lost.unwrap_or_default(),
+        acked: found.acked,
+        name: found.name,
+    }
+}
+
+impl PgStore {
+    async fn one(
+        &self,
+        statement: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<Subscription>, Error> {
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            let statement = client.prepare_cached(statement).await.map_err(from_db)?;
+            let row = client
+                .query_opt(&statement, params)
+                .await
+                .map_err(from_db)?;
+            row.as_ref().map(subscription).transpose()
+        })
+        .await
+    }
+
+    /// Why a statement that names a live subscription found none: it is lost, or not there.
+    async fn not_live(&self, name: &SubscriptionName) -> Error {
+        match self.one(GET, &[&name.as_str()]).await {
+            Ok(Some(found)) if found.lost.is_some() => lost(found),
+            Ok(_) => Error::SubscriptionNotFound(name.clone()),
+            Err(error) => error,
+        }
+    }
+}
+
+impl SubscriptionStore for PgStore {
+    async fn create_subscription(
+        &self,
+        command: &CreateSubscription,
+        start: i64,
+        start_epoch: Option<EpochId>,
+    ) -> Result<Subscription, Error> {
+        let filter = store_filter(&command.filter);
+        let found = self
+            .bounded(async {
+                let client = self.pool().get().await.map_err(from_pool)?;
+                let statement = client.prepare_cached(CREATE).await.map_err(from_db)?;
+                client
+                    .execute(
+                        &statement,
+                        &[
+                            &command.name.as_str(),
+                            &filter,
+                            &start,
+                            &start_epoch.map(|e| e.0),
+                        ],
+                    )
+                    .await
+                    .map_err(from_db)?;
+                let statement = client.prepare_cached(GET).await.map_err(from_db)?;
+                let row = client
+                    .query_one(&statement, &[&command.name.as_str()])
+                    .await
+                    .map_err(from_db)?;
+                subscription(&row)
+            })
+            .await?;
+        if store_filter(&found.filter) != filter {
+            return Err(Error::SubscriptionExists(command.name.clone()));
+        }
+        Ok(found)
+    }
+
+    async fn subscription(&self, name: &SubscriptionName) -> Result<Subscription, Error> {
+        self.one(GET, &[&name.as_str()])
+            .await?
+            .ok_or_else(|| Error::SubscriptionNotFound(name.clone()))
+    }
+
+    async fn take_over_subscription(&self, name: &SubscriptionName) -> Result<Subscription, Error> {
+        let found = self
+            .one(TAKE_OVER, &[&name.as_str()])
+            .await?
+            .ok_or_else(|| Error::SubscriptionNotFound(name.clone()))?;
+        if found.lost.is_some() {
+            return Err(lost(found));
+        }
+        Ok(found)
+    }
+
+    async fn ack_events(
+        &self,
+        command: &AckEvents,
+        epoch: Option<EpochId>,
+    ) -> Result<Subscription, Error> {
+        match self
+            .one(
+                ACK,
+                &[
+                    &command.name.as_str(),
+                    &command.position,
+                    &epoch.map(|e| e.0),
+                ],
+            )
+            .await?
+        {
+            Some(found) => Ok(found),
+            None => Err(self.not_live(&command.name).await),
+        }
+    }
+
+    async fn list_subscriptions(&self) -> Result<Vec<Subscription>, Error> {
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            let statement = client.prepare_cached(LIST).await.map_err(from_db)?;
+            let rows = client.query(&statement, &[]).await.map_err(from_db)?;
+            rows.iter().map(subscription).collect()
+        })
+        .await
+    }
+
+    async fn delete_subscription(&self, name: &SubscriptionName) -> Result<(), Error> {
+        let deleted = self
+            .bounded(async {
+                let client = self.pool().get().await.map_err(from_pool)?;
+                let statement = client.prepare_cached(DELETE).await.map_err(from_db)?;
+                client
+                    .execute(&statement, &[&name.as_str()])
+                    .await
+                    .map_err(from_db)
+            })
+            .await?;
+        if deleted == 0 {
+            return Err(Error::SubscriptionNotFound(name.clone()));
+        }
+        Ok(())
+    }
+}

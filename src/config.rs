@@ -54,6 +54,9 @@ pub enum Command {
         #[arg(long, default_value = "reset by hand")]
         reason: String,
     },
+    /// Copy each tenant's event stream to NATS JetStream until SIGTERM or SIGINT: one relay
+    /// of a RELAY_NAME publishes per tenant, the others stand by.
+    Relay(Box<RelayArgs>),
     /// Read a token (or a client certificate in PEM) on stdin and print the credential line
     /// value for AUTH_TOKENS_FILE.
     HashToken {
@@ -62,6 +65,9 @@ pub enum Command {
         certificate: bool,
     },
 }
+
+mod relay;
+pub use relay::RelayArgs;
 
 #[derive(Debug, Args)]
 pub struct LogArgs {

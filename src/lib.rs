@@ -18,6 +18,8 @@
 //! - [`startup`] — building, serving and the shutdown sequence.
 //! - [`upkeep`] — expiry of overdue holds and pruning past retention, in the background.
 //! - [`tls`] — TLS on the gRPC port, its material swappable while serving.
+//! - [`relay`] — `inventory-server relay`: each tenant's event stream copied to NATS
+//!   JetStream under a lease, resumed from where the copy ends.
 //! - [`reload`] — credentials and TLS material re-read on SIGHUP and on change.
 //! - [`telemetry`] — logs, traces (W3C context in, OTLP out) and the meter provider.
 //! - [`metrics`] — the server's instruments; the adapters record their own.
@@ -39,6 +41,7 @@ pub mod metrics;
 pub mod peer;
 /// The generated API (`inventory-proto`), re-exported so `crate::proto` names it.
 pub use inventory_proto as proto;
+pub mod relay;
 pub mod reload;
 pub mod startup;
 pub mod status;

@@ -40,6 +40,9 @@ async fn run(command: Command, registry: prometheus::Registry) -> anyhow::Result
             let application = Application::build_with_registry(settings, registry).await?;
             application.run_until_stopped(shutdown_signal()).await
         }
+        Command::Relay(args) => {
+            inventory_server::relay::serve(&args, registry, shutdown_signal()).await
+        }
         Command::HashToken { certificate } => {
             let mut input = Vec::new();
             std::io::Read::read_to_end(&mut std::io::stdin(), &mut input)?;

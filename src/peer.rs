@@ -57,7 +57,7 @@ use crate::{
     },
     status::to_status,
     tenants::Tenants,
-    wire::{Decode as _, Encode as _, relay},
+    wire::{Decode as _, Encode as _, forward},
 };
 
 /// How far a signature's time may be from the receiver's clock; a call signed earlier is
@@ -247,7 +247,7 @@ impl PeerForwarder {
         let call = self.secret.sign(
             &call_context(&peer.0),
             &ForwardedReserve {
-                request: Some(relay::reserve_request(command)),
+                request: Some(forward::reserve_request(command)),
                 caller: command.caller.as_str().to_owned(),
                 lease_wait: prost_types::Duration::try_from(lease_wait).ok(),
                 tenant: if self.tenant.is_default() {
@@ -302,7 +302,7 @@ impl PeerForwarder {
             Err(error) => return failed(Error::internal(format!("forward to {peer}: {error}"))),
         };
         match answer.answer {
-            Some(Answer::Reservation(reservation)) => match relay::reservation(reservation) {
+            Some(Answer::Reservation(reservation)) => match forward::reservation(reservation) {
                 Ok(reservation) => Forwarded::Answered(Ok(reservation)),
                 // It was written there; running it here replays it.
                 Err(error) => failed(error),

@@ -6,7 +6,7 @@
 mod decode;
 mod encode;
 mod feeds;
-pub mod relay;
+pub mod forward;
 
 pub use decode::Decode;
 pub use encode::{BatchLevels, Encode};

@@ -100,6 +100,8 @@ ensure_packages() {
     need+=("postgresql-$pg_major-auto-failover")
   command -v redis-server >/dev/null || need+=(redis-server)
   command -v redis-cli >/dev/null || need+=(redis-tools)
+  # The event relay's tests: a JetStream server each test starts, kills and restarts.
+  command -v nats-server >/dev/null || need+=(nats-server)
   python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
   if [ ${#need[@]} -gt 0 ]; then
     log "installing ${need[*]} from Debian's packages"

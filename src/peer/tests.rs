@@ -85,7 +85,7 @@ fn not_holder_travels_as_its_own_answer_and_errors_as_their_status() {
 fn a_forwarded_call_decodes_to_the_command_it_was_made_from() {
     let (command, lease_wait) = command(call("k-1")).expect("decodes");
     assert_eq!(lease_wait, None);
-    let again = relay::reserve_request(&command);
+    let again = forward::reserve_request(&command);
     assert_eq!(again, call("k-1").request.unwrap());
     assert_eq!(command.caller.as_str(), "checkout");
 }

@@ -35,6 +35,7 @@ mod multihost;
 mod partial;
 mod pooler;
 mod race;
+mod relay;
 mod reservations;
 mod resilience;
 mod retention;

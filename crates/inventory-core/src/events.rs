@@ -151,6 +151,19 @@ impl ReservationEvent {
     }
 }
 
+/// An event on its way to a sink (see [`crate::ports::EventSink`]), encoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    pub id: Uuid,
+    pub position: i64,
+    pub epoch: EpochId,
+    pub kind: EventKind,
+    /// The one SKU the event is about; `None` for a reservation of several.
+    pub sku: Option<Sku>,
+    /// The API's `Event` message, encoded.
+    pub payload: Vec<u8>,
+}
+
 /// What one sequencer run did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Positioned {

@@ -34,6 +34,8 @@ pub enum PausePoint {
     /// A sweep committed the expiry of the holds whose SKUs it could lock at once; taking the
     /// others again, SKU by SKU, waiting for each SKU's row, is next.
     ExpiryDeferred,
+    /// The event relay's sink stored a batch; moving the relay's cursor past it is next.
+    RelayPublished,
 }
 
 /// The pause points of one service instance.

@@ -388,6 +388,61 @@ pub trait SubscriptionStore: Send + Sync + 'static {
         &self,
         name: &SubscriptionName,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Takes the subscription under a lease for `holder` (a relay), if nobody else holds an
+    /// unexpired one: a new reader generation, held for `ttl`. `None` while another holds it.
+    fn hold_subscription(
+        &self,
+        name: &SubscriptionName,
+        holder: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Named>, Error>> + Send;
+
+    /// Acknowledges up to `position` (of `epoch`) and renews the lease for `ttl`, only while
+    /// `generation` is still the subscription's reader: `false` once another took it (this
+    /// holder's lease expired), and nothing moved.
+    fn advance_held(
+        &self,
+        name: &SubscriptionName,
+        generation: i64,
+        position: i64,
+        epoch: Option<crate::events::EpochId>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Gives the lease up, if `generation` still holds it, so another holder takes it at once.
+    fn release_held(
+        &self,
+        name: &SubscriptionName,
+        generation: i64,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// Where a relay copies a tenant's event stream: a broker's stream of its own. The relay
+/// publishes in position order, one batch at a time, and moves its cursor in PostgreSQL only
+/// after the sink said a batch is stored; the sink makes a message it already stored a no-op
+/// (a relay restarted between the two republishes the batch).
+pub trait EventSink: Send + Sync + 'static {
+    /// Where the sink's copy ends now.
+    fn end(&self) -> impl Future<Output = Result<SinkEnd, crate::error::BoxError>> + Send;
+
+    /// Stores `batch` in order right after `after` (what [`Self::end`] or the last publish
+    /// answered), and answers the new end once every message is stored.
+    fn publish(
+        &self,
+        after: &SinkEnd,
+        batch: Vec<crate::events::Outgoing>,
+    ) -> impl Future<Output = Result<SinkEnd, crate::error::BoxError>> + Send;
+}
+
+/// The end of a sink's copy of the stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SinkEnd {
+    /// The sink's own sequence of its last message (0: it never stored one).
+    pub sequence: u64,
+    /// The stream position and epoch of its last message; `None` when it holds none (never
+    /// stored one, or its messages aged out or were purged).
+    pub last: Option<(i64, crate::events::EpochId)>,
 }
 
 /// Tells when the stream's head moved, whichever replica moved it.

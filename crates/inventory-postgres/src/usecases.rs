@@ -168,6 +168,9 @@ impl Upkeep for PgStore {
     }
 
     async fn count_held(&self) -> Result<HeldTotals, Error> {
+        if let Err(error) = self.refresh_subscription_gauges().await {
+            tracing::warn!(%error, "cannot read the subscriptions; their gauges keep their last values");
+        }
         self.refresh_held_gauges().await
     }
 

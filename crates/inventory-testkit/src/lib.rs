@@ -22,6 +22,7 @@
 
 pub mod audit;
 pub mod cells;
+pub mod nats;
 pub mod outcome;
 pub mod pgbouncer;
 pub mod ports;

@@ -55,6 +55,11 @@ impl Process {
         self.0.is_some()
     }
 
+    /// The process id, while there is a child.
+    pub fn id(&self) -> Option<u32> {
+        self.0.as_ref().and_then(Child::id)
+    }
+
     fn running(&self) -> anyhow::Result<&Child> {
         self.0.as_ref().context("not running")
     }

@@ -36,6 +36,10 @@ pub(crate) struct StoreMetrics {
     /// How long the oldest hold past its expiry has waited for a sweep (seconds; 0: none).
     pub oldest_overdue: Gauge<f64>,
     pub held_units: Gauge<u64>,
+    /// Events of the whole stream after each subscription's acknowledged position, and
+    /// whether it is lost, as the sweeper last read them.
+    pub subscription_lag: Gauge<u64>,
+    pub subscription_lost: Gauge<u64>,
 }
 
 pub(crate) fn store() -> &'static StoreMetrics {
@@ -110,6 +114,14 @@ pub(crate) fn store() -> &'static StoreMetrics {
             held_units: meter
                 .u64_gauge("inventory.stock.reserved.units")
                 .with_description("Units reserved across every SKU, as the sweeper last counted them")
+                .build(),
+            subscription_lag: meter
+                .u64_gauge("inventory.subscription.lag")
+                .with_description("Events of the stream after the subscription's last acknowledgement (the relay's too), as the sweeper last read them")
+                .build(),
+            subscription_lost: meter
+                .u64_gauge("inventory.subscription.lost")
+                .with_description("1 when retention removed events the subscription had not acknowledged, as the sweeper last read them")
                 .build(),
         }
     })

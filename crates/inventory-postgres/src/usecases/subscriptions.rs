@@ -1,7 +1,7 @@
 //! Named subscriptions: one row each, in `event_subscriptions` (see V20). A filter is stored
 //! as JSON, its lists sorted, so the same filter is always the same value.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use inventory_core::{
     Error,
@@ -61,6 +61,30 @@ const LIST: &str = concat!(
 );
 
 const DELETE: &str = "DELETE FROM event_subscriptions WHERE name = $1";
+
+/// A new reader generation under a lease, unless another holder's lease is still running.
+const HOLD: &str = concat!(
+    "UPDATE event_subscriptions
+     SET reader = reader + 1, holder = $2,
+         held_until = clock_timestamp() + make_interval(secs => $3)
+     WHERE name = $1 AND lost IS NULL
+       AND (holder IS NULL OR holder = $2 OR held_until < clock_timestamp())
+     RETURNING ",
+    columns!()
+);
+
+/// Fenced by the reader generation: a holder whose lease passed on moves nothing.
+const ADVANCE_HELD: &str = "
+    UPDATE event_subscriptions
+    SET acked_epoch = CASE WHEN $3 > acked_position THEN $4 ELSE acked_epoch END,
+        acked_position = greatest(acked_position, $3),
+        acked_at = clock_timestamp(),
+        held_until = clock_timestamp() + make_interval(secs => $5)
+    WHERE name = $1 AND reader = $2 AND lost IS NULL";
+
+const RELEASE_HELD: &str = "
+    UPDATE event_subscriptions SET holder = NULL, held_until = NULL
+    WHERE name = $1 AND reader = $2";
 
 /// A filter as stored: names, sorted.
 #[derive(Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -168,6 +192,19 @@ impl PgStore {
         .await
     }
 
+    async fn execute(
+        &self,
+        statement: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, Error> {
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            let statement = client.prepare_cached(statement).await.map_err(from_db)?;
+            client.execute(&statement, params).await.map_err(from_db)
+        })
+        .await
+    }
+
     /// Why a statement that names a live subscription found none: it is lost, or not there.
     async fn not_live(&self, name: &SubscriptionName) -> Error {
         match self.one(GET, &[&name.as_str()]).await {
@@ -175,6 +212,26 @@ impl PgStore {
             Ok(_) => Error::SubscriptionNotFound(name.clone()),
             Err(error) => error,
         }
+    }
+}
+
+impl PgStore {
+    /// `inventory_subscription_lag` and `_lost`, by tenant and subscription.
+    pub(crate) async fn refresh_subscription_gauges(&self) -> Result<(), Error> {
+        let metrics = crate::plumbing::metrics::store();
+        for found in self.list_subscriptions().await? {
+            let attributes = [
+                self.tenant_attribute()[0].clone(),
+                opentelemetry::KeyValue::new("subscription", found.name.as_str().to_owned()),
+            ];
+            metrics
+                .subscription_lag
+                .record(u64::try_from(found.lag).unwrap_or(0), &attributes);
+            metrics
+                .subscription_lost
+                .record(u64::from(found.lost.is_some()), &attributes);
+        }
+        Ok(())
     }
 }
 
@@ -265,19 +322,49 @@ impl SubscriptionStore for PgStore {
     }
 
     async fn delete_subscription(&self, name: &SubscriptionName) -> Result<(), Error> {
-        let deleted = self
-            .bounded(async {
-                let client = self.pool().get().await.map_err(from_pool)?;
-                let statement = client.prepare_cached(DELETE).await.map_err(from_db)?;
-                client
-                    .execute(&statement, &[&name.as_str()])
-                    .await
-                    .map_err(from_db)
-            })
-            .await?;
+        let deleted = self.execute(DELETE, &[&name.as_str()]).await?;
         if deleted == 0 {
             return Err(Error::SubscriptionNotFound(name.clone()));
         }
         Ok(())
+    }
+
+    async fn hold_subscription(
+        &self,
+        name: &SubscriptionName,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Subscription>, Error> {
+        self.one(HOLD, &[&name.as_str(), &holder, &ttl.as_secs_f64()])
+            .await
+    }
+
+    async fn advance_held(
+        &self,
+        name: &SubscriptionName,
+        generation: i64,
+        position: i64,
+        epoch: Option<EpochId>,
+        ttl: Duration,
+    ) -> Result<bool, Error> {
+        let moved = self
+            .execute(
+                ADVANCE_HELD,
+                &[
+                    &name.as_str(),
+                    &generation,
+                    &position,
+                    &epoch.map(|e| e.0),
+                    &ttl.as_secs_f64(),
+                ],
+            )
+            .await?;
+        Ok(moved == 1)
+    }
+
+    async fn release_held(&self, name: &SubscriptionName, generation: i64) -> Result<(), Error> {
+        self.execute(RELEASE_HELD, &[&name.as_str(), &generation])
+            .await
+            .map(drop)
     }
 }

@@ -17,6 +17,10 @@ use crate::helpers::{
 #[path = "../../examples/order_saga.rs"]
 mod order_saga;
 
+#[allow(dead_code)]
+#[path = "../../examples/fulfilment_feed.rs"]
+mod fulfilment_feed;
+
 fn client(app: &TestApp, budget: Duration) -> InventoryClient {
     InventoryClient::connect_lazy(ClientConfig {
         endpoint: format!("http://{}", app.addr),
@@ -225,6 +229,70 @@ async fn the_order_saga_confirms_a_paid_order_and_compensates_the_others() {
         .unwrap();
     assert!(matches!(again, SagaOutcome::Confirmed(_)), "{again:?}");
     assert_eq!(app.level("MUG").await, (1, 0));
+}
+
+/// The subscription consumer of `examples/fulfilment_feed.rs`: it sees only the confirmations
+/// of its SKUs, and after a stop it resumes right after the last one it handled.
+#[tokio::test]
+async fn the_fulfilment_feed_resumes_after_what_it_handled() {
+    use fulfilment_feed::{confirmations, follow};
+    let app = spawn_app().await;
+    stock(&app, "DEMO-MUG", 10).await;
+    stock(&app, "OTHER", 10).await;
+    let client = client(&app, Duration::from_secs(10));
+    client
+        .create_subscription("fulfilment", confirmations("DEMO-"), false)
+        .await
+        .unwrap();
+    let confirm_order = |order: &'static str, sku: &'static str| {
+        let client = client.clone();
+        async move {
+            let held = client
+                .reserve(crate::helpers::reserve(order, &[(sku, 1)]))
+                .await
+                .unwrap();
+            client
+                .confirm_reservation(crate::helpers::confirm(&held.reservation_id))
+                .await
+                .unwrap();
+            held.reservation_id
+        }
+    };
+    let first = confirm_order("f-1", "DEMO-MUG").await;
+    confirm_order("f-other", "OTHER").await;
+    let second = confirm_order("f-2", "DEMO-MUG").await;
+    let reservation = |event: &inventory_server::proto::Event| match &event.subject {
+        Some(inventory_server::proto::event::Subject::ReservationId(id)) => id.clone(),
+        other => panic!("{other:?}"),
+    };
+    let mut handled = Vec::new();
+    follow(
+        &client,
+        "fulfilment",
+        confirmations("DEMO-"),
+        async |event| {
+            handled.push(reservation(event));
+            handled.len() < 2
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(handled, [first, second.clone()]);
+
+    let third = confirm_order("f-3", "DEMO-MUG").await;
+    let mut resumed = Vec::new();
+    follow(
+        &client,
+        "fulfilment",
+        confirmations("DEMO-"),
+        async |event| {
+            resumed.push(reservation(event));
+            false
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(resumed, [third], "nothing handled comes again");
 }
 
 /// `deploy/grpc/service-config.json` retries, for clients in other languages, what the Rust

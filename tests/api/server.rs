@@ -624,3 +624,70 @@ async fn a_release_below_the_schema_floor_refuses_writes_and_is_not_ready() {
     .await
     .unwrap();
 }
+
+/// The README's subscription walk-through, run word for word (only the address, the
+/// reservation id and the acknowledged event substituted): a subscription created, an order
+/// confirmed, the confirmation read through the subscription and acknowledged.
+#[tokio::test]
+async fn grpcurl_runs_the_readme_subscription_walk_through() {
+    let app = spawn_app().await;
+    crate::helpers::stock(&app, "DEMO-MUG", 5).await;
+    let addr = app.addr.to_string();
+    let commands = readme_commands("Fulfilment, reading the confirmations");
+    assert_eq!(commands.len(), 6, "{commands:?}");
+    let (answers, watched) = tokio::task::spawn_blocking(move || {
+        let mut answers: Vec<serde_json::Value> = Vec::new();
+        let mut watched: Vec<serde_json::Value> = Vec::new();
+        let (mut reservation, mut sequence, mut epoch) =
+            (String::new(), String::new(), String::new());
+        for words in commands {
+            let words: Vec<String> = words
+                .into_iter()
+                .map(|w| {
+                    w.replace("127.0.0.1:50051", &addr)
+                        .replace("<id from order-sub-1>", &reservation)
+                        .replace("<sequence of the confirmation>", &sequence)
+                        .replace("<its epoch>", &epoch)
+                })
+                .collect();
+            let args: Vec<&str> = words.iter().map(String::as_str).collect();
+            let (ok, out, err) = run_grpcurl(&args);
+            if words.iter().any(|w| w.ends_with("/WatchEvents")) {
+                // `-max-time` ends the read.
+                assert!(!ok && err.contains("DeadlineExceeded"), "{err}");
+                watched = serde_json::Deserializer::from_str(&out)
+                    .into_iter::<serde_json::Value>()
+                    .map(Result::unwrap)
+                    .collect();
+                let confirmation = watched
+                    .iter()
+                    .find(|e| e["type"] == "EVENT_TYPE_RESERVATION_CONFIRMED")
+                    .unwrap_or_else(|| panic!("{out}"));
+                sequence = confirmation["sequence"].as_str().unwrap().to_owned();
+                epoch = confirmation["epoch"].as_str().unwrap().to_owned();
+                continue;
+            }
+            assert!(ok, "{words:?}: {err}");
+            let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+            if words.iter().any(|w| w.ends_with("/Reserve")) {
+                reservation = answer["reservationId"].as_str().unwrap().to_owned();
+            }
+            answers.push(answer);
+        }
+        (answers, watched)
+    })
+    .await
+    .unwrap();
+    assert_eq!(answers[0]["name"], "fulfilment", "{}", answers[0]);
+    // Only the confirmation passed the filter (the hold did not).
+    let types: Vec<&str> = watched
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["EVENT_TYPE_RESERVATION_CONFIRMED"], "{watched:?}");
+    let acked = &answers[3];
+    assert_eq!(acked["ackedSequence"], watched[0]["sequence"], "{acked}");
+    let listed = &answers[4]["subscriptions"][0];
+    assert_eq!(listed["name"], "fulfilment", "{listed}");
+    assert_eq!(listed["ackedSequence"], watched[0]["sequence"], "{listed}");
+}

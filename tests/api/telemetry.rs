@@ -740,6 +740,15 @@ async fn every_metric_the_dashboard_and_the_alerts_read_is_exported_and_document
     let _watching = crate::events::watch(&app, 0).await;
     app.inventory.expire_due(100).await.unwrap();
     app.store.refresh_held_gauges().await.unwrap();
+    app.client
+        .clone()
+        .create_subscription(inventory_server::proto::CreateSubscriptionRequest {
+            name: "storefront".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    app.store.refresh_subscription_gauges().await.unwrap();
     let page = inventory_testkit::process::eventually_ok(
         "the sequencer reported its lag",
         Duration::from_secs(10),
@@ -772,6 +781,11 @@ async fn every_metric_the_dashboard_and_the_alerts_read_is_exported_and_document
         "inventory_verify_drift",
         "inventory_tls_certificate_not_after_seconds",
         "kube_cronjob_status_last_successful_time",
+        // The relay process's own page.
+        "inventory_relay_lag",
+        "inventory_relay_active",
+        "inventory_relay_published_total",
+        "inventory_relay_publish_errors_total",
     ];
     for name in metric_names(&rule_exprs) {
         assert!(

@@ -217,7 +217,7 @@ impl PgStore {
 
 impl PgStore {
     /// `inventory_subscription_lag` and `_lost`, by tenant and subscription.
-    pub(crate) async fn refresh_subscription_gauges(&self) -> Result<(), Error> {
+    pub async fn refresh_subscription_gauges(&self) -> Result<(), Error> {
         let metrics = crate::plumbing::metrics::store();
         for found in self.list_subscriptions().await? {
             let attributes = [

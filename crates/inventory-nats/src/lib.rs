@@ -1,6 +1,9 @@
 //! The event relay's sink: each tenant's event stream copied, in position order, to a NATS
 //! JetStream stream of its own.
 //!
+//! # Layout
+//! One module: [`JetStreamSink`], the `EventSink` of `inventory-core` on JetStream.
+//!
 //! - **Names.** Tenant `t`'s stream is `<stream prefix>_<T>` (`INVENTORY_DEFAULT`), on the
 //!   subjects `<subject prefix>.t.>`. Each event's subject is
 //!   `<subject prefix>.<tenant>.<event type>.<sku>` (`inventory.default.reservation_held.MUG-1`):

@@ -14,6 +14,7 @@
 //! - [`cells`]: complete copies of the service (PostgreSQL, Redis, replicas) serving fixed
 //!   sets of tenants, and the map clients find them with.
 //! - [`redis`]: `redis-server` nodes and the three topologies (single, Sentinel, Cluster).
+//! - [`nats`]: a `nats-server` with JetStream, killed and restarted with its store.
 //! - [`proxy`]: a TCP proxy with latency, cut-off and stall switches.
 //! - [`server`]: `inventory-server` processes, ready once `grpc.health.v1` says SERVING.
 //! - [`outcome`]: which status codes leave the outcome of a call unknown.

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `reader` | `GetStock`, `GetReservation`, `ListReservations` | its own |
 //! | `reserver` | the above, `Reserve`, `ExtendReservation`, `ConfirmReservation`, `ReleaseReservation`, `CancelOrder` | its own |
-//! | `watcher` | `GetStock`, `GetReservation`, `ListReservations`, `WatchEvents` | every caller's (read only) |
+//! | `watcher` | `GetStock`, `GetReservation`, `ListReservations`, `WatchEvents`, the subscription calls | every caller's (read only) |
 //! | `admin` | every call | every caller's |
 //! | `operator` | every call, in the tenant its `inventory-tenant` header names (its own without one) | every caller's |
 //!

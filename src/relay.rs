@@ -149,9 +149,14 @@ where
                         after: held.acked,
                         epoch: held.acked_epoch,
                     };
-                    self.relay(&name, generation, acked, &wake, &mut stopping)
+                    let relayed = self
+                        .relay(&name, generation, acked, &wake, &mut stopping)
                         .await;
                     metrics().active.record(0, &self.attributes());
+                    if let Err(error) = relayed {
+                        let _ = self.store.release_held(&name, generation).await;
+                        return Err(error);
+                    }
                     if *stopping.borrow() {
                         // Handed over at once rather than after the lease runs out.
                         let _ = self.store.release_held(&name, generation).await;
@@ -161,10 +166,20 @@ where
                 }
                 Ok(None) => {
                     metrics().active.record(0, &self.attributes());
-                    if let Ok(found) = self.store.subscription(&name).await
-                        && let Some(reason) = found.lost
-                    {
-                        return Err(lost(&name, &reason));
+                    match self.store.subscription(&name).await {
+                        Ok(found) => {
+                            if let Some(reason) = found.lost {
+                                return Err(lost(&name, &reason));
+                            }
+                        }
+                        // Deleted by hand: made again, from the oldest event kept (the copy's
+                        // end still decides where publishing goes on).
+                        Err(Error::SubscriptionNotFound(_)) => {
+                            if let Err(error) = self.ensure_subscription(&name).await {
+                                tracing::warn!(tenant = %self.tenant, %error, "cannot create the relay's subscription");
+                            }
+                        }
+                        Err(_) => {}
                     }
                     if !pause(self.settings.lease_ttl / 3, &mut stopping).await {
                         return Ok(());
@@ -208,14 +223,21 @@ where
         mut acked: Cursor,
         wake: &Notify,
         stopping: &mut watch::Receiver<bool>,
-    ) {
+    ) -> Result<(), Error> {
         let ttl = self.settings.lease_ttl;
         let mut backoff = Duration::from_millis(100);
         // Where the sink's copy ends, and so where publishing goes on.
         let mut place: Option<(SinkEnd, Cursor)> = None;
         loop {
             if *stopping.borrow() {
-                return;
+                return Ok(());
+            }
+            // Behind by what is not recorded as published, whatever is failing.
+            if let Ok(bounds) = self.store.stream_bounds().await {
+                metrics().lag.record(
+                    u64::try_from(bounds.head - acked.after).unwrap_or(0),
+                    &self.attributes(),
+                );
             }
             let (end, cursor) = match place.take() {
                 Some(place) => place,
@@ -227,7 +249,7 @@ where
                         if matches!(self.renew(name, generation, acked).await, Held::Lost)
                             || !pause(backoff, stopping).await
                         {
-                            return;
+                            return Ok(());
                         }
                         backoff = (backoff * 2).min(MAX_BACKOFF);
                         continue;
@@ -244,42 +266,33 @@ where
                     tracing::warn!(tenant = %self.tenant, %error, "cannot read events; trying again");
                     place = Some((end, cursor));
                     if !pause(backoff, stopping).await {
-                        return;
+                        return Ok(());
                     }
                     continue;
                 }
             };
-            if let Ok(bounds) = self.store.stream_bounds().await {
-                metrics().lag.record(
-                    u64::try_from(bounds.head - cursor.after).unwrap_or(0),
-                    &self.attributes(),
-                );
-            }
             let Some(first) = page.first() else {
                 // Caught up: keep the lease, then wait for the head to move.
                 if matches!(self.renew(name, generation, acked).await, Held::Lost) {
-                    return;
+                    return Ok(());
                 }
                 place = Some((end, cursor));
                 tokio::select! {
                     () = wake.notified() => {}
                     () = tokio::time::sleep(ttl / 3) => {}
-                    _ = stopping.changed() => return,
+                    _ = stopping.changed() => return Ok(()),
                 }
                 continue;
             };
             if first.position != cursor.after + 1 {
-                tracing::error!(
-                    tenant = %self.tenant,
-                    after = cursor.after,
-                    next = first.position,
-                    "events the relay had not published were pruned; it cannot go on"
-                );
+                // Nothing the relay can repair; it stops, and says so, rather than skip them.
                 metrics().errors.add(1, &self.attributes());
-                if !pause(MAX_BACKOFF, stopping).await {
-                    return;
-                }
-                continue;
+                return Err(Error::internal(format!(
+                    "events after {} that the relay had not published were pruned (the next \
+                     kept is {}); delete the subscription {name} to relay from the oldest \
+                     event kept",
+                    cursor.after, first.position
+                )));
             }
             if let Some(cut) = cut_behind(cursor, &page) {
                 // The history was cut behind the copy (a restore): go on from the cut.
@@ -307,7 +320,7 @@ where
                     self.pauses.reach(PausePoint::RelayPublished).await;
                     acked = last;
                     if matches!(self.renew(name, generation, acked).await, Held::Lost) {
-                        return;
+                        return Ok(());
                     }
                     place = Some((stored, last));
                 }
@@ -317,7 +330,7 @@ where
                     if matches!(self.renew(name, generation, acked).await, Held::Lost)
                         || !pause(backoff, stopping).await
                     {
-                        return;
+                        return Ok(());
                     }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }

@@ -6,7 +6,8 @@
                                                     renderings and files, in memory, and check
                                                     that every one is caught
 
-Each RENDERED.yaml is one overlay as `kubectl kustomize` renders it (named after the overlay).
+Each RENDERED.yaml is one overlay as `kubectl kustomize` renders it (named after the overlay;
+`production-relay` is the production overlay with the optional relay component).
 The checks, each an error that fails the lint:
 
 - tls-app-protocol: a Service port that declares a cleartext protocol (`kubernetes.io/h2c`,
@@ -16,11 +17,12 @@ The checks, each an error that fails the lint:
 - connections: the ConfigMap inventory-database-limits declares the database's
   `max_connections` and the connections kept for everyone else (`reserved_connections`);
   (HPA maxReplicas + maxSurge) x tenants (TENANTS) x (DATABASE_POOL_SIZE + 1 LISTEN
-  connection) + 1 per CronJob that connects + reserved must fit. A PostgreSQL the overlay runs itself is started with
-  that same max_connections.
+  connection) + 1 per CronJob that connects + reserved must fit, plus, for each Deployment
+  of `inventory-server relay`, (replicas + maxSurge) x its tenants x (2 pooled + 1 LISTEN).
+  A PostgreSQL the overlay runs itself is started with that same max_connections.
 - credentials: the migrate initContainer, the server and the verify CronJob each connect with
-  their own credential: neither the same Secret key nor, where the Secret is in the
-  rendering, the same PostgreSQL user (deploy/sql/roles.sql).
+  their own credential, and the relay not with migrate's: neither the same Secret key nor,
+  where the Secret is in the rendering, the same PostgreSQL user (deploy/sql/roles.sql).
 - network-policy: the gRPC port admits callers only by the label CALLER_LABEL on both their
   namespace and their pods, the label docs/operations.md tells operators to set.
 - verify-export: where an alert reads inventory_verify_drift, the verify CronJob exports it
@@ -59,6 +61,8 @@ CLEARTEXT = {"kubernetes.io/h2c", "kubernetes.io/ws", "h2c", "http", "http2", "g
 # The server's defaults (inventory-server serve --help).
 DEFAULT_LISTEN_PORT = 50051
 DEFAULT_POOL_SIZE = 16
+# `inventory-server relay`'s pool per tenant (src/relay.rs), beside its LISTEN connection.
+RELAY_POOL_SIZE = 2
 OTLP_METRICS = ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
@@ -184,12 +188,21 @@ def selects_by_caller_label(selector):
     )
 
 
+def running(overlay, command):
+    """(workload, pod template, container) of every inventory-server `command`."""
+    for workload, template in overlay.workloads():
+        for found, container in server_containers(template):
+            if found == command:
+                yield workload, template, container
+
+
 def serving(overlay):
     """(Deployment, pod template, server container) of every inventory-server `serve`."""
-    for workload, template in overlay.workloads():
-        for command, container in server_containers(template):
-            if command == "serve":
-                yield workload, template, container
+    return running(overlay, "serve")
+
+
+def tenant_count(overlay, container):
+    return len([t for t in re.split(r"[,\s]+", overlay.env_value(container, "TENANTS") or "default") if t])
 
 
 # ---------------------------------------------------------------------------------------
@@ -273,10 +286,25 @@ def check_connections(overlay):
         w for w, t in overlay.workloads() if w["kind"] == "CronJob"
         and any(overlay.env(c, "DATABASE_URL") for _, c in server_containers(t))
     ]
+    # The relays' pods (no HPA: their replicas, and a rollout's surge), each with a pool of
+    # RELAY_POOL_SIZE and a LISTEN connection per tenant.
+    relaying, relay_terms = 0, []
+    for relay, _, container in running(overlay, "relay"):
+        if not overlay.env(container, "DATABASE_URL"):
+            continue
+        replicas = relay["spec"].get("replicas", 1)
+        surge = surge_of(relay, replicas)
+        tenants = tenant_count(overlay, container)
+        relaying += (replicas + surge) * tenants * (RELAY_POOL_SIZE + 1)
+        relay_terms.append(
+            f"{ref(relay)} ({replicas} replicas + {surge} surge) x {tenants} tenant(s) x "
+            f"({RELAY_POOL_SIZE} pooled + 1 LISTEN)"
+        )
+    relay_text = "".join(f" + {term}" for term in relay_terms)
     for deployment, container in deployments:
         pool = int(overlay.env_value(container, "DATABASE_POOL_SIZE") or DEFAULT_POOL_SIZE)
         # One pool and one LISTEN connection per tenant.
-        tenants = len([t for t in re.split(r"[,\s]+", overlay.env_value(container, "TENANTS") or "default") if t])
+        tenants = tenant_count(overlay, container)
         hpa = next(
             (h for h in overlay.of_kind("HorizontalPodAutoscaler")
              if h["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]),
@@ -284,13 +312,14 @@ def check_connections(overlay):
         )
         replicas = hpa["spec"]["maxReplicas"] if hpa else deployment["spec"].get("replicas", 1)
         surge = surge_of(deployment, replicas)
-        total = (replicas + surge) * tenants * (pool + 1) + len(jobs) + reserved
+        total = (replicas + surge) * tenants * (pool + 1) + len(jobs) + relaying + reserved
         if total > max_connections:
             what = f"{ref(hpa)} maxReplicas" if hpa else "replicas"
             problems.append(
                 f"{ref(deployment)}: ({replicas} replicas ({what}) + {surge} surge) x "
                 f"{tenants} tenant(s) x "
-                f"(DATABASE_POOL_SIZE {pool} + 1 LISTEN) + {len(jobs)} CronJob(s) + "
+                f"(DATABASE_POOL_SIZE {pool} + 1 LISTEN) + {len(jobs)} CronJob(s)"
+                f"{relay_text} + "
                 f"{reserved} reserved = {total} connections, above the database's "
                 f"max_connections {max_connections} (ConfigMap {LIMITS}): lower the pool or "
                 "the maximum, or raise max_connections"
@@ -345,6 +374,7 @@ def check_credentials(overlay):
         ("migrate", "serve", "serving must not hold the credential that owns the schema"),
         ("migrate", "verify", "verify reads only; it must not hold the schema owner's credential"),
         ("serve", "verify", "verify reads only; give it the read-only role"),
+        ("migrate", "relay", "the relay writes its subscription's row only; give it the serving role"),
     ]
     for first, second, why in pairs:
         for w1, c1, a in credentials.get(first, []):
@@ -648,6 +678,16 @@ def podmonitor_renamed(o, f):
     o.of_kind("PodMonitor")[0]["metadata"]["name"] = "inventory"
 
 
+def relay_replicas_too_many(o, f):
+    o.find("Deployment", "inventory-relay")["spec"]["replicas"] = 6
+
+
+def relay_with_migrating_secret(o, f):
+    migrate = containers_named(o, "Deployment", "inventory-server")["migrate"]
+    name = next(e for e in migrate["env"] if e["name"] == "DATABASE_URL")["valueFrom"]["secretKeyRef"]["name"]
+    set_env(containers_named(o, "Deployment", "inventory-relay")["relay"], "DATABASE_URL", secret(name))
+
+
 def dashboard_all_matches_empty(o, f):
     for variable in f["dashboard"]["templating"]["list"]:
         if variable["name"] == "pod":
@@ -675,6 +715,8 @@ DEFECTS = [
     ("migrate and serve on one Secret", "production", migrate_shares_serving_secret, "(migrate) and Deployment/inventory-server container server (serve)"),
     ("migrate's Secret with the serving user", "dev", migrate_secret_with_serving_user, "same credential (PostgreSQL user inventory_server)"),
     ("verify on the migrating Secret", "production", verify_with_migrating_secret, "(verify) connect with the same credential"),
+    ("6 relay replicas", "production-relay", relay_replicas_too_many, "Deployment/inventory-relay (6 replicas"),
+    ("relay on the migrating Secret", "production-relay", relay_with_migrating_secret, "Deployment/inventory-relay container relay (relay) connect with the same credential"),
     ("gRPC admitted from namespace orders only", "production", policy_by_namespace_name, f"admit them by the label {CALLER_LABEL}"),
     ("gRPC admitted from everywhere", "production", policy_admits_everyone, "admits every source"),
     ("verify exporting nothing", "production", verify_exports_nothing, "can never fire"),

@@ -18,7 +18,8 @@
 #                       TOPOLOGIES, DURATION and SEED pick what it runs
 #   services.sh start PROFILE | stop PROFILE | env PROFILE
 #   services.sh grpcurl prints the path of grpcurl, installing it if needed
-#   services.sh lint-deploy   hadolint the Dockerfile, render and validate every overlay
+#   services.sh lint-deploy   hadolint the Dockerfile, render and validate every overlay (and
+#                       the production overlay with the optional relay component)
 #   services.sh lint-proto [REV]   buf lint, and buf breaking against proto/ at REV (HEAD~1)
 set -euo pipefail
 
@@ -223,6 +224,28 @@ stop_services() {
   stop_postgres
 }
 
+# Renders the kustomization DIR to CHECKED/NAME.yaml and validates it offline (Kubernetes's
+# kinds against the schemas; the Prometheus Operator's through split-monitoring.py, its rules
+# with promtool and their unit tests); adds the rendering to the caller's `renderings`.
+#   lint_rendering PROMTOOL CHECKED NAME DIR
+lint_rendering() {
+  local promtool=$1 checked=$2 name=$3 dir=$4 rendered
+  log "kustomize + validate (Kubernetes $K8S_VERSION, strict): ${dir#"$ROOT"/}"
+  rendered="$checked/$name"
+  kubectl kustomize "$dir" >"$rendered.yaml"
+  renderings+=("$rendered.yaml")
+  # Prometheus Operator kinds are not Kubernetes's: their rules go to promtool instead.
+  "$TOOLS/venv/bin/python" "$ROOT/deploy/local/split-monitoring.py" "$rendered.rules.yaml" \
+    <"$rendered.yaml" | "$TOOLS/venv/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" -
+  if grep -q 'alert:' "$rendered.rules.yaml"; then
+    log "promtool check rules + alert unit tests: ${dir#"$ROOT"/}"
+    "$promtool" check rules "$rendered.rules.yaml"
+    cp "$rendered.rules.yaml" "$checked/rules.yaml"
+    cp "$ROOT/deploy/k8s/components/monitoring/alerts.test.yaml" "$checked/"
+    (cd "$checked" && "$promtool" test rules alerts.test.yaml)
+  fi
+}
+
 cmd_lint_deploy() {
   ensure_packages
   ensure_grpcurl >/dev/null
@@ -236,26 +259,27 @@ cmd_lint_deploy() {
     log "WARNING: kubectl (with kustomize, 1.27 or newer) not found: manifests not rendered"
     return 0
   fi
-  local promtool overlay checked="$TOOLS/lint" rendered renderings=()
+  local promtool overlay checked="$TOOLS/lint" renderings=()
   promtool=$(ensure_promtool)
   [ -x "$promtool" ] || die "promtool could not be fetched (it needs Debian's package lists and network)"
   mkdir -p "$checked"
   for overlay in "$ROOT"/deploy/k8s/overlays/*/; do
-    log "kustomize + validate (Kubernetes $K8S_VERSION, strict): ${overlay#"$ROOT"/}"
-    rendered="$checked/$(basename "$overlay")"
-    kubectl kustomize "$overlay" >"$rendered.yaml"
-    renderings+=("$rendered.yaml")
-    # Prometheus Operator kinds are not Kubernetes's: their rules go to promtool instead.
-    "$TOOLS/venv/bin/python" "$ROOT/deploy/local/split-monitoring.py" "$rendered.rules.yaml" \
-      <"$rendered.yaml" | "$TOOLS/venv/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" -
-    if grep -q 'alert:' "$rendered.rules.yaml"; then
-      log "promtool check rules + alert unit tests: ${overlay#"$ROOT"/}"
-      "$promtool" check rules "$rendered.rules.yaml"
-      cp "$rendered.rules.yaml" "$checked/rules.yaml"
-      cp "$ROOT/deploy/k8s/components/monitoring/alerts.test.yaml" "$checked/"
-      (cd "$checked" && "$promtool" test rules alerts.test.yaml)
-    fi
+    lint_rendering "$promtool" "$checked" "$(basename "$overlay")" "$overlay"
   done
+  # The relay (deploy/k8s/components/relay) is in no overlay: it is rendered as the production
+  # overlay would render it with `components: [../../components/relay,
+  # ../../components/relay/monitoring]`, through a kustomization under $checked that takes
+  # the overlay as its resource (and its namespace) and adds the two.
+  local relay="$checked/production-relay" k8s
+  mkdir -p "$relay"
+  k8s=$(realpath --relative-to="$relay" "$ROOT/deploy/k8s")
+  {
+    printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n'
+    sed -n '/^namespace:/p' "$ROOT/deploy/k8s/overlays/production/kustomization.yaml"
+    printf 'resources:\n  - %s\n' "$k8s/overlays/production"
+    printf 'components:\n  - %s\n  - %s\n' "$k8s/components/relay" "$k8s/components/relay/monitoring"
+  } >"$relay/kustomization.yaml"
+  lint_rendering "$promtool" "$checked" production-relay "$relay"
   # What no schema sees (TLS port protocols, replicas beside the HPA, the connection budget,
   # one credential per role, the callers' label, verify's export, the alerts' selectors, the
   # dashboard), then proof that each of those defects, put back, is caught.

@@ -48,9 +48,9 @@ pub struct RelayArgs {
     #[arg(long, env = "RELAY_LEASE_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub relay_lease_ttl: Duration,
 
-    /// Most events published at once.
+    /// Most events published at once (their acknowledgements awaited together).
     #[arg(long, env = "RELAY_BATCH", default_value_t = 256,
-          value_parser = clap::value_parser!(u16).range(1..=10_000))]
+          value_parser = clap::value_parser!(u16).range(1..=1_000))]
     pub relay_batch: u16,
 
     /// Plaintext HTTP listener serving `/metrics`.

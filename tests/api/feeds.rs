@@ -23,18 +23,17 @@ use crate::{
 
 /// The stream's head once every committed event is positioned.
 async fn head(app: &TestApp) -> i64 {
-    inventory_testkit::process::eventually(
-        "every committed event is positioned",
-        Duration::from_secs(20),
-        || async {
-            app.count("SELECT count(*) FROM outbox WHERE position IS NULL")
-                .await
-                == 0
-        },
-    )
-    .await
-    .unwrap();
-    app.count("SELECT head FROM event_stream").await
+    app.positioned().await
+}
+
+async fn list(app: &TestApp) -> Vec<Subscription> {
+    app.client
+        .clone()
+        .list_subscriptions(ListSubscriptionsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .subscriptions
 }
 
 /// Every event the stream has positioned, from a whole-stream watcher: `head` of them.
@@ -350,14 +349,7 @@ async fn a_subscription_resumes_after_its_last_acknowledgement() {
         rest.iter().map(|e| e.sequence).collect::<Vec<_>>(),
         [6, 8, 10, 12]
     );
-    let listed = app
-        .client
-        .clone()
-        .list_subscriptions(ListSubscriptionsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .subscriptions;
+    let listed = list(&app).await;
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].name, "restocks");
     assert_eq!(listed[0].acked_sequence, 4);
@@ -504,14 +496,7 @@ async fn retention_waits_for_a_subscription_until_it_is_idle_and_then_it_is_lost
     assert_eq!(error_reason(&status), "SUBSCRIPTION_LOST");
     let status = ack(&app, "slow", &events[4]).await.unwrap_err();
     assert_eq!(error_reason(&status), "SUBSCRIPTION_LOST");
-    let listed = app
-        .client
-        .clone()
-        .list_subscriptions(ListSubscriptionsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .subscriptions;
+    let listed = list(&app).await;
     assert!(listed[0].lost);
     assert!(
         listed[0]

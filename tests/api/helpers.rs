@@ -352,6 +352,22 @@ impl TestApp {
         self.db.query_one(sql, &[]).await.unwrap().get(0)
     }
 
+    /// Waits until every committed event has its stream position; answers the head.
+    pub async fn positioned(&self) -> i64 {
+        inventory_testkit::process::eventually(
+            "every committed event is positioned",
+            Duration::from_secs(20),
+            || async {
+                self.count("SELECT count(*) FROM outbox WHERE position IS NULL")
+                    .await
+                    == 0
+            },
+        )
+        .await
+        .unwrap();
+        self.count("SELECT head FROM event_stream").await
+    }
+
     /// The fence PostgreSQL last accepted for `sku`.
     pub async fn stored_fence(&self, sku: &str) -> i64 {
         self.db

@@ -141,24 +141,9 @@ async fn write(app: &TestApp, from: usize, to: usize) {
     }
 }
 
-/// Once every committed event has its stream position.
-async fn positioned(app: &TestApp) {
-    eventually(
-        "every committed event is positioned",
-        Duration::from_secs(20),
-        || async {
-            app.count("SELECT count(*) FROM outbox WHERE position IS NULL")
-                .await
-                == 0
-        },
-    )
-    .await
-    .unwrap();
-}
-
 /// The copy holds the outbox exactly: each event once, in position order.
 async fn assert_exact_copy(app: &TestApp, nats: &NatsNode) {
-    positioned(app).await;
+    app.positioned().await;
     let outbox = outbox(app).await;
     eventually(
         "the relay copies every event",
@@ -198,7 +183,7 @@ async fn every_event_reaches_jetstream_once_in_order_across_a_killed_relay_and_a
         stock(&app, sku, 1_000).await;
     }
     write(&app, 0, 25).await;
-    positioned(&app).await;
+    app.positioned().await;
 
     // The first relay publishes its first batch and is killed before its cursor moves.
     let pauses = PausePoints::default();
@@ -395,4 +380,68 @@ async fn the_relay_command_stands_by_and_takes_over_from_a_killed_relay() {
     let standby = &mut relays[1 - active];
     let status = standby.terminate(Duration::from_secs(10)).await;
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
+/// Renewing a relay's lease without publishing (its sink is down) is not progress: the
+/// subscription's last acknowledgement stays where it was, so retention stops waiting for it
+/// after SUBSCRIPTION_IDLE_LIMIT instead of keeping every event for as long as the sink is
+/// down.
+#[tokio::test]
+async fn renewing_a_lease_without_progress_is_no_acknowledgement() {
+    let app = spawn_app().await;
+    let name = SubscriptionName::parse("relay.idle").unwrap();
+    app.store
+        .create_subscription(
+            &inventory_core::events::CreateSubscription {
+                name: name.clone(),
+                filter: Default::default(),
+                from_oldest: true,
+            },
+            0,
+            None,
+        )
+        .await
+        .unwrap();
+    stock(&app, "A", 1).await;
+    stock(&app, "B", 1).await;
+    assert_eq!(app.positioned().await, 2);
+    let held = app
+        .store
+        .hold_subscription(&name, "relay", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    let acked_at = || async { app.store.subscription(&name).await.unwrap().acked_at };
+    let created = acked_at().await;
+    // Behind the head and not moving: the lease is renewed, nothing is acknowledged.
+    assert!(
+        app.store
+            .advance_held(&name, held.reader, 0, None, LEASE)
+            .await
+            .unwrap()
+    );
+    assert_eq!(acked_at().await, created);
+    // Moving is progress; so is standing at the head.
+    assert!(
+        app.store
+            .advance_held(&name, held.reader, 1, None, LEASE)
+            .await
+            .unwrap()
+    );
+    let moved = acked_at().await;
+    assert!(moved > created);
+    assert!(
+        app.store
+            .advance_held(&name, held.reader, 2, None, LEASE)
+            .await
+            .unwrap()
+    );
+    let at_head = acked_at().await;
+    assert!(
+        app.store
+            .advance_held(&name, held.reader, 2, None, LEASE)
+            .await
+            .unwrap()
+    );
+    assert!(acked_at().await > at_head, "caught up, it is not idle");
 }

@@ -916,3 +916,45 @@ async fn the_same_order_id_in_two_tenants_never_waits_on_the_other() {
     reserving.await.unwrap().unwrap();
     app.stop().await.unwrap();
 }
+
+/// Subscriptions are a tenant's own: the same name in two tenants is two subscriptions, and
+/// one tenant lists only its own.
+#[tokio::test]
+async fn each_tenant_has_its_own_subscriptions() {
+    use inventory_server::proto::{
+        CreateSubscriptionRequest, EventFilter, ListSubscriptionsRequest,
+    };
+    let app = spawn_tenants(TenantLimits::default()).await;
+    let create = |token: &'static str, sku: &str| {
+        let mut client = app.client.clone();
+        let request = CreateSubscriptionRequest {
+            name: "orders".into(),
+            filter: Some(EventFilter {
+                skus: vec![sku.into()],
+                ..Default::default()
+            }),
+            from_oldest: false,
+        };
+        async move {
+            client
+                .create_subscription(with_token(request, Some(token)))
+                .await
+        }
+    };
+    create(A_ADMIN, "A-SKU").await.unwrap();
+    // Another filter under the same name: brand_b's own subscription, not a conflict.
+    create(B_ADMIN, "B-SKU").await.unwrap();
+    for (token, sku) in [(A_ADMIN, "A-SKU"), (B_ADMIN, "B-SKU")] {
+        let listed = app
+            .client
+            .clone()
+            .list_subscriptions(with_token(ListSubscriptionsRequest {}, Some(token)))
+            .await
+            .unwrap()
+            .into_inner()
+            .subscriptions;
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0].filter.as_ref().unwrap().skus, [sku]);
+    }
+    app.stop().await.unwrap();
+}

@@ -36,10 +36,6 @@ pub(crate) struct StoreMetrics {
     /// How long the oldest hold past its expiry has waited for a sweep (seconds; 0: none).
     pub oldest_overdue: Gauge<f64>,
     pub held_units: Gauge<u64>,
-    /// Events of the whole stream after each subscription's acknowledged position, and
-    /// whether it is lost, as the sweeper last read them.
-    pub subscription_lag: Gauge<u64>,
-    pub subscription_lost: Gauge<u64>,
 }
 
 pub(crate) fn store() -> &'static StoreMetrics {
@@ -115,14 +111,6 @@ pub(crate) fn store() -> &'static StoreMetrics {
                 .u64_gauge("inventory.stock.reserved.units")
                 .with_description("Units reserved across every SKU, as the sweeper last counted them")
                 .build(),
-            subscription_lag: meter
-                .u64_gauge("inventory.subscription.lag")
-                .with_description("Events of the stream after the subscription's last acknowledgement (the relay's too), as the sweeper last read them")
-                .build(),
-            subscription_lost: meter
-                .u64_gauge("inventory.subscription.lost")
-                .with_description("1 when retention removed events the subscription had not acknowledged, as the sweeper last read them")
-                .build(),
         }
     })
 }
@@ -173,4 +161,61 @@ pub(crate) fn reserve_committed(
     metrics
         .batch_duration
         .record(started.elapsed().as_secs_f64(), &path);
+}
+
+/// One subscription as the sweeper last read it: name, lag, lost.
+pub(crate) type SubscriptionReading = (String, u64, bool);
+
+/// The subscriptions of each tenant as its sweeper last read them. The gauges report this
+/// snapshot, so a deleted subscription's series goes with it.
+static SUBSCRIPTIONS: std::sync::Mutex<
+    std::collections::BTreeMap<String, Vec<SubscriptionReading>>,
+> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// `inventory_subscription_lag` and `_lost` of `tenant` from now on.
+pub(crate) fn subscriptions_read(tenant: &str, readings: Vec<SubscriptionReading>) {
+    static GAUGES: OnceLock<()> = OnceLock::new();
+    GAUGES.get_or_init(|| {
+        let meter = global::meter("inventory-postgres");
+        type Pick = fn(&SubscriptionReading) -> u64;
+        let gauges: [(&'static str, &'static str, Pick); 2] = [
+            (
+                "inventory.subscription.lag",
+                "Events of the stream after the subscription's last acknowledgement (the relay's too), as the sweeper last read them",
+                |r| r.1,
+            ),
+            (
+                "inventory.subscription.lost",
+                "1 when retention removed events the subscription had not acknowledged, as the sweeper last read them",
+                |r| u64::from(r.2),
+            ),
+        ];
+        for (name, description, pick) in gauges {
+            meter
+                .u64_observable_gauge(name)
+                .with_description(description)
+                .with_callback(move |observer| {
+                    let readings = SUBSCRIPTIONS.lock().expect("subscription readings");
+                    for (tenant, subscriptions) in readings.iter() {
+                        for reading in subscriptions {
+                            observer.observe(
+                                pick(reading),
+                                &[
+                                    opentelemetry::KeyValue::new("tenant", tenant.clone()),
+                                    opentelemetry::KeyValue::new(
+                                        "subscription",
+                                        reading.0.clone(),
+                                    ),
+                                ],
+                            );
+                        }
+                    }
+                })
+                .build();
+        }
+    });
+    SUBSCRIPTIONS
+        .lock()
+        .expect("subscription readings")
+        .insert(tenant.to_owned(), readings);
 }

@@ -73,12 +73,17 @@ const HOLD: &str = concat!(
     columns!()
 );
 
-/// Fenced by the reader generation: a holder whose lease passed on moves nothing.
+/// Fenced by the reader generation: a holder whose lease passed on moves nothing. Renewing
+/// the lease is not progress: only a position that moves, or one at the head, counts as an
+/// acknowledgement, so a relay whose sink is down for longer than `SUBSCRIPTION_IDLE_LIMIT`
+/// stops holding events back (and its subscription is then lost, and says so).
 const ADVANCE_HELD: &str = "
     UPDATE event_subscriptions
     SET acked_epoch = CASE WHEN $3 > acked_position THEN $4 ELSE acked_epoch END,
+        acked_at = CASE WHEN $3 > acked_position
+                          OR $3 >= (SELECT head FROM event_stream WHERE id = 1)
+                        THEN clock_timestamp() ELSE acked_at END,
         acked_position = greatest(acked_position, $3),
-        acked_at = clock_timestamp(),
         held_until = clock_timestamp() + make_interval(secs => $5)
     WHERE name = $1 AND reader = $2 AND lost IS NULL";
 
@@ -218,19 +223,20 @@ impl PgStore {
 impl PgStore {
     /// `inventory_subscription_lag` and `_lost`, by tenant and subscription.
     pub async fn refresh_subscription_gauges(&self) -> Result<(), Error> {
-        let metrics = crate::plumbing::metrics::store();
-        for found in self.list_subscriptions().await? {
-            let attributes = [
-                self.tenant_attribute()[0].clone(),
-                opentelemetry::KeyValue::new("subscription", found.name.as_str().to_owned()),
-            ];
-            metrics
-                .subscription_lag
-                .record(u64::try_from(found.lag).unwrap_or(0), &attributes);
-            metrics
-                .subscription_lost
-                .record(u64::from(found.lost.is_some()), &attributes);
-        }
+        let readings = self
+            .list_subscriptions()
+            .await?
+            .into_iter()
+            .map(|found| {
+                (
+                    found.name.as_str().to_owned(),
+                    u64::try_from(found.lag).unwrap_or(0),
+                    found.lost.is_some(),
+                )
+            })
+            .collect();
+        let tenant = self.tenant_attribute()[0].value.to_string();
+        crate::plumbing::metrics::subscriptions_read(&tenant, readings);
         Ok(())
     }
 }

@@ -12,8 +12,9 @@
 //!
 //! A watcher with a filter still scans every event (its cursor is the whole stream's
 //! position) but sends only those the filter passes, and a heartbeat with the position it
-//! scanned through whenever it scanned past events it did not send: at the end of each
-//! catch-up, and every heartbeat interval while it follows the tail. A subscription's watcher
+//! scanned through: first at its starting cursor, then whenever it scanned past events it did
+//! not send, at the end of each catch-up and every heartbeat interval while it follows the
+//! tail. A subscription's watcher
 //! is a filtered one that started from the subscription's acknowledged position; on every
 //! heartbeat tick it also checks that no other reader took the subscription over.
 
@@ -281,6 +282,17 @@ impl EventHub {
             beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             beats
         });
+        // A filtered stream opens with a heartbeat at its starting cursor: the consumer learns
+        // where it starts (a subscription's acknowledged position), and that this replica
+        // knows filters. A replica of a release before them ignores the filter and the
+        // subscription and streams everything from the oldest event kept, and never sends a
+        // heartbeat; the client kit checks the first item and goes elsewhere.
+        if watcher.filter.is_some() {
+            watcher.sent = watcher.cursor.after - 1;
+            if !self.heartbeat(&mut watcher, &mut stopping).await {
+                return;
+            }
+        }
         'catch_up: loop {
             // Subscribe before reading, so nothing broadcast meanwhile is missed.
             let mut live = self.live.subscribe();

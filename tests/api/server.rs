@@ -679,15 +679,23 @@ async fn grpcurl_runs_the_readme_subscription_walk_through() {
     .await
     .unwrap();
     assert_eq!(answers[0]["name"], "fulfilment", "{}", answers[0]);
-    // Only the confirmation passed the filter (the hold did not).
+    // The opening heartbeat where the subscription started, then only the confirmation
+    // (the hold did not pass the filter).
     let types: Vec<&str> = watched
         .iter()
         .map(|e| e["type"].as_str().unwrap())
         .collect();
-    assert_eq!(types, ["EVENT_TYPE_RESERVATION_CONFIRMED"], "{watched:?}");
+    assert_eq!(
+        types,
+        ["EVENT_TYPE_HEARTBEAT", "EVENT_TYPE_RESERVATION_CONFIRMED"],
+        "{watched:?}"
+    );
+    // int64 in JSON is a string, and 0 is left out.
+    let started = answers[0]["ackedSequence"].as_str().unwrap_or("0");
+    assert_eq!(watched[0]["sequence"].as_str().unwrap_or("0"), started);
     let acked = &answers[3];
-    assert_eq!(acked["ackedSequence"], watched[0]["sequence"], "{acked}");
+    assert_eq!(acked["ackedSequence"], watched[1]["sequence"], "{acked}");
     let listed = &answers[4]["subscriptions"][0];
     assert_eq!(listed["name"], "fulfilment", "{listed}");
-    assert_eq!(listed["ackedSequence"], watched[0]["sequence"], "{listed}");
+    assert_eq!(listed["ackedSequence"], watched[1]["sequence"], "{listed}");
 }

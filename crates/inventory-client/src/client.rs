@@ -301,7 +301,8 @@ impl InventoryClient {
 
     /// The event stream after `cursor`, only what `filter` passes, with heartbeats
     /// (`EVENT_TYPE_HEARTBEAT`) that carry the sequence scanned through: advance the cursor
-    /// on those too, so a rare filter never resumes from far behind.
+    /// on those too, so a rare filter never resumes from far behind. The stream's opening
+    /// heartbeat is checked and taken (see [`Self::watch_subscription`]).
     pub async fn watch_filtered_from(
         &self,
         cursor: &EventCursor,
@@ -309,18 +310,25 @@ impl InventoryClient {
     ) -> Result<Streaming<Event>, Error> {
         let mut request = cursor.request();
         request.filter = Some(filter);
-        self.watch_events(request).await
+        opened(self.watch_events(request).await?).await
     }
 
     /// Reads a named subscription from its last acknowledged sequence, taking it over from
     /// any other reader (whose stream then ends with `SUBSCRIPTION_TAKEN_OVER`).
     /// Acknowledge with [`Self::ack_events`] what was processed, heartbeats included.
+    ///
+    /// A filtered or subscription stream opens with a heartbeat; a replica of a release
+    /// before filters (in a rollout) ignores them and streams every event from the oldest
+    /// kept instead. This checks the opening heartbeat and answers `Error::Unavailable` when
+    /// it is missing: open the stream again (it reaches another replica).
     pub async fn watch_subscription(&self, name: &str) -> Result<Streaming<Event>, Error> {
-        self.watch_events(WatchEventsRequest {
-            subscription: name.to_owned(),
-            ..WatchEventsRequest::default()
-        })
-        .await
+        let stream = self
+            .watch_events(WatchEventsRequest {
+                subscription: name.to_owned(),
+                ..WatchEventsRequest::default()
+            })
+            .await?;
+        opened(stream).await
     }
 
     /// Creates a named subscription (or answers the one of that name with the same filter).
@@ -596,5 +604,26 @@ mod tests {
         config.endpoint = "https://127.0.0.1:1".into();
         config.tls = None;
         assert!(matches!(endpoint(&config), Err(Error::Invalid { .. })));
+    }
+}
+
+/// A filtered stream after its opening heartbeat; `Unavailable` if it did not open with one
+/// (the replica that answered ignored the filter).
+async fn opened(mut stream: Streaming<Event>) -> Result<Streaming<Event>, Error> {
+    let unavailable = |why: &str| Error::Unavailable {
+        attempts: 1,
+        elapsed: Duration::ZERO,
+        last: Status::unavailable(why.to_owned()),
+    };
+    match stream.message().await {
+        Ok(Some(first)) if first.r#type == inventory_proto::EventType::Heartbeat as i32 => {
+            Ok(stream)
+        }
+        Ok(Some(_)) => Err(unavailable(
+            "the replica that answered ignored the filter (a release before filters, in a \
+             rollout): open the stream again",
+        )),
+        Ok(None) => Err(unavailable("the stream ended before it opened")),
+        Err(status) => Err(Error::from_stream(status)),
     }
 }

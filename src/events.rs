@@ -131,10 +131,17 @@ impl EventHub {
 
     /// Starts a watcher after checking its cursor against retention (a subscription's: after
     /// taking it over). Beyond `MAX_WATCHERS` open at once: [`Error::TooManyWatchers`], before
-    /// any work.
+    /// any work (a subscription is taken over only once this watcher has its place).
     pub async fn watch(&self, command: WatchEvents) -> Result<mpsc::Receiver<Delivery>, Error> {
-        if self.watching() >= self.limits.max_watchers {
-            return Err(Error::TooManyWatchers);
+        let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
+        {
+            let mut watchers = self.watchers.lock().expect("watchers lock");
+            watchers.retain(|w| w.strong_count() > 0);
+            if watchers.len() >= self.limits.max_watchers {
+                return Err(Error::TooManyWatchers);
+            }
+            // Counted from now on; a refusal below drops `sender`, which frees the place.
+            watchers.push(sender.downgrade());
         }
         let (command, reader) = match command.subscription {
             None => (command, None),
@@ -151,6 +158,7 @@ impl EventHub {
                     Some(Reader {
                         name,
                         generation: taken.reader,
+                        created_at: taken.created_at,
                     }),
                 )
             }
@@ -180,21 +188,12 @@ impl EventHub {
         }
         // Without the consumer's word, the epoch `after` falls in as this history has it.
         let epoch = epoch.or_else(|| bounds.epoch_at(after));
-        let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
-        {
-            let mut watchers = self.watchers.lock().expect("watchers lock");
-            watchers.retain(|w| w.strong_count() > 0);
-            // Checked again under the lock: calls racing past the first check stop here.
-            if watchers.len() >= self.limits.max_watchers {
-                return Err(Error::TooManyWatchers);
-            }
-            watchers.push(sender.downgrade());
-        }
         let watcher = Watcher {
             cursor: Cursor { after, epoch },
             sent: after,
             filter: command.filter,
             reader,
+            checked: tokio::time::Instant::now(),
             sender,
         };
         tokio::spawn(self.clone().follow(watcher));
@@ -260,12 +259,27 @@ impl EventHub {
     }
 
     /// A subscription's reader goes on while the subscription is still its own.
-    async fn still_reader(&self, watcher: &Watcher) -> bool {
+    async fn still_reader(&self, watcher: &mut Watcher) -> bool {
+        watcher.checked = tokio::time::Instant::now();
         let Some(reader) = &watcher.reader else {
             return true;
         };
         let error = match self.inventory.subscription(&reader.name).await {
-            Ok(found) if found.reader == reader.generation => return true,
+            Ok(found) if found.lost.is_some() => Error::SubscriptionLost {
+                reason: found.lost.unwrap_or_default(),
+                acked: found.acked,
+                name: found.name,
+            },
+            // The same subscription (not one deleted and made again under its name), and
+            // this reader still its reader.
+            Ok(found)
+                if found.reader == reader.generation && found.created_at == reader.created_at =>
+            {
+                return true;
+            }
+            Ok(found) if found.created_at != reader.created_at => {
+                Error::SubscriptionNotFound(reader.name.clone())
+            }
             Ok(_) => Error::SubscriptionTakenOver(reader.name.clone()),
             Err(error @ Error::SubscriptionNotFound(_)) => error,
             // PostgreSQL is away: the next tick asks again.
@@ -329,6 +343,15 @@ impl EventHub {
                         return;
                     }
                 }
+                // A long catch-up still says where it is, and still ends when its
+                // subscription is taken over.
+                if beats.is_some()
+                    && watcher.checked.elapsed() >= self.limits.heartbeat
+                    && (!self.still_reader(&mut watcher).await
+                        || !self.heartbeat(&mut watcher, &mut stopping).await)
+                {
+                    return;
+                }
             }
             // Caught up: a filtered consumer learns how far the stream was scanned.
             if !self.heartbeat(&mut watcher, &mut stopping).await {
@@ -338,7 +361,7 @@ impl EventHub {
                 let event = tokio::select! {
                     event = live.recv() => event,
                     () = tick(beats.as_mut()) => {
-                        if !self.still_reader(&watcher).await
+                        if !self.still_reader(&mut watcher).await
                             || !self.heartbeat(&mut watcher, &mut stopping).await
                         {
                             return;
@@ -386,6 +409,8 @@ struct Watcher {
     filter: Option<EventFilter>,
     /// The subscription it reads, if any.
     reader: Option<Reader>,
+    /// When it last checked that the subscription is still its own.
+    checked: tokio::time::Instant,
     sender: mpsc::Sender<Delivery>,
 }
 
@@ -393,6 +418,8 @@ struct Watcher {
 struct Reader {
     name: SubscriptionName,
     generation: i64,
+    /// Told apart from a subscription deleted and made again under the same name.
+    created_at: std::time::SystemTime,
 }
 
 /// Where a watcher is: the position it scanned last, and the epoch of that position.

@@ -405,7 +405,8 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
-        let principal = self.auth.authorize(&request, Action::Watch)?;
+        let action = subscription_action(&request.get_ref().subscription);
+        let principal = self.auth.authorize(&request, action)?;
         let core = self.core(&principal)?;
         let command = request
             .into_inner()
@@ -420,7 +421,8 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::CreateSubscriptionRequest>,
     ) -> Result<Response<proto::Subscription>, Status> {
-        self.unary(request, Action::Watch, |inventory, command, _| async move {
+        let action = subscription_action(&request.get_ref().name);
+        self.unary(request, action, |inventory, command, _| async move {
             inventory.create_subscription(&command).await
         })
         .await
@@ -431,7 +433,8 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::AckEventsRequest>,
     ) -> Result<Response<proto::Subscription>, Status> {
-        self.unary(request, Action::Watch, |inventory, command, _| async move {
+        let action = subscription_action(&request.get_ref().subscription);
+        self.unary(request, action, |inventory, command, _| async move {
             inventory.ack_events(&command).await
         })
         .await
@@ -453,13 +456,25 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         &self,
         request: Request<proto::DeleteSubscriptionRequest>,
     ) -> Result<Response<proto::DeleteSubscriptionResponse>, Status> {
-        self.unary(request, Action::Watch, |inventory, name, _| async move {
+        let action = subscription_action(&request.get_ref().name);
+        self.unary(request, action, |inventory, name, _| async move {
             inventory
                 .delete_subscription(&name)
                 .await
                 .map(|()| crate::wire::Deleted)
         })
         .await
+    }
+}
+
+/// What a call on the subscription `name` needs: a watcher's role, but an admin's for the
+/// event relay's own (`relay.*`), whose position decides what retention may remove before the
+/// relay published it.
+fn subscription_action(name: &str) -> Action {
+    if name.starts_with(crate::relay::SUBSCRIPTION_PREFIX) {
+        Action::Adjust
+    } else {
+        Action::Watch
     }
 }
 

@@ -43,14 +43,26 @@ pub struct RelaySettings {
     pub batch: usize,
 }
 
+/// The relay's subscriptions are named `relay.<RELAY_NAME>`; only an admin may touch one
+/// through the API.
+pub const SUBSCRIPTION_PREFIX: &str = "relay.";
+
 impl RelaySettings {
     pub fn subscription(&self) -> Result<SubscriptionName, String> {
-        SubscriptionName::parse(&format!("relay.{}", self.name))
+        SubscriptionName::parse(&format!("{SUBSCRIPTION_PREFIX}{}", self.name))
     }
 }
 
 /// Most time between two tries after a failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// How long a tenant's relay that stopped on what it cannot repair waits to try again.
+const TENANT_RETRY: Duration = Duration::from_secs(30);
+
+/// At most [`MAX_BACKOFF`], and short enough that the lease is renewed between tries.
+fn max_backoff(lease_ttl: Duration) -> Duration {
+    MAX_BACKOFF.min(lease_ttl / 3)
+}
 
 struct Metrics {
     lag: opentelemetry::metrics::Gauge<u64>,
@@ -120,7 +132,7 @@ where
 
     /// Runs until `stopping`: stands by while another relay holds the lease, relays while
     /// this one does.
-    pub async fn run(self, mut stopping: watch::Receiver<bool>) -> Result<(), Error> {
+    pub async fn run(&self, mut stopping: watch::Receiver<bool>) -> Result<(), Error> {
         let name = self.settings.subscription().map_err(Error::internal)?;
         self.ensure_subscription(&name).await?;
         let wake = Arc::new(Notify::new());
@@ -191,7 +203,7 @@ where
                     if !pause(backoff, &mut stopping).await {
                         return Ok(());
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    backoff = (backoff * 2).min(max_backoff(self.settings.lease_ttl));
                 }
             }
         }
@@ -251,7 +263,7 @@ where
                         {
                             return Ok(());
                         }
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        backoff = (backoff * 2).min(max_backoff(self.settings.lease_ttl));
                         continue;
                     }
                 },
@@ -306,17 +318,23 @@ where
                 ));
                 continue;
             }
-            let last = page.last().map(|e| Cursor {
-                after: e.position,
-                epoch: Some(e.epoch.id),
-            });
             let batch: Vec<Outgoing> = page.into_iter().map(outgoing).collect();
-            let count = batch.len() as u64;
             match self.sink.publish(&end, batch).await {
                 Ok(stored) => {
-                    metrics().published.add(count, &self.attributes());
+                    // The sink may have stored only a prefix (it stops at a message it
+                    // already had): the cursor goes as far as the copy does.
+                    let last = match stored.last {
+                        Some((after, epoch)) => Cursor {
+                            after,
+                            epoch: Some(epoch),
+                        },
+                        None => cursor,
+                    };
+                    metrics().published.add(
+                        u64::try_from(last.after - cursor.after).unwrap_or(0),
+                        &self.attributes(),
+                    );
                     backoff = Duration::from_millis(100);
-                    let last = last.unwrap_or(cursor);
                     self.pauses.reach(PausePoint::RelayPublished).await;
                     acked = last;
                     if matches!(self.renew(name, generation, acked).await, Held::Lost) {
@@ -332,7 +350,7 @@ where
                     {
                         return Ok(());
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    backoff = (backoff * 2).min(max_backoff(self.settings.lease_ttl));
                 }
             }
         }
@@ -372,7 +390,7 @@ where
             .await
             .map_err(|e| Error::internal(e.to_string()))?;
         let bounds = self.store.stream_bounds().await?;
-        let cursor = resume_from(&end, acked, &bounds);
+        let cursor = resume_from(&end, acked, &bounds).map_err(Error::internal)?;
         tracing::info!(
             tenant = %self.tenant,
             sink_sequence = end.sequence,
@@ -391,31 +409,54 @@ fn lost(name: &SubscriptionName, reason: &str) -> Error {
     ))
 }
 
-fn resume_from(end: &SinkEnd, acked: Cursor, bounds: &StreamBounds) -> Cursor {
-    match end.last {
+/// Where to go on from, given where the copy ends; an error when events the copy lacks were
+/// pruned before the relay published them (it stops rather than leave a hole unsaid).
+fn resume_from(end: &SinkEnd, acked: Cursor, bounds: &StreamBounds) -> Result<Cursor, String> {
+    let at = |after: i64| Cursor {
+        after,
+        epoch: bounds.epoch_at(after),
+    };
+    let from = match end.last {
         Some((position, epoch)) if bounds.admits(Some(epoch), position) => Cursor {
-            after: position.max(bounds.pruned_through),
+            after: position,
             epoch: Some(epoch),
         },
-        // Past a cut in this history: from the cut.
-        Some(_) => Cursor {
-            after: bounds
-                .current_epoch()
-                .starts_after
-                .max(bounds.pruned_through),
-            epoch: None,
-        },
+        // Past a cut in this history: from the cut, where the next epoch after the copy's
+        // began (a copy of an epoch this history never had: everything kept).
+        Some((_, epoch)) => {
+            let cut = bounds
+                .epochs
+                .iter()
+                .position(|e| e.id == epoch)
+                .and_then(|i| bounds.epochs.get(i + 1))
+                .map_or(bounds.pruned_through, |next| next.starts_after);
+            at(cut)
+        }
         // A new or wiped copy: everything kept.
-        None if end.sequence == 0 => Cursor {
-            after: bounds.pruned_through,
-            epoch: None,
-        },
+        None if end.sequence == 0 => at(bounds.pruned_through),
         // Its messages aged out or were purged: from what it last acknowledged.
-        None => Cursor {
-            after: acked.after.max(bounds.pruned_through),
-            epoch: acked.epoch,
-        },
+        None => acked,
+    };
+    if from.after >= bounds.pruned_through {
+        return Ok(from);
     }
+    if acked.after >= bounds.pruned_through {
+        // The cursor had passed them: published once, and lost by the sink since (a tail a
+        // broker lost, a stream restored from an old backup) after retention removed them
+        // here. Nothing can publish them again; say so, and go on.
+        tracing::error!(
+            copy_ends = from.after,
+            oldest_kept = bounds.pruned_through + 1,
+            "the sink's copy lacks events retention has removed since they were published; \
+             its consumers miss them"
+        );
+        return Ok(at(bounds.pruned_through));
+    }
+    Err(format!(
+        "events after {} were pruned before the relay published them (the oldest kept follows \
+         {}); delete the relay's subscription to relay from the oldest event kept",
+        from.after, bounds.pruned_through
+    ))
 }
 
 /// Where the history was cut behind `cursor`, if the page's first event is of an epoch that
@@ -526,39 +567,35 @@ pub async fn serve(
                     Err(error) => {
                         tracing::warn!(%tenant, %error, "cannot open the tenant's JetStream stream; trying again");
                         if !pause(backoff, &mut stopping).await {
-                            return Ok(());
+                            return;
                         }
                         backoff = (backoff * 2).min(MAX_BACKOFF);
                     }
                 }
             };
             tracing::info!(%tenant, stream = sink.stream(), "relaying to JetStream");
-            Relay {
+            let relay = Relay {
                 store: Arc::new(store),
                 sink,
                 feed,
-                tenant,
+                tenant: tenant.clone(),
                 settings,
                 pauses: PausePoints::default(),
+            };
+            // A tenant's relay that cannot go on stops alone and tries again; the other
+            // tenants' go on.
+            while let Err(error) = relay.run(stopping.clone()).await {
+                tracing::error!(%tenant, %error, "the tenant's relay stopped; trying again in 30 s");
+                if !pause(TENANT_RETRY, &mut stopping).await {
+                    return;
+                }
             }
-            .run(stopping)
-            .await
         });
     }
-    let mut failed = None;
-    tokio::select! {
-        () = shutdown => {}
-        Some(ended) = relays.join_next() => {
-            // A relay gives up only on what it cannot repair (its subscription lost).
-            failed = Some(ended.map_err(anyhow::Error::from).and_then(|r| r.map_err(anyhow::Error::from)));
-        }
-    }
+    shutdown.await;
     let _ = stop.send(true);
     while relays.join_next().await.is_some() {}
-    match failed {
-        Some(Err(error)) => Err(error),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// This process, in the lease: the host (the pod's name) and a random suffix.

@@ -96,6 +96,10 @@ impl RelayArgs {
         if self.nats_ack_timeout.is_zero() {
             problems.push("NATS_ACK_TIMEOUT must be greater than zero".into());
         }
+        // A publish that waits out its acknowledgement must leave time to renew the lease.
+        if self.relay_lease_ttl < self.nats_ack_timeout * 2 {
+            problems.push("RELAY_LEASE_TTL must be at least twice NATS_ACK_TIMEOUT".into());
+        }
         if problems.is_empty() {
             Ok(())
         } else {

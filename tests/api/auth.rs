@@ -574,3 +574,68 @@ async fn a_cancel_stops_only_the_cancelling_callers_order_unless_the_admin_cance
         inventory_server::proto::ReservationState::Held
     );
 }
+
+/// A watcher uses subscriptions, but the event relay's own (`relay.*`, whose position decides
+/// what retention may remove before the relay published it) only an admin may touch.
+#[tokio::test]
+async fn the_relays_subscriptions_are_an_admins_alone() {
+    use inventory_server::proto::{
+        AckEventsRequest, CreateSubscriptionRequest, DeleteSubscriptionRequest,
+    };
+    let app = spawn_secured_app().await;
+    let mut client = app.client.clone();
+    let create = |name: &str| CreateSubscriptionRequest {
+        name: name.into(),
+        ..Default::default()
+    };
+    client
+        .create_subscription(with_token(create("fulfilment"), Some(WATCHER)))
+        .await
+        .unwrap();
+    for denied in [
+        client
+            .create_subscription(with_token(create("relay.jetstream"), Some(WATCHER)))
+            .await
+            .map(drop),
+        client
+            .ack_events(with_token(
+                AckEventsRequest {
+                    subscription: "relay.jetstream".into(),
+                    ..Default::default()
+                },
+                Some(WATCHER),
+            ))
+            .await
+            .map(drop),
+        client
+            .delete_subscription(with_token(
+                DeleteSubscriptionRequest {
+                    name: "relay.jetstream".into(),
+                },
+                Some(WATCHER),
+            ))
+            .await
+            .map(drop),
+        client
+            .watch_events(with_token(
+                WatchEventsRequest {
+                    subscription: "relay.jetstream".into(),
+                    ..Default::default()
+                },
+                Some(WATCHER),
+            ))
+            .await
+            .map(drop),
+    ] {
+        assert_eq!(denied.unwrap_err().code(), Code::PermissionDenied);
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM event_subscriptions WHERE name LIKE 'relay.%'")
+            .await,
+        0
+    );
+    client
+        .create_subscription(with_token(create("relay.jetstream"), Some(ADMIN)))
+        .await
+        .unwrap();
+}

@@ -334,6 +334,8 @@ async fn a_subscription_resumes_after_its_last_acknowledgement() {
         stock(&app, &format!("S-{i}"), 1).await;
         stock(&app, &format!("OTHER-{i}"), 1).await;
     }
+    // Every event positioned first, so the catch-up sends exactly the three asked for next.
+    head(&app).await;
     let mut stream = read(&app, "restocks").await.unwrap();
     // It opens where the subscription stands.
     let first = take_after_opening(&mut stream, 1, 3).await;
@@ -520,4 +522,50 @@ async fn retention_waits_for_a_subscription_until_it_is_idle_and_then_it_is_lost
         "{}",
         listed[0].lost_reason
     );
+}
+
+/// A restore cuts the history behind a subscription's position: reading it is refused like a
+/// cursor past the cut, and the consumer, after rebuilding from a snapshot, acknowledges where
+/// it goes on (the head the refusal names), which moves the subscription there, back.
+#[tokio::test]
+async fn after_a_cut_a_subscription_is_refused_until_acknowledged_where_it_goes_on() {
+    let app = spawn_app().await;
+    create(&app, "after-cut", EventFilter::default(), false).await;
+    for i in 0..5 {
+        stock(&app, &format!("CUT-{i}"), 1).await;
+    }
+    assert_eq!(head(&app).await, 5);
+    let mut stream = read(&app, "after-cut").await.unwrap();
+    let seen = take_after_opening(&mut stream, 0, 5).await;
+    drop(stream);
+    ack(&app, "after-cut", &seen[4]).await.unwrap();
+
+    crate::events::restore_stream_to(&app, 3).await;
+    stock(&app, "AFTER", 1).await;
+    assert_eq!(head(&app).await, 4);
+    let status = read(&app, "after-cut").await.unwrap_err();
+    assert_eq!(error_reason(&status), "CURSOR_NOT_IN_HISTORY");
+    use tonic_types::StatusExt as _;
+    let details = status.get_error_details();
+    let metadata = &details.error_info().unwrap().metadata;
+    let (head_then, epoch) = (metadata["head"].parse().unwrap(), metadata["epoch"].clone());
+
+    // Rebuilt from a snapshot taken now: it goes on from the head the refusal named.
+    let rebased = ack(
+        &app,
+        "after-cut",
+        &Event {
+            sequence: head_then,
+            epoch: epoch.clone(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(rebased.acked_sequence, head_then);
+    assert_eq!(rebased.acked_epoch, epoch);
+    stock(&app, "LATER", 1).await;
+    let mut stream = read(&app, "after-cut").await.unwrap();
+    let next = take_after_opening(&mut stream, head_then, 1).await;
+    assert_eq!(next[0].sequence, head_then + 1);
 }

@@ -348,6 +348,7 @@ async fn the_relay_command_stands_by_and_takes_over_from_a_killed_relay() {
                 .env("DATABASE_URL", &url)
                 .env("NATS_URL", nats.url())
                 .env("RELAY_LEASE_TTL", "1s")
+                .env("NATS_ACK_TIMEOUT", "500ms")
                 .env("RELAY_BATCH", "4")
                 .env("RUST_LOG", "warn")
                 .stdout(std::process::Stdio::null())

@@ -607,6 +607,9 @@ mod tests {
     }
 }
 
+/// How long a filtered stream may take to send its opening heartbeat.
+const OPENING_WAIT: Duration = Duration::from_secs(10);
+
 /// A filtered stream after its opening heartbeat; `Unavailable` if it did not open with one
 /// (the replica that answered ignored the filter).
 async fn opened(mut stream: Streaming<Event>) -> Result<Streaming<Event>, Error> {
@@ -615,7 +618,16 @@ async fn opened(mut stream: Streaming<Event>) -> Result<Streaming<Event>, Error>
         elapsed: Duration::ZERO,
         last: Status::unavailable(why.to_owned()),
     };
-    match stream.message().await {
+    // A replica that knows filters sends the heartbeat at once; one that does not may send
+    // nothing for a long while (a cursor at the head).
+    let first = tokio::time::timeout(OPENING_WAIT, stream.message()).await;
+    let Ok(first) = first else {
+        return Err(unavailable(
+            "no opening heartbeat: the replica that answered may not know filters (a release \
+             before them, in a rollout): open the stream again",
+        ));
+    };
+    match first {
         Ok(Some(first)) if first.r#type == inventory_proto::EventType::Heartbeat as i32 => {
             Ok(stream)
         }

@@ -372,12 +372,14 @@ pub trait SubscriptionStore: Send + Sync + 'static {
         name: &SubscriptionName,
     ) -> impl Future<Output = Result<Named, Error>> + Send;
 
-    /// Moves its acknowledged position forward to `command.position` (never back), with
-    /// `epoch`, the epoch of that position; [`Error::SubscriptionLost`] once lost.
+    /// Moves its acknowledged position forward to `command.position` (never back; with
+    /// `rebase`, to it whichever way: the stored one is not in the stream's history any
+    /// more), with `epoch`, the epoch of that position; [`Error::SubscriptionLost`] once lost.
     fn ack_events(
         &self,
         command: &AckEvents,
         epoch: Option<crate::events::EpochId>,
+        rebase: bool,
     ) -> impl Future<Output = Result<Named, Error>> + Send;
 
     /// Every subscription, by name.
@@ -398,9 +400,10 @@ pub trait SubscriptionStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<Option<Named>, Error>> + Send;
 
-    /// Acknowledges up to `position` (of `epoch`) and renews the lease for `ttl`, only while
-    /// `generation` is still the subscription's reader: `false` once another took it (this
-    /// holder's lease expired), and nothing moved.
+    /// Sets the acknowledged position to `position` (of `epoch`; back too, after a cut in the
+    /// history) and renews the lease for `ttl`, only while `generation` is still the
+    /// subscription's reader: `false` once another took it (this holder's lease expired), and
+    /// nothing moved.
     fn advance_held(
         &self,
         name: &SubscriptionName,
@@ -427,7 +430,9 @@ pub trait EventSink: Send + Sync + 'static {
     fn end(&self) -> impl Future<Output = Result<SinkEnd, crate::error::BoxError>> + Send;
 
     /// Stores `batch` in order right after `after` (what [`Self::end`] or the last publish
-    /// answered), and answers the new end once every message is stored.
+    /// answered), and answers the new end: after every message, or after a prefix of them
+    /// (stored before a failure, or up to a message the sink already had elsewhere), which
+    /// the relay goes on from; an error if none was stored.
     fn publish(
         &self,
         after: &SinkEnd,

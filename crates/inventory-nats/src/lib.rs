@@ -180,11 +180,28 @@ impl EventSink for JetStreamSink {
             ));
         }
         for (ack, position, epoch) in acks {
-            let ack = ack.await?;
-            end = SinkEnd {
-                sequence: ack.sequence,
-                last: Some((position, epoch)),
-            };
+            match ack.await {
+                // Stored now, or stored before at just this place (a relay that lost its
+                // lease published the same chain): the copy grew by it.
+                Ok(ack) if !ack.duplicate || ack.sequence == end.sequence + 1 => {
+                    end = SinkEnd {
+                        sequence: ack.sequence,
+                        last: Some((position, epoch)),
+                    };
+                }
+                // Its id was stored elsewhere in the copy (within the duplicate window): it is
+                // there, but the stream did not grow, so what followed it in this batch expected
+                // a sequence the stream never reached. Stop after it.
+                Ok(_) => {
+                    return Ok(SinkEnd {
+                        sequence: end.sequence,
+                        last: Some((position, epoch)),
+                    });
+                }
+                // What was stored before the failure counts; the rest is tried again.
+                Err(_) if end != *after => return Ok(end),
+                Err(error) => return Err(error.into()),
+            }
         }
         Ok(end)
     }

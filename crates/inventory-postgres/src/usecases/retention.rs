@@ -43,14 +43,16 @@ const PRUNE_EVENTS: &str = "
     )
     SELECT count(*) FROM gone";
 
-/// Subscriptions retention went past (only idle ones: the others hold it back) are lost, and
-/// say so to their next reader, never skipping silently.
+/// Subscriptions retention went past are lost, and say so to their next reader, never
+/// skipping silently. Only idle ones: the others hold retention back, and one created while
+/// a pass ran (which did not see it) is not lost for it.
 const LOSE_SUBSCRIPTIONS: &str = "
     UPDATE event_subscriptions s
     SET lost = format('no acknowledgement since %s; events through %s were pruned at %s',
                       s.acked_at, e.pruned_through, clock_timestamp())
     FROM event_stream e
     WHERE e.id = 1 AND s.lost IS NULL AND s.acked_position < e.pruned_through
+      AND s.acked_at < clock_timestamp() - make_interval(secs => $1)
     RETURNING s.name";
 
 const PRUNE_KEYS: &str = "
@@ -118,7 +120,8 @@ impl PgStore {
                     .prepare_cached(LOSE_SUBSCRIPTIONS)
                     .await
                     .map_err(from_db)?;
-                for row in client.query(&statement, &[]).await.map_err(from_db)? {
+                let idle = retention.subscription_idle.as_secs_f64();
+                for row in client.query(&statement, &[&idle]).await.map_err(from_db)? {
                     let name: &str = row.get(0);
                     tracing::warn!(
                         subscription = name,

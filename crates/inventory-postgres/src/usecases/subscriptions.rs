@@ -28,9 +28,16 @@ macro_rules! columns {
     };
 }
 
+/// Never below what retention removed by the time it is written (a prune that ran since the
+/// start was read).
 const CREATE: &str = "
     INSERT INTO event_subscriptions (name, filter, acked_position, acked_epoch)
-    VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING";
+    SELECT $1, $2, greatest($3, s.pruned_through),
+           CASE WHEN $3 >= s.pruned_through THEN $4
+                ELSE (SELECT epoch FROM stream_epochs WHERE starts_after < s.pruned_through
+                      ORDER BY seq DESC LIMIT 1) END
+    FROM event_stream s WHERE s.id = 1
+    ON CONFLICT (name) DO NOTHING";
 
 const GET: &str = concat!(
     "SELECT ",
@@ -47,8 +54,8 @@ const TAKE_OVER: &str = concat!(
 /// again still counts as activity (a consumer of a rare filter acknowledges heartbeats).
 const ACK: &str = concat!(
     "UPDATE event_subscriptions
-     SET acked_epoch = CASE WHEN $2 > acked_position THEN $3 ELSE acked_epoch END,
-         acked_position = greatest(acked_position, $2),
+     SET acked_epoch = CASE WHEN $4 OR $2 > acked_position THEN $3 ELSE acked_epoch END,
+         acked_position = CASE WHEN $4 THEN $2 ELSE greatest(acked_position, $2) END,
          acked_at = clock_timestamp()
      WHERE name = $1 AND lost IS NULL RETURNING ",
     columns!()
@@ -73,17 +80,19 @@ const HOLD: &str = concat!(
     columns!()
 );
 
-/// Fenced by the reader generation: a holder whose lease passed on moves nothing. Renewing
-/// the lease is not progress: only a position that moves, or one at the head, counts as an
-/// acknowledgement, so a relay whose sink is down for longer than `SUBSCRIPTION_IDLE_LIMIT`
-/// stops holding events back (and its subscription is then lost, and says so).
+/// Fenced by the reader generation: a holder whose lease passed on moves nothing. The one
+/// holder's cursor is what it published, so it is set as it is, even back (the history was
+/// cut behind it, and it publishes the new history from the cut). Renewing the lease is not
+/// progress: only a position that moves, or one at the head, counts as an acknowledgement,
+/// so a relay whose sink is down for longer than `SUBSCRIPTION_IDLE_LIMIT` stops holding
+/// events back (and its subscription is then lost, and says so).
 const ADVANCE_HELD: &str = "
     UPDATE event_subscriptions
-    SET acked_epoch = CASE WHEN $3 > acked_position THEN $4 ELSE acked_epoch END,
-        acked_at = CASE WHEN $3 > acked_position
+    SET acked_epoch = coalesce($4, acked_epoch),
+        acked_at = CASE WHEN $3 <> acked_position
                           OR $3 >= (SELECT head FROM event_stream WHERE id = 1)
                         THEN clock_timestamp() ELSE acked_at END,
-        acked_position = greatest(acked_position, $3),
+        acked_position = $3,
         held_until = clock_timestamp() + make_interval(secs => $5)
     WHERE name = $1 AND reader = $2 AND lost IS NULL";
 
@@ -300,6 +309,7 @@ impl SubscriptionStore for PgStore {
         &self,
         command: &AckEvents,
         epoch: Option<EpochId>,
+        rebase: bool,
     ) -> Result<Subscription, Error> {
         match self
             .one(
@@ -308,6 +318,7 @@ impl SubscriptionStore for PgStore {
                     &command.name.as_str(),
                     &command.position,
                     &epoch.map(|e| e.0),
+                    &rebase,
                 ],
             )
             .await?

@@ -242,10 +242,9 @@ async fn every_event_reaches_jetstream_once_in_order_across_a_killed_relay_and_a
     second.await.unwrap();
 }
 
-#[tokio::test]
-async fn a_relay_whose_lease_passed_on_moves_nothing_and_a_standby_waits() {
-    let app = spawn_app().await;
-    let name = SubscriptionName::parse("relay.fenced").unwrap();
+/// A relay's subscription, made as a relay makes it (from the oldest event kept, no filter).
+async fn relay_subscription(app: &TestApp, name: &str) -> SubscriptionName {
+    let name = SubscriptionName::parse(name).unwrap();
     app.store
         .create_subscription(
             &inventory_core::events::CreateSubscription {
@@ -258,6 +257,13 @@ async fn a_relay_whose_lease_passed_on_moves_nothing_and_a_standby_waits() {
         )
         .await
         .unwrap();
+    name
+}
+
+#[tokio::test]
+async fn a_relay_whose_lease_passed_on_moves_nothing_and_a_standby_waits() {
+    let app = spawn_app().await;
+    let name = relay_subscription(&app, "relay.fenced").await;
     stock(&app, "A", 1).await;
     let first = app
         .store
@@ -390,19 +396,7 @@ async fn the_relay_command_stands_by_and_takes_over_from_a_killed_relay() {
 #[tokio::test]
 async fn renewing_a_lease_without_progress_is_no_acknowledgement() {
     let app = spawn_app().await;
-    let name = SubscriptionName::parse("relay.idle").unwrap();
-    app.store
-        .create_subscription(
-            &inventory_core::events::CreateSubscription {
-                name: name.clone(),
-                filter: Default::default(),
-                from_oldest: true,
-            },
-            0,
-            None,
-        )
-        .await
-        .unwrap();
+    let name = relay_subscription(&app, "relay.idle").await;
     stock(&app, "A", 1).await;
     stock(&app, "B", 1).await;
     assert_eq!(app.positioned().await, 2);

@@ -558,6 +558,39 @@ fn traceparent() -> Option<AsciiMetadataValue> {
     .ok()
 }
 
+/// How long a filtered stream may take to send its opening heartbeat.
+const OPENING_WAIT: Duration = Duration::from_secs(10);
+
+/// A filtered stream after its opening heartbeat; `Unavailable` if it did not open with one
+/// (the replica that answered ignored the filter).
+async fn opened(mut stream: Streaming<Event>) -> Result<Streaming<Event>, Error> {
+    let unavailable = |why: &str| Error::Unavailable {
+        attempts: 1,
+        elapsed: Duration::ZERO,
+        last: Status::unavailable(why.to_owned()),
+    };
+    // A replica that knows filters sends the heartbeat at once; one that does not may send
+    // nothing for a long while (a cursor at the head).
+    let first = tokio::time::timeout(OPENING_WAIT, stream.message()).await;
+    let Ok(first) = first else {
+        return Err(unavailable(
+            "no opening heartbeat: the replica that answered may not know filters (a release \
+             before them, in a rollout): open the stream again",
+        ));
+    };
+    match first {
+        Ok(Some(first)) if first.r#type == inventory_proto::EventType::Heartbeat as i32 => {
+            Ok(stream)
+        }
+        Ok(Some(_)) => Err(unavailable(
+            "the replica that answered ignored the filter (a release before filters, in a \
+             rollout): open the stream again",
+        )),
+        Ok(None) => Err(unavailable("the stream ended before it opened")),
+        Err(status) => Err(Error::from_stream(status)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -604,38 +637,5 @@ mod tests {
         config.endpoint = "https://127.0.0.1:1".into();
         config.tls = None;
         assert!(matches!(endpoint(&config), Err(Error::Invalid { .. })));
-    }
-}
-
-/// How long a filtered stream may take to send its opening heartbeat.
-const OPENING_WAIT: Duration = Duration::from_secs(10);
-
-/// A filtered stream after its opening heartbeat; `Unavailable` if it did not open with one
-/// (the replica that answered ignored the filter).
-async fn opened(mut stream: Streaming<Event>) -> Result<Streaming<Event>, Error> {
-    let unavailable = |why: &str| Error::Unavailable {
-        attempts: 1,
-        elapsed: Duration::ZERO,
-        last: Status::unavailable(why.to_owned()),
-    };
-    // A replica that knows filters sends the heartbeat at once; one that does not may send
-    // nothing for a long while (a cursor at the head).
-    let first = tokio::time::timeout(OPENING_WAIT, stream.message()).await;
-    let Ok(first) = first else {
-        return Err(unavailable(
-            "no opening heartbeat: the replica that answered may not know filters (a release \
-             before them, in a rollout): open the stream again",
-        ));
-    };
-    match first {
-        Ok(Some(first)) if first.r#type == inventory_proto::EventType::Heartbeat as i32 => {
-            Ok(stream)
-        }
-        Ok(Some(_)) => Err(unavailable(
-            "the replica that answered ignored the filter (a release before filters, in a \
-             rollout): open the stream again",
-        )),
-        Ok(None) => Err(unavailable("the stream ended before it opened")),
-        Err(status) => Err(Error::from_stream(status)),
     }
 }

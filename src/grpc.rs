@@ -457,12 +457,19 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         request: Request<proto::DeleteSubscriptionRequest>,
     ) -> Result<Response<proto::DeleteSubscriptionResponse>, Status> {
         let action = subscription_action(&request.get_ref().name);
-        self.unary(request, action, |inventory, name, _| async move {
-            inventory
-                .delete_subscription(&name)
-                .await
-                .map(|()| crate::wire::Deleted)
-        })
+        self.unary(
+            request,
+            action,
+            |inventory, (name, allow_missing), _| async move {
+                match inventory.delete_subscription(&name).await {
+                    Ok(()) => Ok(crate::wire::Deleted),
+                    Err(Error::SubscriptionNotFound(_)) if allow_missing => {
+                        Ok(crate::wire::Deleted)
+                    }
+                    Err(error) => Err(error),
+                }
+            },
+        )
         .await
     }
 }

@@ -216,13 +216,14 @@ impl Decode for proto::AckEventsRequest {
     }
 }
 
+/// `DeleteSubscription`: the name, and whether a missing one counts as deleted.
 impl Decode for proto::DeleteSubscriptionRequest {
-    type Command = SubscriptionName;
+    type Command = (SubscriptionName, bool);
 
-    fn into_command(self, _: &Principal) -> Result<SubscriptionName, Error> {
+    fn into_command(self, _: &Principal) -> Result<(SubscriptionName, bool), Error> {
         let mut violations = Violations::default();
         let name = violations.check("name", SubscriptionName::parse(&self.name));
-        violations.finish(|| name)
+        violations.finish(|| Some((name?, self.allow_missing)))
     }
 }
 

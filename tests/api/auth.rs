@@ -611,6 +611,7 @@ async fn the_relays_subscriptions_are_an_admins_alone() {
             .delete_subscription(with_token(
                 DeleteSubscriptionRequest {
                     name: "relay.jetstream".into(),
+                    allow_missing: true,
                 },
                 Some(WATCHER),
             ))

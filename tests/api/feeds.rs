@@ -416,6 +416,7 @@ async fn a_second_reader_takes_the_subscription_over_and_the_first_is_told() {
         .clone()
         .delete_subscription(DeleteSubscriptionRequest {
             name: "fulfilment".into(),
+            allow_missing: false,
         })
         .await
         .unwrap();
@@ -430,10 +431,20 @@ async fn a_second_reader_takes_the_subscription_over_and_the_first_is_told() {
         .clone()
         .delete_subscription(DeleteSubscriptionRequest {
             name: "fulfilment".into(),
+            allow_missing: false,
         })
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
+    // Retried after a lost answer, with `allow_missing`: as deleted.
+    app.client
+        .clone()
+        .delete_subscription(DeleteSubscriptionRequest {
+            name: "fulfilment".into(),
+            allow_missing: true,
+        })
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

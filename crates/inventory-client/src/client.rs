@@ -374,9 +374,12 @@ impl InventoryClient {
         .map(|list: ListSubscriptionsResponse| list.subscriptions)
     }
 
+    /// Deletes a subscription; one that is not there counts as deleted, so a retry after a
+    /// lost answer succeeds.
     pub async fn delete_subscription(&self, name: &str) -> Result<(), Error> {
         let request = DeleteSubscriptionRequest {
             name: name.to_owned(),
+            allow_missing: true,
         };
         self.call(Kind::Read, None, request, |mut grpc, r| async move {
             grpc.delete_subscription(r).await

@@ -265,11 +265,7 @@ impl EventHub {
             return true;
         };
         let error = match self.inventory.subscription(&reader.name).await {
-            Ok(found) if found.lost.is_some() => Error::SubscriptionLost {
-                reason: found.lost.unwrap_or_default(),
-                acked: found.acked,
-                name: found.name,
-            },
+            Ok(found) if found.lost.is_some() => found.lost_error(),
             // The same subscription (not one deleted and made again under its name), and
             // this reader still its reader.
             Ok(found)

@@ -64,36 +64,43 @@ fn filter(
     field: &str,
     raw: proto::EventFilter,
 ) -> Option<EventFilter> {
-    let mut ok = true;
     let total = raw.types.len()
         + raw.skus.len()
         + raw.sku_prefixes.len()
         + raw.order_ids.len()
         + raw.location_ids.len();
-    if total > MAX_FILTER_VALUES {
+    let mut ok = total <= MAX_FILTER_VALUES;
+    if !ok {
         violations.add(
             field,
             format!("has {total} values; at most {MAX_FILTER_VALUES}"),
         );
-        ok = false;
     }
-    let mut each = |list: &str, values: Vec<String>, parse: fn(&str) -> Result<(), String>| {
-        for (i, value) in values.iter().enumerate() {
-            if let Err(problem) = parse(value) {
-                violations.add(format!("{field}.{list}[{i}]"), problem);
-                ok = false;
-            }
-        }
-        values
-    };
-    let skus = each("skus", raw.skus, |v| Sku::parse(v).map(drop));
-    let sku_prefixes = each("sku_prefixes", raw.sku_prefixes, |v| {
-        EventFilter::parse_sku_prefix(v).map(drop)
-    });
-    let order_ids = each("order_ids", raw.order_ids, |v| OrderId::parse(v).map(drop));
-    let location_ids = each("location_ids", raw.location_ids, |v| {
-        LocationId::parse(v).map(drop)
-    });
+    let skus = each(violations, &mut ok, field, "skus", &raw.skus, Sku::parse);
+    let sku_prefixes = each(
+        violations,
+        &mut ok,
+        field,
+        "sku_prefixes",
+        &raw.sku_prefixes,
+        EventFilter::parse_sku_prefix,
+    );
+    let order_ids = each(
+        violations,
+        &mut ok,
+        field,
+        "order_ids",
+        &raw.order_ids,
+        OrderId::parse,
+    );
+    let locations = each(
+        violations,
+        &mut ok,
+        field,
+        "location_ids",
+        &raw.location_ids,
+        LocationId::parse,
+    );
     let mut kinds = Vec::new();
     for (i, raw) in raw.types.iter().enumerate() {
         match proto::EventType::try_from(*raw).ok().and_then(kind) {
@@ -107,19 +114,33 @@ fn filter(
             }
         }
     }
-    ok.then(|| EventFilter {
+    ok.then_some(EventFilter {
         kinds,
-        skus: skus.iter().filter_map(|v| Sku::parse(v).ok()).collect(),
+        skus,
         sku_prefixes,
-        order_ids: order_ids
-            .iter()
-            .filter_map(|v| OrderId::parse(v).ok())
-            .collect(),
-        locations: location_ids
-            .iter()
-            .filter_map(|v| LocationId::parse(v).ok())
-            .collect(),
+        order_ids,
+        locations,
     })
+}
+
+/// One list of a filter, each value parsed once: the good ones kept, each bad one a
+/// violation named by its path (`filter.skus[2]`), which clears `ok`.
+fn each<T>(
+    violations: &mut Violations,
+    ok: &mut bool,
+    field: &str,
+    list: &str,
+    values: &[String],
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Vec<T> {
+    let mut parsed = Vec::with_capacity(values.len());
+    for (i, value) in values.iter().enumerate() {
+        match violations.check(format!("{field}.{list}[{i}]"), parse(value)) {
+            Some(value) => parsed.push(value),
+            None => *ok = false,
+        }
+    }
+    parsed
 }
 
 fn epoch(violations: &mut Violations, raw: &str) -> Option<Option<EpochId>> {

@@ -1012,12 +1012,14 @@ impl<S: EventStore + SubscriptionStore, L> Inventory<S, L> {
             });
         }
         let epoch = command.epoch.or_else(|| bounds.epoch_at(command.position));
-        // A subscription whose position a cut in the history left behind (a restore) is
-        // read nowhere (CURSOR_NOT_IN_HISTORY): its consumer rebuilds from a snapshot and
+        let acked = self.store.ack_events(command, epoch, false).await?;
+        if bounds.admits(acked.acked_epoch, acked.acked) {
+            return Ok(acked);
+        }
+        // It kept a position a cut in the history left behind (a restore), which is read
+        // nowhere (CURSOR_NOT_IN_HISTORY): its consumer rebuilt from a snapshot and
         // acknowledges where it goes on, which moves it there, even back.
-        let stored = self.store.subscription(&command.name).await?;
-        let rebase = !bounds.admits(stored.acked_epoch, stored.acked);
-        self.store.ack_events(command, epoch, rebase).await
+        self.store.ack_events(command, epoch, true).await
     }
 
     pub async fn list_subscriptions(&self) -> Result<Vec<Subscription>, Error> {

@@ -58,6 +58,17 @@ pub struct Subscription {
     pub reader: i64,
 }
 
+impl Subscription {
+    /// The refusal a lost subscription answers to its reader and to acknowledgements.
+    pub fn lost_error(self) -> crate::Error {
+        crate::Error::SubscriptionLost {
+            reason: self.lost.unwrap_or_default(),
+            acked: self.acked,
+            name: self.name,
+        }
+    }
+}
+
 /// `CreateSubscription`.
 #[derive(Clone, Debug)]
 pub struct CreateSubscription {

@@ -179,15 +179,6 @@ pub(crate) fn subscription(row: &Row) -> Result<Subscription, Error> {
     })
 }
 
-/// The refusal of a lost subscription.
-pub(crate) fn lost(found: Subscription) -> Error {
-    Error::SubscriptionLost {
-        reason: found.lost.unwrap_or_default(),
-        acked: found.acked,
-        name: found.name,
-    }
-}
-
 impl PgStore {
     async fn one(
         &self,
@@ -222,7 +213,7 @@ impl PgStore {
     /// Why a statement that names a live subscription found none: it is lost, or not there.
     async fn not_live(&self, name: &SubscriptionName) -> Error {
         match self.one(GET, &[&name.as_str()]).await {
-            Ok(Some(found)) if found.lost.is_some() => lost(found),
+            Ok(Some(found)) if found.lost.is_some() => found.lost_error(),
             Ok(_) => Error::SubscriptionNotFound(name.clone()),
             Err(error) => error,
         }
@@ -300,7 +291,7 @@ impl SubscriptionStore for PgStore {
             .await?
             .ok_or_else(|| Error::SubscriptionNotFound(name.clone()))?;
         if found.lost.is_some() {
-            return Err(lost(found));
+            return Err(found.lost_error());
         }
         Ok(found)
     }

@@ -274,6 +274,32 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "SetStockPolicy"))]
+    async fn set_stock_policy(
+        &self,
+        request: Request<proto::SetStockPolicyRequest>,
+    ) -> Result<Response<proto::StockLevel>, Status> {
+        self.unary(
+            request,
+            Action::Adjust,
+            |inventory, command, _| async move { inventory.set_stock_policy(&command).await },
+        )
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "MoveStockState"))]
+    async fn move_stock_state(
+        &self,
+        request: Request<proto::MoveStockStateRequest>,
+    ) -> Result<Response<proto::StockLevel>, Status> {
+        self.unary(
+            request,
+            Action::Adjust,
+            |inventory, command, _| async move { inventory.move_stock_state(&command).await },
+        )
+        .await
+    }
+
     #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "UpsertLocation"))]
     async fn upsert_location(
         &self,

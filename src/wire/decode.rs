@@ -9,14 +9,14 @@ use inventory_core::{
     Error, FieldViolation,
     command::{
         AdjustStock, BatchSetStock, CancelOrder, DEFAULT_PAGE_SIZE, ExtendReservation, GetStock,
-        ListReservations, ListStockMovements, MAX_BATCH_COUNTS, MAX_PAGE_SIZE, ReservationFilter,
-        ReservationRef, Reserve, SetStock, Settle, SettleReservation, TransferStock,
-        movement_token, page_token,
+        ListReservations, ListStockMovements, MAX_BATCH_COUNTS, MAX_PAGE_SIZE, MoveStockState,
+        ReservationFilter, ReservationRef, Reserve, SetStock, SetStockPolicy, Settle,
+        SettleReservation, TransferStock, movement_token, page_token,
     },
     domain::{
         AllocationPolicy, AllocationStrategy, IdempotencyKey, Line, Location, LocationId,
         MAX_DELTA, MAX_LINES, MAX_ON_HAND, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
-        ReservationId, ReservationState, Scope, Sku, StockDelta, Ttl,
+        ReservationId, ReservationState, Scope, Sku, StockDelta, StockState, Ttl,
     },
 };
 
@@ -74,6 +74,7 @@ impl Decode for proto::AdjustStockRequest {
         let reason = violations.check("reason", Reason::parse(&request.reason));
         let expected_version = expected_version(&mut violations, request.expected_version);
         let location = location_or_default(&mut violations, "location_id", &request.location_id);
+        let state = stock_state(&mut violations, "state", request.state, true);
         violations.finish(|| {
             Some(AdjustStock {
                 caller: who.caller().clone(),
@@ -83,9 +84,35 @@ impl Decode for proto::AdjustStockRequest {
                 reason: reason?,
                 expected_version: expected_version?,
                 location: location?,
+                // Unset and SELLABLE mean the same here: one fingerprint for both.
+                state: state?.filter(|s| *s != StockState::Sellable),
             })
         })
     }
+}
+
+/// A stock state: `None` for UNSPECIFIED where `unset_ok`, a violation for a value this
+/// release does not know. `None` outside when the value is refused.
+fn stock_state(
+    violations: &mut Violations,
+    field: impl Into<String>,
+    raw: i32,
+    unset_ok: bool,
+) -> Option<Option<StockState>> {
+    let state = match proto::StockState::try_from(raw) {
+        Ok(proto::StockState::Unspecified) if unset_ok => return Some(None),
+        Ok(proto::StockState::Sellable) => StockState::Sellable,
+        Ok(proto::StockState::Damaged) => StockState::Damaged,
+        Ok(proto::StockState::QualityControl) => StockState::QualityControl,
+        _ => {
+            violations.add(
+                field,
+                "must be STOCK_STATE_SELLABLE, STOCK_STATE_DAMAGED or STOCK_STATE_QUALITY_CONTROL",
+            );
+            return None;
+        }
+    };
+    Some(Some(state))
 }
 
 /// A location id; empty means `default`.
@@ -165,7 +192,9 @@ fn count(
         }
         raw => Some(raw),
     };
+    let state = stock_state(violations, format!("{prefix}state"), request.state, true);
     Some(SetStock {
+        state: state?,
         caller: who.caller().clone(),
         sku: sku?,
         on_hand: on_hand?,
@@ -661,6 +690,92 @@ impl Decode for proto::TransferStockRequest {
                 from: from?,
                 to: to?,
                 quantity: quantity?,
+                idempotency_key: idempotency_key?,
+                reason: reason?,
+            })
+        })
+    }
+}
+
+/// A policy value: 0 to [`MAX_ON_HAND`], or unset.
+fn policy_value(violations: &mut Violations, field: &str, raw: Option<i64>) -> Option<Option<i64>> {
+    match raw {
+        Some(value) if !(0..=MAX_ON_HAND).contains(&value) => {
+            violations.add(field, format!("must be between 0 and {MAX_ON_HAND}"));
+            None
+        }
+        raw => Some(raw),
+    }
+}
+
+impl Decode for proto::SetStockPolicyRequest {
+    type Command = SetStockPolicy;
+
+    fn into_command(self, who: &Principal) -> Result<SetStockPolicy, Error> {
+        let mut violations = Violations::default();
+        let sku = violations.check("sku", Sku::parse(&self.sku));
+        let location = location_or_default(&mut violations, "location_id", &self.location_id);
+        let safety_stock = policy_value(&mut violations, "safety_stock", self.safety_stock);
+        let backorder_limit =
+            policy_value(&mut violations, "backorder_limit", self.backorder_limit);
+        if self.safety_stock.is_none() && self.backorder_limit.is_none() {
+            violations.add(
+                "safety_stock",
+                "set safety_stock, backorder_limit or both (a policy with neither changes nothing)",
+            );
+        }
+        let idempotency_key = violations.check(
+            "idempotency_key",
+            IdempotencyKey::parse(&self.idempotency_key),
+        );
+        let reason = violations.check("reason", Reason::parse(&self.reason));
+        violations.finish(|| {
+            Some(SetStockPolicy {
+                caller: who.caller().clone(),
+                sku: sku?,
+                location: location?,
+                safety_stock: safety_stock?,
+                backorder_limit: backorder_limit?,
+                idempotency_key: idempotency_key?,
+                reason: reason?,
+            })
+        })
+    }
+}
+
+impl Decode for proto::MoveStockStateRequest {
+    type Command = MoveStockState;
+
+    fn into_command(self, who: &Principal) -> Result<MoveStockState, Error> {
+        let mut violations = Violations::default();
+        let sku = violations.check("sku", Sku::parse(&self.sku));
+        let location = location_or_default(&mut violations, "location_id", &self.location_id);
+        let quantity = violations.check(
+            "quantity",
+            if (1..=MAX_DELTA).contains(&self.quantity) {
+                Ok(self.quantity)
+            } else {
+                Err(format!("must be between 1 and {MAX_DELTA}"))
+            },
+        );
+        let from = stock_state(&mut violations, "from_state", self.from_state, false);
+        let to = stock_state(&mut violations, "to_state", self.to_state, false);
+        if from.is_some() && from == to {
+            violations.add("to_state", "must differ from from_state");
+        }
+        let idempotency_key = violations.check(
+            "idempotency_key",
+            IdempotencyKey::parse(&self.idempotency_key),
+        );
+        let reason = violations.check("reason", Reason::parse(&self.reason));
+        violations.finish(|| {
+            Some(MoveStockState {
+                caller: who.caller().clone(),
+                sku: sku?,
+                location: location?,
+                quantity: quantity?,
+                from: from??,
+                to: to??,
                 idempotency_key: idempotency_key?,
                 reason: reason?,
             })

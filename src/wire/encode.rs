@@ -6,7 +6,7 @@ use inventory_core::{
     command::{MovementList, ReservationList, StockLevels, Transferred},
     domain::{
         Allocation, Location, Movement, MovementKind, Reservation, ReservationLine,
-        ReservationState, StockLevel,
+        ReservationState, StockLevel, StockState,
     },
     events::{Change, Event, ReservationEvent},
 };
@@ -24,6 +24,7 @@ impl Encode for StockLevel {
     type Message = proto::StockLevel;
 
     fn into_message(self) -> proto::StockLevel {
+        let states = self.states;
         proto::StockLevel {
             available: self.available(),
             sku: self.sku.as_str().to_owned(),
@@ -34,6 +35,14 @@ impl Encode for StockLevel {
                 .location
                 .map(|l| l.as_str().to_owned())
                 .unwrap_or_default(),
+            safety_stock: states.safety_stock,
+            unsellable: states.unsellable(),
+            incoming: states.incoming,
+            backorder_limit: states.backorder_limit,
+            backordered: states.backordered,
+            damaged: states.damaged,
+            quality_control: states.quality_control,
+            preordered: states.preordered,
         }
     }
 }
@@ -188,21 +197,49 @@ impl Encode for BatchLevels {
     }
 }
 
+pub fn movement_kind(kind: MovementKind) -> proto::MovementKind {
+    match kind {
+        MovementKind::Opening => proto::MovementKind::Opening,
+        MovementKind::Adjusted => proto::MovementKind::Adjusted,
+        MovementKind::Set => proto::MovementKind::Set,
+        MovementKind::Held => proto::MovementKind::Held,
+        MovementKind::Confirmed => proto::MovementKind::Confirmed,
+        MovementKind::Released => proto::MovementKind::Released,
+        MovementKind::Expired => proto::MovementKind::Expired,
+        MovementKind::Transferred => proto::MovementKind::Transferred,
+        MovementKind::PolicySet => proto::MovementKind::PolicySet,
+        MovementKind::StateMoved => proto::MovementKind::StateMoved,
+        MovementKind::ReceiptExpected => proto::MovementKind::ReceiptExpected,
+        MovementKind::Received => proto::MovementKind::Received,
+        MovementKind::ReceiptCancelled => proto::MovementKind::ReceiptCancelled,
+        MovementKind::Filled => proto::MovementKind::Filled,
+    }
+}
+
+pub fn stock_state(state: Option<StockState>) -> proto::StockState {
+    match state {
+        None => proto::StockState::Unspecified,
+        Some(StockState::Sellable) => proto::StockState::Sellable,
+        Some(StockState::Damaged) => proto::StockState::Damaged,
+        Some(StockState::QualityControl) => proto::StockState::QualityControl,
+    }
+}
+
 impl Encode for Movement {
     type Message = proto::StockMovement;
 
     fn into_message(self) -> proto::StockMovement {
-        let kind = match self.kind {
-            MovementKind::Opening => proto::MovementKind::Opening,
-            MovementKind::Adjusted => proto::MovementKind::Adjusted,
-            MovementKind::Set => proto::MovementKind::Set,
-            MovementKind::Held => proto::MovementKind::Held,
-            MovementKind::Confirmed => proto::MovementKind::Confirmed,
-            MovementKind::Released => proto::MovementKind::Released,
-            MovementKind::Expired => proto::MovementKind::Expired,
-            MovementKind::Transferred => proto::MovementKind::Transferred,
-        };
+        let kind = movement_kind(self.kind);
+        let d = self.states_delta;
         proto::StockMovement {
+            damaged_delta: d.damaged,
+            quality_control_delta: d.quality_control,
+            safety_stock_delta: d.safety_stock,
+            backorder_limit_delta: d.backorder_limit,
+            backordered_delta: d.backordered,
+            preordered_delta: d.preordered,
+            incoming_delta: d.incoming,
+            receipt_id: self.receipt_id.unwrap_or_default(),
             location_id: self
                 .level
                 .location
@@ -281,6 +318,30 @@ impl Encode for Event {
                     reason,
                     level: Some(level.into_message()),
                     location_level: location_level.map(Encode::into_message),
+                }),
+            ),
+            Change::StockStateChanged {
+                sku,
+                kind,
+                reason,
+                level,
+                location_level,
+                quantity,
+                from,
+                to,
+                receipt_id,
+            } => (
+                proto::EventType::StockStateChanged,
+                Subject::Sku(sku.as_str().to_owned()),
+                Payload::StockStateChanged(proto::StockStateChanged {
+                    kind: movement_kind(kind).into(),
+                    reason,
+                    level: Some(level.into_message()),
+                    location_level: Some(location_level.into_message()),
+                    quantity,
+                    from_state: stock_state(from).into(),
+                    to_state: stock_state(to).into(),
+                    receipt_id: receipt_id.unwrap_or_default(),
                 }),
             ),
             Change::StockTransferred {

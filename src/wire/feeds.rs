@@ -32,6 +32,7 @@ fn kind(event_type: proto::EventType) -> Option<EventKind> {
         T::OutOfStock => EventKind::OutOfStock,
         T::BackInStock => EventKind::BackInStock,
         T::StockTransferred => EventKind::StockTransferred,
+        T::StockStateChanged => EventKind::StockStateChanged,
         T::Unspecified | T::Heartbeat => return None,
     })
 }
@@ -54,6 +55,7 @@ fn event_type(kind: EventKind) -> proto::EventType {
         EventKind::OutOfStock => T::OutOfStock,
         EventKind::BackInStock => T::BackInStock,
         EventKind::StockTransferred => T::StockTransferred,
+        EventKind::StockStateChanged => T::StockStateChanged,
     }
 }
 

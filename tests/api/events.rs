@@ -285,6 +285,7 @@ async fn under_a_reservation_storm_a_watcher_sees_exactly_the_committed_events()
                 // Repeats the level of the change that crossed 0.
                 Some(event::Payload::Availability(_))
                 | Some(event::Payload::StockTransferred(_))
+                | Some(event::Payload::StockStateChanged(_))
                 | None => Vec::new(),
             })
             .filter(|level| level.sku == "HOT")

@@ -42,6 +42,7 @@ mod retention;
 mod roles;
 mod rotation;
 mod server;
+mod states;
 mod stock;
 mod telemetry;
 mod tenants;

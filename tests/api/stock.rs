@@ -395,6 +395,7 @@ async fn an_outcome_stored_before_stock_versions_still_replays() {
         reason: Reason::parse("test").unwrap(),
         expected_version: None,
         location: LocationId::default_location(),
+        state: None,
     };
     let fingerprint = command.fingerprint();
     let fingerprint: &[u8] = fingerprint.as_bytes();

@@ -841,6 +841,10 @@ pub fn seen(tenant: &str, event: Event) -> SeenEvent {
             located = transferred.location_levels;
             transferred.level.into_iter().collect()
         }
+        Some(event::Payload::StockStateChanged(changed)) => {
+            located.extend(changed.location_level);
+            changed.level.into_iter().collect()
+        }
         Some(event::Payload::ReservationChanged(changed)) => {
             located = changed.location_levels;
             seen.state = state_name(changed.state);

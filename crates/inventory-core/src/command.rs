@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::{
     AllocationPolicy, AllocationStrategy, Caller, IdempotencyKey, Line, LocationId, OrderId,
-    Reason, Reservation, ReservationId, ReservationState, Scope, Sku, StockDelta, Ttl,
+    Reason, Reservation, ReservationId, ReservationState, Scope, Sku, StockDelta, StockState, Ttl,
 };
 
 /// SHA-256 over a canonical encoding of a command (operation name and every field that
@@ -61,6 +61,16 @@ pub struct AdjustStock {
     pub expected_version: Option<i64>,
     /// Where the units change (`default` unless the request names one).
     pub location: LocationId,
+    /// The state of the units added or removed (`None`: sellable).
+    pub state: Option<StockState>,
+}
+
+/// A state other than the default joins a fingerprint, so keys stored before states
+/// existed still replay.
+fn state_field(builder: &mut FingerprintBuilder, state: Option<StockState>) {
+    if let Some(state) = state {
+        builder.field(b"state").field(state.as_str().as_bytes());
+    }
 }
 
 /// A location other than `default` joins a fingerprint; `default` leaves it as it was before
@@ -86,6 +96,7 @@ impl AdjustStock {
             builder.field(&version.to_be_bytes());
         }
         location_field(&mut builder, &self.location);
+        state_field(&mut builder, self.state);
         builder.finish()
     }
 }
@@ -104,6 +115,10 @@ pub struct SetStock {
     pub reason: Reason,
     /// The location counted (`default` unless the request names one).
     pub location: LocationId,
+    /// `None`: `on_hand` is the location's whole count. A state: the count of the units in
+    /// that state (sellable: `on_hand` less the unsellable units), and `on_hand` moves by the
+    /// difference.
+    pub state: Option<StockState>,
 }
 
 impl SetStock {
@@ -115,6 +130,64 @@ impl SetStock {
             .field(self.reason.as_str().as_bytes())
             .field(&self.expected_version.map_or(-1, |v| v).to_be_bytes());
         location_field(&mut builder, &self.location);
+        state_field(&mut builder, self.state);
+        builder.finish()
+    }
+}
+
+/// Set a (SKU, location)'s policy: what it keeps back from sale and how far it may be
+/// backordered. `None` leaves a value as it is.
+#[derive(Clone, Debug)]
+pub struct SetStockPolicy {
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
+    pub sku: Sku,
+    pub location: LocationId,
+    pub safety_stock: Option<i64>,
+    pub backorder_limit: Option<i64>,
+    pub idempotency_key: IdempotencyKey,
+    pub reason: Reason,
+}
+
+impl SetStockPolicy {
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new("SetStockPolicy");
+        builder
+            .field(self.sku.as_str().as_bytes())
+            .field(self.location.as_str().as_bytes())
+            .field(&self.safety_stock.unwrap_or(-1).to_be_bytes())
+            .field(&self.backorder_limit.unwrap_or(-1).to_be_bytes())
+            .field(self.reason.as_str().as_bytes());
+        builder.finish()
+    }
+}
+
+/// Move units of a SKU at a location from one state to another; `on_hand` stays.
+#[derive(Clone, Debug)]
+pub struct MoveStockState {
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
+    pub sku: Sku,
+    pub location: LocationId,
+    /// 1 to [`MAX_DELTA`](crate::domain::MAX_DELTA).
+    pub quantity: i64,
+    pub from: StockState,
+    /// Never `from`.
+    pub to: StockState,
+    pub idempotency_key: IdempotencyKey,
+    pub reason: Reason,
+}
+
+impl MoveStockState {
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new("MoveStockState");
+        builder
+            .field(self.sku.as_str().as_bytes())
+            .field(self.location.as_str().as_bytes())
+            .field(&self.quantity.to_be_bytes())
+            .field(self.from.as_str().as_bytes())
+            .field(self.to.as_str().as_bytes())
+            .field(self.reason.as_str().as_bytes());
         builder.finish()
     }
 }

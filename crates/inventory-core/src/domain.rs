@@ -611,10 +611,12 @@ pub struct StockLevel {
     /// A location's level carries the SKU's version of the last change there.
     pub version: i64,
     pub location: Option<LocationId>,
+    /// Unsellable units, policy and waiting demand.
+    pub states: States,
 }
 
 impl StockLevel {
-    /// A SKU's total.
+    /// A SKU's total, with no states.
     pub fn total(sku: Sku, on_hand: i64, reserved: i64, version: i64) -> Self {
         Self {
             sku,
@@ -622,11 +624,173 @@ impl StockLevel {
             reserved,
             version,
             location: None,
+            states: States::default(),
         }
     }
 
+    /// What a new hold may take: `on_hand - reserved - safety_stock - unsellable`, never
+    /// below 0.
     pub fn available(&self) -> i64 {
-        self.on_hand - self.reserved
+        (self.sellable() - self.reserved - self.states.safety_stock).max(0)
+    }
+
+    /// Units on the shelf that may be sold: `on_hand` less the unsellable ones.
+    pub fn sellable(&self) -> i64 {
+        self.on_hand - self.states.unsellable()
+    }
+
+    /// Sellable units no hold has and no safety stock keeps back; negative when a safety
+    /// stock was raised above what was free.
+    pub fn free(&self) -> i64 {
+        self.sellable() - self.reserved - self.states.safety_stock
+    }
+
+    /// Units promised against stock that is not there yet (backordered), a new line may
+    /// still take: what `backorder_limit` allows beyond the sellable units, less what
+    /// holds and waiting backorders have (0 when free units are left: those go first).
+    pub fn backorder_room(&self) -> i64 {
+        let room = self.states.backorder_limit - self.states.backordered + self.free().min(0);
+        room.max(0)
+    }
+}
+
+/// A (SKU, location)'s units besides `on_hand` and `reserved`, and its policy: each a
+/// count, and in a movement each a delta.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct States {
+    /// Unsellable units, part of `on_hand`.
+    pub damaged: i64,
+    /// Unsellable units, part of `on_hand`, until quality control passes them.
+    pub quality_control: i64,
+    /// Sellable units kept back from sale (a level, not units set aside).
+    pub safety_stock: i64,
+    /// Units that may be promised beyond what is on hand (0: no backorders).
+    pub backorder_limit: i64,
+    /// Units of held lines waiting for stock to arrive.
+    pub backordered: i64,
+    /// Units of held lines pegged to an incoming receipt.
+    pub preordered: i64,
+    /// What open receipts have still to bring.
+    pub incoming: i64,
+}
+
+impl States {
+    pub fn unsellable(&self) -> i64 {
+        self.damaged + self.quality_control
+    }
+
+    /// Units of held lines that wait for stock.
+    pub fn waiting(&self) -> i64 {
+        self.backordered + self.preordered
+    }
+
+    pub fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Each count plus `delta`'s.
+    pub fn plus(self, delta: &States) -> Self {
+        Self {
+            damaged: self.damaged + delta.damaged,
+            quality_control: self.quality_control + delta.quality_control,
+            safety_stock: self.safety_stock + delta.safety_stock,
+            backorder_limit: self.backorder_limit + delta.backorder_limit,
+            backordered: self.backordered + delta.backordered,
+            preordered: self.preordered + delta.preordered,
+            incoming: self.incoming + delta.incoming,
+        }
+    }
+
+    /// Each count less `delta`'s.
+    pub fn minus(self, delta: &States) -> Self {
+        self.plus(&delta.negated())
+    }
+
+    pub fn negated(&self) -> Self {
+        Self {
+            damaged: -self.damaged,
+            quality_control: -self.quality_control,
+            safety_stock: -self.safety_stock,
+            backorder_limit: -self.backorder_limit,
+            backordered: -self.backordered,
+            preordered: -self.preordered,
+            incoming: -self.incoming,
+        }
+    }
+
+    /// The counts in column order: damaged, quality_control, safety_stock, backorder_limit,
+    /// backordered, preordered, incoming.
+    pub fn to_array(self) -> [i64; 7] {
+        [
+            self.damaged,
+            self.quality_control,
+            self.safety_stock,
+            self.backorder_limit,
+            self.backordered,
+            self.preordered,
+            self.incoming,
+        ]
+    }
+
+    pub fn from_array(a: [i64; 7]) -> Self {
+        Self {
+            damaged: a[0],
+            quality_control: a[1],
+            safety_stock: a[2],
+            backorder_limit: a[3],
+            backordered: a[4],
+            preordered: a[5],
+            incoming: a[6],
+        }
+    }
+}
+
+/// Where a unit on the shelf is: sellable, or unsellable for a reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StockState {
+    Sellable,
+    Damaged,
+    QualityControl,
+}
+
+impl StockState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sellable => "SELLABLE",
+            Self::Damaged => "DAMAGED",
+            Self::QualityControl => "QUALITY_CONTROL",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        [Self::Sellable, Self::Damaged, Self::QualityControl]
+            .into_iter()
+            .find(|state| state.as_str() == raw)
+    }
+
+    /// The units in this state at `level`.
+    pub fn units(self, level: &StockLevel) -> i64 {
+        match self {
+            Self::Sellable => level.sellable(),
+            Self::Damaged => level.states.damaged,
+            Self::QualityControl => level.states.quality_control,
+        }
+    }
+
+    /// The change of the states' counts when `units` enter this state (negative: leave it).
+    /// Sellable units are `on_hand` less the others, so entering it changes none of them.
+    pub fn delta(self, units: i64) -> States {
+        match self {
+            Self::Sellable => States::default(),
+            Self::Damaged => States {
+                damaged: units,
+                ..States::default()
+            },
+            Self::QualityControl => States {
+                quality_control: units,
+                ..States::default()
+            },
+        }
     }
 }
 
@@ -643,6 +807,18 @@ pub enum MovementKind {
     Expired,
     /// Units moved to or from another location.
     Transferred,
+    /// SetStockPolicy: safety stock or backorder limit.
+    PolicySet,
+    /// MoveStockState: units between sellable and an unsellable state.
+    StateMoved,
+    /// ExpectStock: a receipt's units became incoming.
+    ReceiptExpected,
+    /// ReceiveStock: units of a receipt arrived (from incoming to on hand).
+    Received,
+    /// CancelReceipt: what a receipt had still to bring is no longer incoming.
+    ReceiptCancelled,
+    /// Waiting (backordered or pre-ordered) units of a hold became held.
+    Filled,
 }
 
 impl MovementKind {
@@ -656,6 +832,12 @@ impl MovementKind {
             Self::Released => "RELEASED",
             Self::Expired => "EXPIRED",
             Self::Transferred => "TRANSFERRED",
+            Self::PolicySet => "POLICY_SET",
+            Self::StateMoved => "STATE_MOVED",
+            Self::ReceiptExpected => "RECEIPT_EXPECTED",
+            Self::Received => "RECEIVED",
+            Self::ReceiptCancelled => "RECEIPT_CANCELLED",
+            Self::Filled => "FILLED",
         }
     }
 
@@ -669,6 +851,12 @@ impl MovementKind {
             Self::Released,
             Self::Expired,
             Self::Transferred,
+            Self::PolicySet,
+            Self::StateMoved,
+            Self::ReceiptExpected,
+            Self::Received,
+            Self::ReceiptCancelled,
+            Self::Filled,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == raw)
@@ -685,6 +873,11 @@ pub struct Movement {
     pub level: StockLevel,
     pub on_hand_delta: i64,
     pub reserved_delta: i64,
+    /// How the states changed.
+    pub states_delta: States,
+    /// The receipt the movement belongs to (expected, received, cancelled, or a pre-order
+    /// pegged to it).
+    pub receipt_id: Option<String>,
     pub reason: String,
     /// The caller that made the change (empty without authentication, or for expiry).
     pub actor: String,

@@ -13,7 +13,10 @@ pub use subscription::{
     AckEvents, CreateSubscription, MAX_SUBSCRIPTION_NAME_LEN, Subscription, SubscriptionName,
 };
 
-use crate::domain::{OrderId, ReservationId, ReservationLine, ReservationState, Sku, StockLevel};
+use crate::domain::{
+    MovementKind, OrderId, ReservationId, ReservationLine, ReservationState, Sku, StockLevel,
+    StockState,
+};
 
 /// One committed state change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +106,23 @@ pub enum Change {
         sku: Sku,
         out_of_stock: bool,
         level: StockLevel,
+    },
+    /// A (SKU, location)'s states changed: policy, units between states, a receipt.
+    StockStateChanged {
+        sku: Sku,
+        /// What changed, as the ledger names it.
+        kind: MovementKind,
+        reason: String,
+        /// The SKU's total right after.
+        level: StockLevel,
+        /// The location's level right after.
+        location_level: StockLevel,
+        /// A state move's units and states (0 and `None` otherwise).
+        quantity: i64,
+        from: Option<StockState>,
+        to: Option<StockState>,
+        /// The receipt the change is about.
+        receipt_id: Option<String>,
     },
     /// A hold's expiry moved; no stock changed.
     ReservationExtended {

@@ -12,8 +12,8 @@ use tokio::sync::Notify;
 use crate::{
     command::{
         AdjustStock, BatchSetStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
-        ListStockMovements, MovementPage, ReservationPage, ReservationRef, Reserve, SetStock,
-        SettleReservation, StockLevels, TransferStock, Transferred,
+        ListStockMovements, MoveStockState, MovementPage, ReservationPage, ReservationRef, Reserve,
+        SetStock, SetStockPolicy, SettleReservation, StockLevels, TransferStock, Transferred,
     },
     domain::{Caller, FenceToken, IdempotencyKey, Location, Reservation, Sku, StockLevel, Ttl},
     error::Error,
@@ -56,6 +56,18 @@ pub trait StockStore: Send + Sync + 'static {
         &self,
         query: &GetStock,
     ) -> impl Future<Output = Result<StockLevels, Error>> + Send;
+
+    /// Sets a (SKU, location)'s policy under the SKU's row lock: the SKU's total after.
+    fn set_stock_policy(
+        &self,
+        command: &SetStockPolicy,
+    ) -> impl Future<Output = Result<StockLevel, Error>> + Send;
+
+    /// Moves units between states at a location, under the SKU's row lock: the total after.
+    fn move_stock_state(
+        &self,
+        command: &MoveStockState,
+    ) -> impl Future<Output = Result<StockLevel, Error>> + Send;
 
     /// Moves available units between two locations of a SKU, under its row lock.
     fn transfer_stock(

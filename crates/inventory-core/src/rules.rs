@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime};
 
 use crate::{
     allocation::{Placement, SkuStock, Unplaced},
-    command::{AdjustStock, Reserve, SetStock, Settle},
+    command::{AdjustStock, MoveStockState, Reserve, SetStock, SetStockPolicy, Settle},
     domain::{
         Allocation, FenceToken, Line, Location, LocationId, MAX_ON_HAND, Reservation,
-        ReservationId, ReservationLine, ReservationState, Sku, StockLevel, Ttl,
+        ReservationId, ReservationLine, ReservationState, Sku, States, StockLevel, StockState, Ttl,
     },
     error::{Error, NotHeld, Settled, Shortfall},
     events::ReservationEvent,
@@ -25,7 +25,8 @@ use crate::{
 /// The level after `command`, applied to the SKU's locked row (`None`: no such SKU yet).
 ///
 /// Adding creates a SKU on its first positive adjustment and may not take `on_hand` past
-/// [`MAX_ON_HAND`]; removing may not cut into reserved units, and needs the SKU to exist.
+/// [`MAX_ON_HAND`]; removing needs the SKU to exist and units in the state removed (sellable
+/// ones may not cut into what is reserved).
 pub fn adjust_stock(
     current: Option<&StockLevel>,
     command: &AdjustStock,
@@ -33,6 +34,7 @@ pub fn adjust_stock(
     let sku = &command.sku;
     at_expected_version(sku, current, command.expected_version)?;
     let delta = command.delta.get();
+    let state = command.state.unwrap_or(StockState::Sellable);
     let Some(current) = current else {
         if delta < 0 {
             return Err(Error::UnknownSkus(vec![sku.clone()]));
@@ -43,30 +45,43 @@ pub fn adjust_stock(
             reserved: 0,
             version: 1,
             location: None,
+            states: state.delta(delta),
         });
     };
     if delta > 0 {
-        let on_hand = within_limit(sku, current.on_hand, delta)?;
-        return Ok(StockLevel {
-            on_hand,
-            version: current.version + 1,
-            ..current.clone()
-        });
-    }
-    let units = -delta;
-    if current.on_hand - units < current.reserved {
-        return Err(Error::BelowReserved {
-            sku: sku.clone(),
-            requested: units,
-            on_hand: current.on_hand,
-            reserved: current.reserved,
-        });
+        within_limit(sku, current.on_hand, delta)?;
+    } else {
+        take_units(sku, current, state, -delta)?;
     }
     Ok(StockLevel {
-        on_hand: current.on_hand - units,
+        on_hand: current.on_hand + delta,
         version: current.version + 1,
+        states: current.states.plus(&state.delta(delta)),
         ..current.clone()
     })
+}
+
+/// Refuses to remove `units` in `state` from `level` unless it has them; sellable units
+/// held by reservations are not there to remove.
+fn take_units(sku: &Sku, level: &StockLevel, state: StockState, units: i64) -> Result<(), Error> {
+    match state {
+        StockState::Sellable if level.sellable() - units < level.reserved => {
+            Err(Error::BelowReserved {
+                sku: sku.clone(),
+                requested: units,
+                on_hand: level.sellable(),
+                reserved: level.reserved,
+            })
+        }
+        StockState::Damaged | StockState::QualityControl if state.units(level) < units => {
+            Err(Error::InsufficientStock(vec![Shortfall {
+                sku: sku.clone(),
+                requested: units,
+                available: state.units(level),
+            }]))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A compare-and-set: the change applies only while the SKU is at the version the caller
@@ -95,26 +110,43 @@ fn at_expected_version(
 pub fn set_stock(current: Option<&StockLevel>, command: &SetStock) -> Result<StockLevel, Error> {
     at_expected_version(&command.sku, current, command.expected_version)?;
     let Some(current) = current else {
+        let state = command.state.unwrap_or(StockState::Sellable);
         return Ok(StockLevel {
             sku: command.sku.clone(),
             on_hand: command.on_hand,
             reserved: 0,
             version: 1,
             location: None,
+            states: state.delta(command.on_hand),
         });
     };
-    if command.on_hand < current.reserved {
+    let delta = count_delta(current, command)?;
+    Ok(StockLevel {
+        on_hand: current.on_hand + delta,
+        version: current.version + 1,
+        states: current
+            .states
+            .plus(&command.state.unwrap_or(StockState::Sellable).delta(delta)),
+        ..current.clone()
+    })
+}
+
+/// How a count moves `level`'s `on_hand`: the count is of the whole location (no state),
+/// or of the units in one state. It may not leave fewer sellable units than are reserved.
+fn count_delta(level: &StockLevel, command: &SetStock) -> Result<i64, Error> {
+    let (counted_now, floor) = match command.state {
+        None => (level.on_hand, level.reserved + level.states.unsellable()),
+        Some(StockState::Sellable) => (level.sellable(), level.reserved),
+        Some(state) => (state.units(level), 0),
+    };
+    if command.on_hand < floor {
         return Err(Error::CountBelowReserved {
             sku: command.sku.clone(),
             requested: command.on_hand,
-            reserved: current.reserved,
+            reserved: floor,
         });
     }
-    Ok(StockLevel {
-        on_hand: command.on_hand,
-        version: current.version + 1,
-        ..current.clone()
-    })
+    Ok(command.on_hand - counted_now)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -126,13 +158,15 @@ fn at_or_empty(total: &StockLevel, at: Option<&StockLevel>, location: &LocationI
         on_hand: 0,
         reserved: 0,
         location: Some(location.clone()),
+        states: States::default(),
         ..total.clone()
     })
 }
 
 /// An adjustment at one location of an existing SKU (its locked total, and its locked row
-/// there, if any): the total's rules, and the location may not lose units its holds need.
-/// Answers the total and the location's level after.
+/// there, if any): the total's rules, and the location may not lose units its holds need,
+/// nor units it does not have in the state removed. Answers the total and the location's
+/// level after.
 pub fn adjust_at(
     total: &StockLevel,
     at: Option<&StockLevel>,
@@ -141,13 +175,9 @@ pub fn adjust_at(
     let total_after = adjust_stock(Some(total), command)?;
     let before = at_or_empty(total, at, &command.location);
     let delta = command.delta.get();
-    if before.on_hand + delta < before.reserved {
-        return Err(Error::BelowReserved {
-            sku: command.sku.clone(),
-            requested: -delta,
-            on_hand: before.on_hand,
-            reserved: before.reserved,
-        });
+    let state = command.state.unwrap_or(StockState::Sellable);
+    if delta < 0 {
+        take_units(&command.sku, &before, state, -delta)?;
     }
     let version = total_after.version;
     Ok((
@@ -155,6 +185,7 @@ pub fn adjust_at(
         StockLevel {
             on_hand: before.on_hand + delta,
             version,
+            states: before.states.plus(&state.delta(delta)),
             ..before
         },
     ))
@@ -162,7 +193,8 @@ pub fn adjust_at(
 
 /// An absolute count at one location of an existing SKU: it may not fall below what holds
 /// there need, nor take the total past the limit. `None`: the count is what is stored, and
-/// nothing changes. Otherwise the total, the location's level after, and the change.
+/// nothing changes. Otherwise the total, the location's level after, and the change of
+/// `on_hand`.
 pub fn set_at(
     total: &StockLevel,
     at: Option<&StockLevel>,
@@ -170,14 +202,7 @@ pub fn set_at(
 ) -> Result<Option<(StockLevel, StockLevel, i64)>, Error> {
     at_expected_version(&command.sku, Some(total), command.expected_version)?;
     let before = at_or_empty(total, at, &command.location);
-    if command.on_hand < before.reserved {
-        return Err(Error::CountBelowReserved {
-            sku: command.sku.clone(),
-            requested: command.on_hand,
-            reserved: before.reserved,
-        });
-    }
-    let delta = command.on_hand - before.on_hand;
+    let delta = count_delta(&before, command)?;
     if delta == 0 {
         return Ok(None);
     }
@@ -187,19 +212,98 @@ pub fn set_at(
         total.on_hand + delta
     };
     let version = total.version + 1;
+    let states = command.state.unwrap_or(StockState::Sellable).delta(delta);
     Ok(Some((
         StockLevel {
             on_hand,
             version,
+            states: total.states.plus(&states),
             ..total.clone()
         },
         StockLevel {
-            on_hand: command.on_hand,
+            on_hand: before.on_hand + delta,
             version,
+            states: before.states.plus(&states),
             ..before
         },
         delta,
     )))
+}
+
+/// A change of a (SKU, location)'s states decided on its locked rows: the total and the
+/// location's level after (one version), and the delta of the states.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatesChange {
+    pub total: StockLevel,
+    pub at: StockLevel,
+    pub delta: States,
+}
+
+impl StatesChange {
+    fn of(total: &StockLevel, before: StockLevel, delta: States) -> Self {
+        let version = total.version + 1;
+        Self {
+            total: StockLevel {
+                version,
+                states: total.states.plus(&delta),
+                ..total.clone()
+            },
+            at: StockLevel {
+                version,
+                states: before.states.plus(&delta),
+                ..before
+            },
+            delta,
+        }
+    }
+}
+
+/// Units moved between states at one location: the source must have them, and sellable
+/// units held by reservations never move (a held unit stays sound). `on_hand` stays.
+pub fn move_state(
+    total: &StockLevel,
+    at: Option<&StockLevel>,
+    command: &MoveStockState,
+) -> Result<StatesChange, Error> {
+    let before = at_or_empty(total, at, &command.location);
+    let movable = match command.from {
+        StockState::Sellable => before.sellable() - before.reserved,
+        state => state.units(&before),
+    };
+    if movable < command.quantity {
+        return Err(Error::InsufficientStock(vec![Shortfall {
+            sku: command.sku.clone(),
+            requested: command.quantity,
+            available: movable.max(0),
+        }]));
+    }
+    let delta = command
+        .to
+        .delta(command.quantity)
+        .plus(&command.from.delta(-command.quantity));
+    Ok(StatesChange::of(total, before, delta))
+}
+
+/// A new policy at one location. `None`: it is the policy already stored, and nothing
+/// changes. Raising the safety stock above what is free, or lowering the backorder limit
+/// below what is backordered, is accepted: demand already accepted stays, new demand is
+/// judged against the new policy.
+pub fn set_policy(
+    total: &StockLevel,
+    at: Option<&StockLevel>,
+    command: &SetStockPolicy,
+) -> Option<StatesChange> {
+    let before = at_or_empty(total, at, &command.location);
+    let delta = States {
+        safety_stock: command
+            .safety_stock
+            .map_or(0, |wanted| wanted - before.states.safety_stock),
+        backorder_limit: command
+            .backorder_limit
+            .map_or(0, |wanted| wanted - before.states.backorder_limit),
+        ..States::default()
+    };
+    (!delta.is_zero()).then(|| StatesChange::of(total, before, delta))
 }
 
 /// A transfer of available units between two locations of a SKU (its locked total and rows):

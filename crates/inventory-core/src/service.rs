@@ -21,8 +21,9 @@ use crate::{
     },
     command::{
         AdjustStock, BatchSetStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
-        ListStockMovements, MovementList, ReservationList, ReservationRef, Reserve, SetStock,
-        SettleReservation, StockLevels, TransferStock, Transferred, movement_token, page_token,
+        ListStockMovements, MoveStockState, MovementList, ReservationList, ReservationRef, Reserve,
+        SetStock, SetStockPolicy, SettleReservation, StockLevels, TransferStock, Transferred,
+        movement_token, page_token,
     },
     domain::{FenceToken, Location, Reservation, Sku, StockLevel, Tenant, Ttl},
     error::Error,
@@ -183,6 +184,16 @@ where
 
     pub async fn get_stock(&self, query: &GetStock) -> Result<StockLevels, Error> {
         self.store.get_stock(query).await
+    }
+
+    /// Sets a (SKU, location)'s policy; no lease, like an adjustment.
+    pub async fn set_stock_policy(&self, command: &SetStockPolicy) -> Result<StockLevel, Error> {
+        self.store.set_stock_policy(command).await
+    }
+
+    /// Moves units between states; no lease, like an adjustment.
+    pub async fn move_stock_state(&self, command: &MoveStockState) -> Result<StockLevel, Error> {
+        self.store.move_stock_state(command).await
     }
 
     /// Moves available units between locations; no lease, like an adjustment (the SKU's row

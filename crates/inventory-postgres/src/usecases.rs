@@ -4,6 +4,7 @@
 //! together with its outbox event, its ledger movements and its stored outcome.
 //!
 //! - `stock` — adjust, count (one or a batch), transfer, levels, movements, locations.
+//! - `states` — a (SKU, location)'s policy and its units moved between states.
 //! - `reserve` — `Reserve` one request per transaction; confirm, release, extend, read, list.
 //! - `batch` — coalesced `Reserve`s: many single-line requests of several SKUs in one
 //!   transaction.
@@ -38,6 +39,7 @@ mod holds;
 pub(crate) mod keyed;
 mod reserve;
 pub mod retention;
+pub(crate) mod states;
 mod stock;
 pub(crate) mod subscriptions;
 pub mod verify;

@@ -36,6 +36,7 @@ fn stock(rows: &[(&str, i64, i64)]) -> SkuStock {
             reserved: *reserved,
             version: 3,
             location: Some(id(l)),
+            states: Default::default(),
         })
         .collect();
     SkuStock {

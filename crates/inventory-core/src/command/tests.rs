@@ -12,6 +12,7 @@ fn adjust(sku: &str, delta: i64, key: &str, reason: &str) -> AdjustStock {
         reason: Reason::parse(reason).unwrap(),
         expected_version: None,
         location: LocationId::default_location(),
+        state: None,
     }
 }
 

@@ -19,10 +19,11 @@ pub enum EventKind {
     OutOfStock,
     BackInStock,
     StockTransferred,
+    StockStateChanged,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 11] = [
+    pub const ALL: [EventKind; 12] = [
         Self::StockAdjusted,
         Self::Reservation(ReservationEvent::Held),
         Self::Reservation(ReservationEvent::Confirmed),
@@ -34,6 +35,7 @@ impl EventKind {
         Self::OutOfStock,
         Self::BackInStock,
         Self::StockTransferred,
+        Self::StockStateChanged,
     ];
 
     /// The name after `EVENT_TYPE_` in the API (`RESERVATION_HELD`).
@@ -45,6 +47,7 @@ impl EventKind {
             Self::OutOfStock => "OUT_OF_STOCK",
             Self::BackInStock => "BACK_IN_STOCK",
             Self::StockTransferred => "STOCK_TRANSFERRED",
+            Self::StockStateChanged => "STOCK_STATE_CHANGED",
         }
     }
 
@@ -58,6 +61,7 @@ impl Change {
         match self {
             Self::StockAdjusted { .. } => EventKind::StockAdjusted,
             Self::StockTransferred { .. } => EventKind::StockTransferred,
+            Self::StockStateChanged { .. } => EventKind::StockStateChanged,
             Self::Reservation { what, .. } => EventKind::Reservation(*what),
             Self::Availability {
                 out_of_stock: true, ..
@@ -72,6 +76,7 @@ impl Change {
         let (one, lines) = match self {
             Self::StockAdjusted { sku, .. }
             | Self::StockTransferred { sku, .. }
+            | Self::StockStateChanged { sku, .. }
             | Self::Availability { sku, .. } => (Some(sku), None),
             Self::Reservation { lines, .. } | Self::ReservationExtended { lines, .. } => {
                 (None, Some(lines))
@@ -101,6 +106,9 @@ impl Change {
                 Some(level) => level.location.as_ref() == Some(location),
                 None => location.as_str() == LocationId::DEFAULT,
             },
+            Self::StockStateChanged { location_level, .. } => {
+                location_level.location.as_ref() == Some(location)
+            }
             Self::StockTransferred { from, to, .. } => {
                 from.location.as_ref() == Some(location) || to.location.as_ref() == Some(location)
             }

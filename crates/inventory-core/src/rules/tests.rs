@@ -16,6 +16,7 @@ fn level(on_hand: i64, reserved: i64, version: i64) -> StockLevel {
         reserved,
         version,
         location: None,
+        states: Default::default(),
     }
 }
 
@@ -28,6 +29,7 @@ fn adjust(delta: i64) -> AdjustStock {
         reason: Reason::parse("r").unwrap(),
         expected_version: None,
         location: LocationId::default_location(),
+        state: None,
     }
 }
 

@@ -14,20 +14,34 @@ use deadpool_postgres::{GenericClient, Transaction};
 use inventory_core::{
     Error,
     command::{ListStockMovements, MovementPage},
-    domain::{LocationId, Movement, MovementKind, OrderId, ReservationId, Sku, StockLevel},
+    domain::{LocationId, Movement, MovementKind, OrderId, ReservationId, Sku, States, StockLevel},
 };
-use serde_json::json;
 use uuid::Uuid;
 
 use crate::tables::stock::Moved;
 
+/// The state deltas (`$14`) and levels (`$15`) come seven per movement, in
+/// [`States::to_array`] order.
 pub(crate) const APPEND: &str = "
     INSERT INTO stock_movements
         (sku, version, kind, on_hand_delta, reserved_delta, on_hand, reserved, reason, actor,
-         reservation_id, order_id, idempotency_key, location_id)
-    SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[],
-                         $6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::uuid[],
-                         $11::text[], $12::text[], $13::text[])";
+         reservation_id, order_id, idempotency_key, location_id, receipt_id,
+         damaged_delta, quality_control_delta, safety_stock_delta, backorder_limit_delta,
+         backordered_delta, preordered_delta, incoming_delta,
+         damaged, quality_control, safety_stock, backorder_limit, backordered, preordered,
+         incoming)
+    SELECT u.sku, u.version, u.kind, u.on_hand_delta, u.reserved_delta, u.on_hand, u.reserved,
+           u.reason, u.actor, u.reservation_id, u.order_id, u.idempotency_key, u.location_id,
+           u.receipt_id,
+           d[o], d[o + 1], d[o + 2], d[o + 3], d[o + 4], d[o + 5], d[o + 6],
+           l[o], l[o + 1], l[o + 2], l[o + 3], l[o + 4], l[o + 5], l[o + 6]
+    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[],
+                $6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::uuid[],
+                $11::text[], $12::text[], $13::text[], $16::text[])
+        WITH ORDINALITY AS u(sku, version, kind, on_hand_delta, reserved_delta, on_hand,
+                             reserved, reason, actor, reservation_id, order_id,
+                             idempotency_key, location_id, receipt_id, n),
+        LATERAL (SELECT $14::bigint[] AS d, $15::bigint[] AS l, u.n::integer * 7 - 6 AS o) x";
 
 const APPEND_AVAILABILITY: &str = "
     INSERT INTO outbox (event_id, event_type, sku, payload)
@@ -35,7 +49,12 @@ const APPEND_AVAILABILITY: &str = "
 
 const PAGE: &str = "
     SELECT version, kind, on_hand_delta, reserved_delta, on_hand, reserved, reason, actor,
-           reservation_id, order_id, idempotency_key, occurred_at, location_id
+           reservation_id, order_id, idempotency_key, occurred_at, location_id,
+           damaged_delta, quality_control_delta, safety_stock_delta, backorder_limit_delta,
+           backordered_delta, preordered_delta, incoming_delta,
+           coalesce(damaged, 0), coalesce(quality_control, 0), coalesce(safety_stock, 0),
+           coalesce(backorder_limit, 0), coalesce(backordered, 0), coalesce(preordered, 0),
+           coalesce(incoming, 0), receipt_id
     FROM stock_movements WHERE sku = $1 AND version > $2 ORDER BY version LIMIT $3";
 
 const SKU_EXISTS: &str = "
@@ -77,6 +96,9 @@ pub(crate) struct NewMovement<'a> {
     pub total: StockLevel,
     pub on_hand_delta: i64,
     pub reserved_delta: i64,
+    pub states_delta: States,
+    /// The receipt the movement belongs to.
+    pub receipt: Option<&'a str>,
     pub cause: Cause<'a>,
 }
 
@@ -88,8 +110,22 @@ impl<'a> NewMovement<'a> {
             total: moved.total.clone(),
             on_hand_delta: on_hand,
             reserved_delta: reserved,
+            states_delta: States::default(),
+            receipt: None,
             cause: Cause::default(),
         }
+    }
+
+    /// With the states' deltas.
+    pub fn with_states(mut self, delta: States) -> Self {
+        self.states_delta = delta;
+        self
+    }
+
+    /// Belonging to a receipt.
+    pub fn of_receipt(mut self, receipt: &'a str) -> Self {
+        self.receipt = Some(receipt);
+        self
     }
 
     pub fn because(mut self, cause: Cause<'a>) -> Self {
@@ -111,7 +147,13 @@ impl<'a> NewMovement<'a> {
     /// The SKU's `available` (over every location: a storefront sells the SKU, not a
     /// location's units) before the change.
     fn available_before(&self) -> i64 {
-        self.total.available() - (self.on_hand_delta - self.reserved_delta)
+        StockLevel {
+            on_hand: self.total.on_hand - self.on_hand_delta,
+            reserved: self.total.reserved - self.reserved_delta,
+            states: self.total.states.minus(&self.states_delta),
+            ..self.total.clone()
+        }
+        .available()
     }
 }
 
@@ -142,13 +184,7 @@ pub(crate) async fn append(
         .collect();
     let payloads: Vec<serde_json::Value> = crossings
         .iter()
-        .map(|(m, _)| {
-            json!({
-                "on_hand": m.total.on_hand,
-                "reserved": m.total.reserved,
-                "version": m.total.version,
-            })
-        })
+        .map(|(m, _)| crate::tables::outbox::level_payload(&m.total))
         .collect();
     tx.execute(&statement, &[&ids, &types, &skus, &payloads])
         .await?;
@@ -203,6 +239,9 @@ struct Columns<'a> {
     order_ids: Vec<Option<&'a str>>,
     keys: Vec<Option<&'a str>>,
     locations: Vec<&'a str>,
+    state_deltas: Vec<i64>,
+    state_levels: Vec<i64>,
+    receipts: Vec<Option<&'a str>>,
 }
 
 impl<'a> Columns<'a> {
@@ -227,9 +266,12 @@ impl<'a> Columns<'a> {
                 .as_ref()
                 .map_or(LocationId::DEFAULT, LocationId::as_str),
         );
+        self.state_deltas.extend(m.states_delta.to_array());
+        self.state_levels.extend(m.level.states.to_array());
+        self.receipts.push(m.receipt);
     }
 
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 16] {
         [
             &self.skus,
             &self.versions,
@@ -244,6 +286,9 @@ impl<'a> Columns<'a> {
             &self.order_ids,
             &self.keys,
             &self.locations,
+            &self.state_deltas,
+            &self.state_levels,
+            &self.receipts,
         ]
     }
 }
@@ -289,6 +334,13 @@ fn movement(sku: &Sku, row: &tokio_postgres::Row) -> Result<Movement, Error> {
     let reservation_id: Option<Uuid> = row.try_get(8).map_err(get_err)?;
     let order_id: Option<&str> = row.try_get(9).map_err(get_err)?;
     let location: &str = row.try_get(12).map_err(get_err)?;
+    let states = |first: usize| -> Result<States, Error> {
+        let mut counts = [0; 7];
+        for (i, count) in counts.iter_mut().enumerate() {
+            *count = row.try_get(first + i).map_err(get_err)?;
+        }
+        Ok(States::from_array(counts))
+    };
     Ok(Movement {
         kind: MovementKind::parse(kind)
             .ok_or_else(|| Error::internal(format!("unknown movement kind {kind:?}")))?,
@@ -298,9 +350,12 @@ fn movement(sku: &Sku, row: &tokio_postgres::Row) -> Result<Movement, Error> {
             reserved: row.try_get(5).map_err(get_err)?,
             version: row.try_get(0).map_err(get_err)?,
             location: Some(LocationId::parse(location).map_err(Error::internal)?),
+            states: states(20)?,
         },
         on_hand_delta: row.try_get(2).map_err(get_err)?,
         reserved_delta: row.try_get(3).map_err(get_err)?,
+        states_delta: states(13)?,
+        receipt_id: row.try_get(27).map_err(get_err)?,
         reason: row.try_get(6).map_err(get_err)?,
         actor: row.try_get(7).map_err(get_err)?,
         reservation_id: reservation_id.map(ReservationId::from_uuid),

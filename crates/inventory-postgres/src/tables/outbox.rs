@@ -23,6 +23,7 @@ pub(crate) const APPEND_RESERVATION_EVENTS: &str = "
 
 pub(crate) const STOCK_ADJUSTED: &str = "STOCK_ADJUSTED";
 pub(crate) const STOCK_TRANSFERRED: &str = "STOCK_TRANSFERRED";
+pub(crate) const STOCK_STATE_CHANGED: &str = "STOCK_STATE_CHANGED";
 pub(crate) const RESERVATION_EXTENDED: &str = "RESERVATION_EXTENDED";
 
 /// Appends the event of a change (`what`) that left `reservation` as it now is, with the
@@ -177,6 +178,9 @@ pub(crate) fn level_payload(level: &StockLevel) -> serde_json::Value {
     });
     if let Some(location) = &level.location {
         payload["location_id"] = json!(location.as_str());
+    }
+    if !level.states.is_zero() {
+        payload["states"] = json!(level.states.to_array());
     }
     payload
 }

@@ -16,29 +16,33 @@ use deadpool_postgres::{GenericClient, Transaction};
 use inventory_core::{
     Error,
     allocation::{Placement, SkuStock},
-    domain::{FenceToken, LocationId, Sku, StockLevel},
+    domain::{FenceToken, LocationId, Sku, States, StockLevel},
 };
 use tokio_postgres::Row;
 
 use crate::{plumbing::error::from_db, plumbing::plans};
 
-const LOCK_ONE: &str = "SELECT on_hand, reserved, version FROM stock WHERE sku = $1 FOR UPDATE";
+const LOCK_ONE: &str = "
+    SELECT on_hand, reserved, version, damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming
+    FROM stock WHERE sku = $1 FOR UPDATE";
 
 const READ_LOCATION: &str = "
-    SELECT on_hand, reserved, version FROM stock_locations WHERE sku = $1 AND location_id = $2";
+    SELECT on_hand, reserved, version, damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming
+    FROM stock_locations WHERE sku = $1 AND location_id = $2";
 
 /// A SKU's first stock, at one location. Nothing comes back when another transaction created
 /// the SKU meanwhile.
 const CREATE: &str = "
     WITH s AS (
-        INSERT INTO stock (sku, on_hand)
-        SELECT $1::text, $3::bigint WHERE inventory_writer_gate($4)
+        INSERT INTO stock (sku, on_hand, damaged, quality_control)
+        SELECT $1::text, $3::bigint, $5::bigint, $6::bigint WHERE inventory_writer_gate($4)
         ON CONFLICT (sku) DO NOTHING
-        RETURNING sku, on_hand, reserved, version
+        RETURNING sku, on_hand, reserved, version, damaged, quality_control
     )
-    INSERT INTO stock_locations (sku, location_id, on_hand, reserved, version)
-    SELECT sku, $2, on_hand, reserved, version FROM s
-    RETURNING on_hand, reserved, version";
+    INSERT INTO stock_locations
+        (sku, location_id, on_hand, reserved, version, damaged, quality_control)
+    SELECT sku, $2, on_hand, reserved, version, damaged, quality_control FROM s
+    RETURNING on_hand, reserved, version, damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming";
 
 /// A location's first row for a SKU whose row is locked: nothing there yet.
 const ADD_LOCATION: &str = "
@@ -51,10 +55,10 @@ const ADD_LOCATION: &str = "
 /// that waited for the lock is dated from when it could act.
 pub(crate) const LOCK_MANY: &str = "
     WITH locked AS MATERIALIZED (
-        SELECT sku, on_hand, reserved, version, fence_token FROM stock
-        WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\" FOR UPDATE)
-    SELECT sku, clock_timestamp(), on_hand, reserved, version, fence_token FROM locked
-    ORDER BY sku COLLATE \"C\"";
+        SELECT sku, on_hand, reserved, version, fence_token, damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming
+        FROM stock WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\" FOR UPDATE)
+    SELECT sku, clock_timestamp(), on_hand, reserved, version, fence_token, damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming
+    FROM locked ORDER BY sku COLLATE \"C\"";
 
 /// Of `skus`, the rows nobody holds locked, locked now (in SKU order); the others are
 /// skipped, not waited for.
@@ -75,31 +79,57 @@ pub(crate) const APPLY: &str = "
         UPDATE stock s
         SET on_hand = s.on_hand + u.on_hand, reserved = s.reserved + u.reserved,
             version = s.version + u.movements, fence_token = coalesce(u.fence, s.fence_token),
+            damaged = s.damaged + u.st[1], quality_control = s.quality_control + u.st[2],
+            safety_stock = s.safety_stock + u.st[3],
+            backorder_limit = s.backorder_limit + u.st[4],
+            backordered = s.backordered + u.st[5], preordered = s.preordered + u.st[6],
+            incoming = s.incoming + u.st[7],
             updated_at = clock_timestamp()
-        FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[])
-            AS u(sku, on_hand, reserved, movements, fence), gate
+        FROM (SELECT u.*, $13::bigint[] AS all_states
+              FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[])
+                  WITH ORDINALITY AS u(sku, on_hand, reserved, movements, fence, n)) v,
+            LATERAL (SELECT v.sku, v.on_hand, v.reserved, v.movements, v.fence,
+                            v.all_states[v.n * 7 - 6 : v.n * 7] AS st) u,
+            gate
         WHERE s.sku = u.sku AND gate.open AND (u.fence IS NULL OR s.fence_token < u.fence)
-        RETURNING s.sku, s.on_hand, s.reserved, s.version
+        RETURNING s.sku, s.on_hand, s.reserved, s.version, s.damaged, s.quality_control,
+                  s.safety_stock, s.backorder_limit, s.backordered, s.preordered, s.incoming
     ), l AS (
         UPDATE stock_locations l
         SET on_hand = l.on_hand + u.on_hand, reserved = l.reserved + u.reserved,
             version = t.version - u.later, fence_token = coalesce(u.fence, l.fence_token),
+            damaged = l.damaged + u.st[1], quality_control = l.quality_control + u.st[2],
+            safety_stock = l.safety_stock + u.st[3],
+            backorder_limit = l.backorder_limit + u.st[4],
+            backordered = l.backordered + u.st[5], preordered = l.preordered + u.st[6],
+            incoming = l.incoming + u.st[7],
             updated_at = clock_timestamp()
-        FROM unnest($6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::bigint[],
-                    $11::bigint[]) AS u(sku, location_id, on_hand, reserved, later, fence)
+        FROM (SELECT v.*, $14::bigint[] AS all_states
+              FROM unnest($6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::bigint[],
+                          $11::bigint[])
+                  WITH ORDINALITY AS v(sku, location_id, on_hand, reserved, later, fence, n)) v,
+            LATERAL (SELECT v.sku, v.location_id, v.on_hand, v.reserved, v.later, v.fence,
+                            v.all_states[v.n * 7 - 6 : v.n * 7] AS st) u
             JOIN t ON t.sku = u.sku
         WHERE l.sku = u.sku AND l.location_id = u.location_id
           AND (u.fence IS NULL OR l.fence_token < u.fence)
-        RETURNING l.sku, l.location_id, l.on_hand, l.reserved, l.version
+        RETURNING l.sku, l.location_id, l.on_hand, l.reserved, l.version, l.damaged,
+                  l.quality_control, l.safety_stock, l.backorder_limit, l.backordered,
+                  l.preordered, l.incoming
     )
-    SELECT sku, NULL::text, on_hand, reserved, version FROM t
+    SELECT sku, NULL::text, on_hand, reserved, version, damaged, quality_control,
+           safety_stock, backorder_limit, backordered, preordered, incoming FROM t
     UNION ALL
-    SELECT sku, location_id, on_hand, reserved, version FROM l";
+    SELECT sku, location_id, on_hand, reserved, version, damaged, quality_control,
+           safety_stock, backorder_limit, backordered, preordered, incoming FROM l";
 
-const READ_MANY: &str = "SELECT sku, on_hand, reserved, version FROM stock WHERE sku = ANY($1)";
+const READ_MANY: &str = "
+    SELECT sku, on_hand, reserved, version, damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming
+    FROM stock WHERE sku = ANY($1)";
 
 pub(crate) const READ_LOCATIONS_MANY: &str = "
-    SELECT sku, location_id, on_hand, reserved, version FROM stock_locations
+    SELECT sku, location_id, on_hand, reserved, version, damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming
+    FROM stock_locations
     WHERE sku = ANY($1) ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\"";
 
 /// The SKU's row, locked until the transaction ends; `None` if there is no such SKU.
@@ -132,7 +162,7 @@ pub(crate) async fn create(
     tx: &Transaction<'_>,
     sku: &Sku,
     location: &LocationId,
-    on_hand: i64,
+    first: &StockLevel,
 ) -> Result<Option<StockLevel>, tokio_postgres::Error> {
     let statement = tx.prepare_cached(CREATE).await?;
     let row = tx
@@ -141,8 +171,10 @@ pub(crate) async fn create(
             &[
                 &sku.as_str(),
                 &location.as_str(),
-                &on_hand,
+                &first.on_hand,
                 &crate::plumbing::migrate::RELEASE,
+                &first.states.damaged,
+                &first.states.quality_control,
             ],
         )
         .await?;
@@ -212,12 +244,15 @@ pub(crate) async fn lock_many(
         let sku = parse_sku(row)?;
         let entry = SkuStock {
             now: row.try_get(1).map_err(Error::internal)?,
-            total: StockLevel::total(
-                sku.clone(),
-                row.try_get(2).map_err(Error::internal)?,
-                row.try_get(3).map_err(Error::internal)?,
-                row.try_get(4).map_err(Error::internal)?,
-            ),
+            total: StockLevel {
+                states: states_at(row, 6),
+                ..StockLevel::total(
+                    sku.clone(),
+                    row.try_get(2).map_err(Error::internal)?,
+                    row.try_get(3).map_err(Error::internal)?,
+                    row.try_get(4).map_err(Error::internal)?,
+                )
+            },
             fence: FenceToken::new(row.try_get(5).map_err(Error::internal)?),
             at: Vec::new(),
         };
@@ -239,6 +274,7 @@ pub(crate) struct StockMove<'a> {
     pub location: &'a LocationId,
     pub on_hand: i64,
     pub reserved: i64,
+    pub states: States,
 }
 
 impl<'a> StockMove<'a> {
@@ -249,6 +285,7 @@ impl<'a> StockMove<'a> {
             location: &placement.location,
             on_hand: 0,
             reserved: placement.units,
+            states: States::default(),
         }
     }
 }
@@ -309,24 +346,26 @@ pub(crate) async fn apply(
     };
     // Per SKU: deltas and movements; per (SKU, location): deltas and the SKU's movements
     // after its last one. Both in (SKU, location) order.
-    let mut totals: Vec<(&Sku, i64, i64, i64)> = Vec::new();
-    let mut rows: Vec<(&Sku, &LocationId, i64, i64, usize)> = Vec::new();
+    let mut totals: Vec<(&Sku, i64, i64, i64, States)> = Vec::new();
+    let mut rows: Vec<(&Sku, &LocationId, i64, i64, usize, States)> = Vec::new();
     for (index, m) in moves.iter().enumerate() {
         match totals.iter_mut().find(|t| t.0 == m.sku) {
             Some(t) => {
                 t.1 += m.on_hand;
                 t.2 += m.reserved;
                 t.3 += 1;
+                t.4 = t.4.plus(&m.states);
             }
-            None => totals.push((m.sku, m.on_hand, m.reserved, 1)),
+            None => totals.push((m.sku, m.on_hand, m.reserved, 1, m.states)),
         }
         match rows.iter_mut().find(|r| r.0 == m.sku && r.1 == m.location) {
             Some(r) => {
                 r.2 += m.on_hand;
                 r.3 += m.reserved;
                 r.4 = index;
+                r.5 = r.5.plus(&m.states);
             }
-            None => rows.push((m.sku, m.location, m.on_hand, m.reserved, index)),
+            None => rows.push((m.sku, m.location, m.on_hand, m.reserved, index, m.states)),
         }
     }
     totals.sort_by(|a, b| a.0.cmp(b.0));
@@ -345,12 +384,14 @@ pub(crate) async fn apply(
     let t_res: Vec<i64> = totals.iter().map(|t| t.2).collect();
     let t_moves: Vec<i64> = totals.iter().map(|t| t.3).collect();
     let t_fences: Vec<Option<i64>> = totals.iter().map(|t| fence_of(t.0)).collect();
+    let t_states: Vec<i64> = totals.iter().flat_map(|t| t.4.to_array()).collect();
     let l_skus: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
     let l_locations: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     let l_on: Vec<i64> = rows.iter().map(|r| r.2).collect();
     let l_res: Vec<i64> = rows.iter().map(|r| r.3).collect();
     let l_later: Vec<i64> = rows.iter().map(|r| later(r.0, r.4)).collect();
     let l_fences: Vec<Option<i64>> = rows.iter().map(|r| fence_of(r.0)).collect();
+    let l_states: Vec<i64> = rows.iter().flat_map(|r| r.5.to_array()).collect();
     // `biased`: the SKUs' rows are locked in SKU order before the update (an array update
     // locks in whatever order its join yields); their locks cover their location rows.
     let lock_first = async {
@@ -360,7 +401,7 @@ pub(crate) async fn apply(
         tx.query(&lock, &[&t_skus]).await
     };
     let release = crate::plumbing::migrate::RELEASE;
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
         &t_skus,
         &t_on,
         &t_res,
@@ -373,6 +414,8 @@ pub(crate) async fn apply(
         &l_later,
         &l_fences,
         &release,
+        &t_states,
+        &l_states,
     ];
     let (_, answered) = plans::generic(tx, async {
         tokio::try_join!(biased; lock_first, tx.query(&apply, &params))
@@ -392,18 +435,22 @@ pub(crate) async fn apply(
     let mut running_totals: HashMap<&str, StockLevel> = HashMap::with_capacity(totals.len());
     for row in total_rows {
         let sku: &str = row.try_get(0).map_err(Error::internal)?;
-        let (sku_ref, on, res, count) = totals
+        let (sku_ref, on, res, count, states) = totals
             .iter()
             .find(|t| t.0.as_str() == sku)
             .copied()
             .ok_or_else(|| Error::internal("a total that was not moved"))?;
-        let after = total_at(sku_ref, row, 2);
+        let after = StockLevel {
+            states: states_at(row, 5),
+            ..total_at(sku_ref, row, 2)
+        };
         running_totals.insert(
             sku_ref.as_str(),
             StockLevel {
                 on_hand: after.on_hand - on,
                 reserved: after.reserved - res,
                 version: after.version - count,
+                states: after.states.minus(&states),
                 ..after
             },
         );
@@ -411,7 +458,7 @@ pub(crate) async fn apply(
     let mut running_at: HashMap<(&str, &str), StockLevel> = HashMap::with_capacity(rows.len());
     for row in location_rows {
         let after = location_level(row)?;
-        let (sku_ref, location, on, res, _) = rows
+        let (sku_ref, location, on, res, _, states) = rows
             .iter()
             .find(|r| Some(r.1) == after.location.as_ref() && *r.0 == after.sku)
             .copied()
@@ -421,6 +468,7 @@ pub(crate) async fn apply(
             StockLevel {
                 on_hand: after.on_hand - on,
                 reserved: after.reserved - res,
+                states: after.states.minus(&states),
                 ..after
             },
         );
@@ -433,11 +481,13 @@ pub(crate) async fn apply(
         total.on_hand += m.on_hand;
         total.reserved += m.reserved;
         total.version += 1;
+        total.states = total.states.plus(&m.states);
         let level = running_at
             .get_mut(&(m.sku.as_str(), m.location.as_str()))
             .expect("every moved location is answered");
         level.on_hand += m.on_hand;
         level.reserved += m.reserved;
+        level.states = level.states.plus(&m.states);
         level.version = total.version;
         moved.push(Moved {
             level: level.clone(),
@@ -474,14 +524,26 @@ pub(crate) async fn read_locations_many(
     rows.iter().map(location_level).collect()
 }
 
-/// `(on_hand, reserved, version)` from column `first` on.
+/// `(on_hand, reserved, version)` from column `first` on, and the states after them.
 fn total_at(sku: &Sku, row: &Row, first: usize) -> StockLevel {
-    StockLevel::total(
-        sku.clone(),
-        row.get(first),
-        row.get(first + 1),
-        row.get(first + 2),
-    )
+    StockLevel {
+        states: states_at(row, first + 3),
+        ..StockLevel::total(
+            sku.clone(),
+            row.get(first),
+            row.get(first + 1),
+            row.get(first + 2),
+        )
+    }
+}
+
+/// The seven state columns from column `first` on, in [`States::to_array`] order.
+pub(crate) fn states_at(row: &Row, first: usize) -> States {
+    let mut counts = [0; 7];
+    for (i, count) in counts.iter_mut().enumerate() {
+        *count = row.get(first + i);
+    }
+    States::from_array(counts)
 }
 
 fn total(sku: &Sku, row: &Row) -> StockLevel {
@@ -495,7 +557,7 @@ fn at(sku: &Sku, location: &LocationId, row: &Row) -> StockLevel {
     }
 }
 
-/// `(sku, location_id, on_hand, reserved, version)`.
+/// `(sku, location_id, on_hand, reserved, version, states...)`.
 fn location_level(row: &Row) -> Result<StockLevel, Error> {
     let sku = parse_sku(row)?;
     let location: &str = row.try_get(1).map_err(Error::internal)?;

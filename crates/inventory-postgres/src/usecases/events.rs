@@ -17,7 +17,7 @@ use inventory_core::{
     Error,
     domain::{
         Allocation, LocationId, OrderId, Quantity, ReservationId, ReservationLine,
-        ReservationState, Sku, StockLevel,
+        ReservationState, Sku, States, StockLevel,
     },
     events::{Change, Epoch, EpochId, Event, ReservationEvent, StreamBounds},
     ports::{EventStore, HeadFeed, Subscription},
@@ -296,6 +296,9 @@ struct StockPayload {
     /// The changed location's level; absent before locations existed.
     #[serde(default)]
     location: Option<LevelPayload>,
+    /// The total's states; absent while all are 0, and before states existed.
+    #[serde(default)]
+    states: Option<[i64; 7]>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -349,6 +352,9 @@ struct AvailabilityPayload {
     on_hand: i64,
     reserved: i64,
     version: i64,
+    /// Absent while every state is 0, and in events written before states existed.
+    #[serde(default)]
+    states: Option<[i64; 7]>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -362,6 +368,9 @@ struct LevelPayload {
     /// A location's level; absent in a SKU's total.
     #[serde(default)]
     location_id: Option<String>,
+    /// Absent while every state is 0, and in events written before states existed.
+    #[serde(default)]
+    states: Option<[i64; 7]>,
 }
 
 impl LevelPayload {
@@ -376,6 +385,7 @@ impl LevelPayload {
                 .as_deref()
                 .map(LocationId::parse)
                 .transpose()?,
+            states: self.states.map(States::from_array).unwrap_or_default(),
         })
     }
 }
@@ -397,12 +407,15 @@ fn event(row: &Row) -> Result<Event, Error> {
             serde_json::from_value(payload).map_err(Error::internal)?;
         Change::Availability {
             out_of_stock: event_type == crate::tables::ledger::OUT_OF_STOCK,
-            level: StockLevel::total(
-                sku.clone(),
-                payload.on_hand,
-                payload.reserved,
-                payload.version,
-            ),
+            level: StockLevel {
+                states: payload.states.map(States::from_array).unwrap_or_default(),
+                ..StockLevel::total(
+                    sku.clone(),
+                    payload.on_hand,
+                    payload.reserved,
+                    payload.version,
+                )
+            },
             sku,
         }
     } else if event_type == crate::tables::outbox::STOCK_TRANSFERRED {
@@ -416,18 +429,30 @@ fn event(row: &Row) -> Result<Event, Error> {
             from: payload.from.level().map_err(invalid)?,
             to: payload.to.level().map_err(invalid)?,
         }
+    } else if event_type == crate::tables::outbox::STOCK_STATE_CHANGED {
+        let payload: crate::usecases::states::StateChangedPayload =
+            serde_json::from_value(payload).map_err(Error::internal)?;
+        let level = |value: serde_json::Value| {
+            serde_json::from_value::<LevelPayload>(value)
+                .map_err(|e| e.to_string())?
+                .level()
+        };
+        payload.change(sku()?, level).map_err(invalid)?
     } else if event_type == crate::tables::outbox::STOCK_ADJUSTED {
         let sku = sku()?;
         let payload: StockPayload = serde_json::from_value(payload).map_err(Error::internal)?;
         Change::StockAdjusted {
             delta: payload.delta,
             reason: payload.reason,
-            level: StockLevel::total(
-                sku.clone(),
-                payload.on_hand,
-                payload.reserved,
-                payload.version,
-            ),
+            level: StockLevel {
+                states: payload.states.map(States::from_array).unwrap_or_default(),
+                ..StockLevel::total(
+                    sku.clone(),
+                    payload.on_hand,
+                    payload.reserved,
+                    payload.version,
+                )
+            },
             location_level: payload
                 .location
                 .map(LevelPayload::level)

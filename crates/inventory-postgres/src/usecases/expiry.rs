@@ -250,6 +250,7 @@ pub(crate) async fn end_holds(
             location: &m.location,
             on_hand: 0,
             reserved: -m.units,
+            states: Default::default(),
         })
         .collect();
     let ended_now: Vec<&Reservation> = changes.iter().map(|c| &c.after).collect();

@@ -308,6 +308,7 @@ impl PgStore {
                     Settle::Release => 0,
                 },
                 reserved: -m.units,
+                states: Default::default(),
             })
             .collect();
         let moved = stock::apply(tx, &moves, &[], false).await?;

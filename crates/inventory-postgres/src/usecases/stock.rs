@@ -6,10 +6,10 @@ use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
     command::{
-        AdjustStock, BatchSetStock, GetStock, ListStockMovements, MovementPage, SetStock,
-        StockLevels, TransferStock, Transferred,
+        AdjustStock, BatchSetStock, GetStock, ListStockMovements, MoveStockState, MovementPage,
+        SetStock, SetStockPolicy, StockLevels, TransferStock, Transferred,
     },
-    domain::{Location, LocationId, MovementKind, Sku, StockLevel},
+    domain::{Location, LocationId, MovementKind, Sku, States, StockLevel, StockState},
     ports::StockStore,
     rules,
 };
@@ -47,6 +47,7 @@ impl StockStore for PgStore {
                     MovementKind::Adjusted,
                     moved,
                     command.delta.get(),
+                    command.state,
                     Cause::call(
                         command.caller.as_str(),
                         command.reason.as_str(),
@@ -87,6 +88,7 @@ impl StockStore for PgStore {
                     MovementKind::Set,
                     moved,
                     *delta,
+                    command.state,
                     Cause::call(
                         command.caller.as_str(),
                         command.reason.as_str(),
@@ -210,6 +212,14 @@ impl StockStore for PgStore {
         .await
     }
 
+    async fn set_stock_policy(&self, command: &SetStockPolicy) -> Result<StockLevel, Error> {
+        self.set_policy(command).await
+    }
+
+    async fn move_stock_state(&self, command: &MoveStockState) -> Result<StockLevel, Error> {
+        self.move_state(command).await
+    }
+
     #[tracing::instrument(name = "sql.upsert_location", skip_all, fields(location = %location.id))]
     async fn upsert_location(&self, location: &Location) -> Result<Location, Error> {
         self.bounded(async {
@@ -231,7 +241,7 @@ impl StockStore for PgStore {
 /// Refuses a location that does not exist, before anything is written (and nothing is
 /// stored with the key: once the location is created, the same call goes through). Every
 /// deployment has `default`, which needs no read.
-async fn known_locations<'a>(
+pub(crate) async fn known_locations<'a>(
     tx: &deadpool_postgres::Transaction<'_>,
     wanted: impl IntoIterator<Item = &'a LocationId>,
 ) -> Result<(), Error> {
@@ -246,6 +256,11 @@ async fn known_locations<'a>(
     wanted
         .into_iter()
         .try_for_each(|location| locations::check(&all, location))
+}
+
+/// The states of a location's row before a change (none: no row yet).
+fn at_or_default(at: Option<&StockLevel>) -> States {
+    at.map(|level| level.states).unwrap_or_default()
 }
 
 /// A SKU created by its first change at `location`: the total and the location are equal.
@@ -267,6 +282,7 @@ async fn move_on_hand(
     location: &LocationId,
     had_row: bool,
     delta: i64,
+    states: States,
 ) -> Result<Moved, Error> {
     if !had_row {
         stock::add_location(tx, sku, location)
@@ -278,6 +294,7 @@ async fn move_on_hand(
         location,
         on_hand: delta,
         reserved: 0,
+        states,
     }];
     let mut moved = stock::apply(tx, &moves, &[], true).await?;
     Ok(moved.remove(0))
@@ -309,7 +326,7 @@ async fn lock_or_create(
         Ok(first) => first,
         Err(refusal) => return Ok(Locked::Refused(refusal)),
     };
-    if let Some(level) = stock::create(tx, sku, location, first.on_hand)
+    if let Some(level) = stock::create(tx, sku, location, &first)
         .await
         .map_err(from_db)?
     {
@@ -362,7 +379,8 @@ async fn apply_count(
         }
         Ok(Some(decided)) => decided,
     };
-    let moved = move_on_hand(tx, sku, location, at.is_some(), delta).await?;
+    let states = at_after.states.minus(&at_or_default(at.as_ref()));
+    let moved = move_on_hand(tx, sku, location, at.is_some(), delta, states).await?;
     debug_assert_eq!(
         (&moved.total, &moved.level),
         (&total_after, &at_after),
@@ -407,9 +425,14 @@ async fn apply_counts(
             Some(level) => level,
             // A count the core refuses for a missing SKU creates nothing; it is decided below.
             None if rules::set_stock(None, count).is_err() => continue,
-            None => match stock::create(tx, &count.sku, &count.location, count.on_hand)
-                .await
-                .map_err(from_db)?
+            None => match stock::create(
+                tx,
+                &count.sku,
+                &count.location,
+                &rules::set_stock(None, count)?,
+            )
+            .await
+            .map_err(from_db)?
             {
                 Some(level) => {
                     creating.push(index_of(count));
@@ -435,7 +458,7 @@ async fn apply_counts(
         .into_iter()
         .filter_map(|level| Some(((level.sku.clone(), level.location.clone()?), level)))
         .collect();
-    let mut changes: Vec<(usize, i64, bool)> = Vec::new();
+    let mut changes: Vec<(usize, i64, bool, States)> = Vec::new();
     for (index, count) in command.counts.iter().enumerate() {
         if creating.contains(&index) {
             continue;
@@ -466,12 +489,14 @@ async fn apply_counts(
             Ok(None) => {}
             Ok(Some((total_after, at_after, delta))) => {
                 *total = total_after;
-                let had_row = at.insert(key, at_after).is_some();
-                changes.push((index, delta, had_row));
+                let states = at_after.states;
+                let before = at.insert(key, at_after);
+                let states = states.minus(&at_or_default(before.as_ref()));
+                changes.push((index, delta, before.is_some(), states));
             }
         }
     }
-    for (index, _, had_row) in &changes {
+    for (index, _, had_row, _) in &changes {
         let count = &command.counts[*index];
         if !had_row {
             stock::add_location(tx, &count.sku, &count.location)
@@ -481,13 +506,14 @@ async fn apply_counts(
     }
     let moves: Vec<StockMove<'_>> = changes
         .iter()
-        .map(|(index, delta, _)| {
+        .map(|(index, delta, _, states)| {
             let count = &command.counts[*index];
             StockMove {
                 sku: &count.sku,
                 location: &count.location,
                 on_hand: *delta,
                 reserved: 0,
+                states: *states,
             }
         })
         .collect();
@@ -495,13 +521,10 @@ async fn apply_counts(
     let mut records = Vec::with_capacity(command.counts.len());
     for index in &creating {
         let count = &command.counts[*index];
-        let level = created(
-            StockLevel::total(count.sku.clone(), count.on_hand, 0, 1),
-            &count.location,
-        );
+        let level = created(rules::set_stock(None, count)?, &count.location);
         records.push((*index, level, count.on_hand));
     }
-    for ((index, delta, _), moved) in changes.iter().zip(moved) {
+    for ((index, delta, ..), moved) in changes.iter().zip(moved) {
         records.push((*index, moved, *delta));
     }
     // Each SKU's changes in version order: events and movements as they happened.
@@ -517,7 +540,7 @@ async fn apply_counts(
                 count.reason.as_str(),
                 Some(command.idempotency_key.as_str()),
             );
-            StockChange::new(MovementKind::Set, moved, *delta, cause)
+            StockChange::new(MovementKind::Set, moved, *delta, count.state, cause)
         })
         .collect();
     record_changes(tx, &recorded).await?;
@@ -562,6 +585,7 @@ async fn apply_transfer(
         location,
         on_hand,
         reserved: 0,
+        states: States::default(),
     };
     let mut moves = vec![
         side(&command.from, -command.quantity),
@@ -621,18 +645,31 @@ struct StockChange<'a> {
 }
 
 impl<'a> StockChange<'a> {
-    fn new(kind: MovementKind, moved: &Moved, delta: i64, cause: Cause<'a>) -> Self {
+    /// `delta` units of `on_hand` in `state` (`None`: sellable).
+    fn new(
+        kind: MovementKind,
+        moved: &Moved,
+        delta: i64,
+        state: Option<StockState>,
+        cause: Cause<'a>,
+    ) -> Self {
         let total = &moved.total;
+        let mut payload = json!({
+            "delta": delta,
+            "reason": cause.reason,
+            "on_hand": total.on_hand,
+            "reserved": total.reserved,
+            "version": total.version,
+            "location": outbox::level_payload(&moved.level),
+        });
+        if !total.states.is_zero() {
+            payload["states"] = json!(total.states.to_array());
+        }
         Self {
-            payload: json!({
-                "delta": delta,
-                "reason": cause.reason,
-                "on_hand": total.on_hand,
-                "reserved": total.reserved,
-                "version": total.version,
-                "location": outbox::level_payload(&moved.level),
-            }),
-            movement: NewMovement::new(kind, moved, delta, 0).because(cause),
+            payload,
+            movement: NewMovement::new(kind, moved, delta, 0)
+                .with_states(state.unwrap_or(StockState::Sellable).delta(delta))
+                .because(cause),
         }
     }
 }
@@ -673,7 +710,8 @@ async fn apply_adjustment(
         Err(refusal) => return Ok(Err(refusal)),
         Ok(decided) => decided,
     };
-    let moved = move_on_hand(tx, sku, location, at.is_some(), command.delta.get()).await?;
+    let states = at_after.states.minus(&at_or_default(at.as_ref()));
+    let moved = move_on_hand(tx, sku, location, at.is_some(), command.delta.get(), states).await?;
     debug_assert_eq!(
         (&moved.total, &moved.level),
         (&total_after, &at_after),

@@ -11,7 +11,10 @@
 //!    each SKU's last version is its `stock` row's, every row has movements, and each
 //!    `stock` row is the sum of its locations;
 //! 3. each (SKU, location)'s `reserved` is exactly what `HELD` reservations still hold
-//!    there.
+//!    there;
+//! 4. the states (unsellable units, policy, waiting and incoming units) the same way along
+//!    the ledger, against the rows and totals, and `backordered`, `preordered` and `incoming`
+//!    against the live holds and open receipts they count.
 
 /// Versions along each SKU, levels along each (SKU, location).
 const CHAIN: &str = "
@@ -75,11 +78,87 @@ const HELD: &str = "
     SELECT sku, coalesce(s.reserved, 0), coalesce(h.held, 0)::bigint, location_id
     FROM stock_locations s
     FULL JOIN (
-        SELECT l.sku, l.location_id, sum(l.quantity - l.confirmed - l.released) AS held
+        SELECT l.sku, l.location_id, sum(l.quantity - l.confirmed - l.released - l.backordered - l.preordered) AS held
         FROM reservation_lines l JOIN reservations r USING (reservation_id)
         WHERE r.state = 'HELD' GROUP BY l.sku, l.location_id
     ) h USING (sku, location_id)
     WHERE coalesce(s.reserved, 0) <> coalesce(h.held, 0)
+    ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\"";
+
+/// The states along each (SKU, location)'s movements, its row against its last movement,
+/// each SKU's total against its locations, and the waiting and incoming units against the
+/// reservations and receipts that make them up; each drift as `(sku, problem)`. The states
+/// are `[damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming]`.
+const STATES: &str = "
+    WITH c AS (
+        SELECT m.sku, m.version, m.kind, m.location_id,
+               ARRAY[coalesce(m.damaged, 0), coalesce(m.quality_control, 0), coalesce(m.safety_stock, 0), coalesce(m.backorder_limit, 0), coalesce(m.backordered, 0), coalesce(m.preordered, 0), coalesce(m.incoming, 0)] AS s,
+               lag(ARRAY[coalesce(m.damaged, 0), coalesce(m.quality_control, 0), coalesce(m.safety_stock, 0), coalesce(m.backorder_limit, 0), coalesce(m.backordered, 0), coalesce(m.preordered, 0), coalesce(m.incoming, 0)]) OVER at AS prev,
+               ARRAY[damaged_delta, quality_control_delta, safety_stock_delta, backorder_limit_delta, backordered_delta, preordered_delta, incoming_delta] AS d,
+               row_number() OVER (PARTITION BY m.sku, m.location_id ORDER BY m.version DESC) AS back
+        FROM stock_movements m
+        WINDOW at AS (PARTITION BY m.sku, m.location_id ORDER BY m.version)
+    ), chain AS (
+        SELECT c.sku, c.location_id,
+               format('version %s (%s) at %s: the states %s moved by %s are not the recorded %s',
+                      c.version, c.kind, c.location_id, coalesce(prev, '{0,0,0,0,0,0,0}'), d, s)
+        FROM c LEFT JOIN ledger_pruned p ON p.sku = c.sku
+        WHERE CASE WHEN prev IS NULL THEN p.through_version IS NULL AND s <> d
+                   ELSE s <> ARRAY[prev[1] + d[1], prev[2] + d[2], prev[3] + d[3],
+                                   prev[4] + d[4], prev[5] + d[5], prev[6] + d[6],
+                                   prev[7] + d[7]] END
+    ), last AS (
+        SELECT l.sku, l.location_id,
+               format('at %s the row''s states are %s, the last movement''s %s',
+                      l.location_id, ARRAY[l.damaged, l.quality_control, l.safety_stock, l.backorder_limit, l.backordered, l.preordered, l.incoming], c.s)
+        FROM stock_locations l JOIN c ON c.sku = l.sku AND c.location_id = l.location_id
+                                      AND c.back = 1
+        WHERE ARRAY[l.damaged, l.quality_control, l.safety_stock, l.backorder_limit, l.backordered, l.preordered, l.incoming] <> c.s
+    ), totals AS (
+        SELECT s.sku, '',
+               format('the total''s states are %s; its locations sum to %s',
+                      ARRAY[s.damaged, s.quality_control, s.safety_stock, s.backorder_limit, s.backordered, s.preordered, s.incoming], a.s)
+        FROM stock s JOIN (
+            SELECT sku, ARRAY[sum(damaged)::bigint, sum(quality_control)::bigint, sum(safety_stock)::bigint, sum(backorder_limit)::bigint, sum(backordered)::bigint, sum(preordered)::bigint, sum(incoming)::bigint] AS s
+            FROM stock_locations GROUP BY sku) a USING (sku)
+        WHERE ARRAY[s.damaged, s.quality_control, s.safety_stock, s.backorder_limit, s.backordered, s.preordered, s.incoming] <> a.s
+    ), waiting AS (
+        SELECT sku, location_id,
+               format('at %s backordered/preordered are %s/%s, live holds wait for %s/%s',
+                      location_id, coalesce(l.backordered, 0), coalesce(l.preordered, 0),
+                      coalesce(w.backordered, 0), coalesce(w.preordered, 0))
+        FROM stock_locations l FULL JOIN (
+            SELECT r.sku, r.location_id, sum(r.backordered)::bigint AS backordered,
+                   sum(r.preordered)::bigint AS preordered
+            FROM reservation_lines r JOIN reservations h USING (reservation_id)
+            WHERE h.state = 'HELD' AND (r.backordered > 0 OR r.preordered > 0)
+            GROUP BY r.sku, r.location_id) w USING (sku, location_id)
+        WHERE (coalesce(l.backordered, 0), coalesce(l.preordered, 0))
+              <> (coalesce(w.backordered, 0), coalesce(w.preordered, 0))
+    ), incoming AS (
+        SELECT sku, location_id,
+               format('at %s incoming is %s, open receipts bring %s',
+                      location_id, coalesce(l.incoming, 0), coalesce(o.incoming, 0))
+        FROM stock_locations l FULL JOIN (
+            SELECT sku, location_id, sum(greatest(quantity - received, 0))::bigint AS incoming
+            FROM receipts WHERE state = 'OPEN' GROUP BY sku, location_id) o
+            USING (sku, location_id)
+        WHERE coalesce(l.incoming, 0) <> coalesce(o.incoming, 0)
+    ), pegged AS (
+        SELECT e.sku, e.location_id,
+               format('receipt %s has %s pre-ordered, live holds are pegged to it for %s',
+                      e.receipt_id, e.preordered, coalesce(w.preordered, 0))
+        FROM receipts e LEFT JOIN (
+            SELECT r.receipt_id, sum(r.preordered)::bigint AS preordered
+            FROM reservation_lines r JOIN reservations h USING (reservation_id)
+            WHERE h.state = 'HELD' AND r.preordered > 0 GROUP BY r.receipt_id) w
+            USING (receipt_id)
+        WHERE e.preordered <> coalesce(w.preordered, 0)
+    )
+    SELECT sku, problem FROM (
+        SELECT * FROM chain UNION ALL SELECT * FROM last UNION ALL SELECT * FROM totals
+        UNION ALL SELECT * FROM waiting UNION ALL SELECT * FROM incoming
+        UNION ALL SELECT * FROM pegged) AS d (sku, location_id, problem)
     ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\"";
 
 const COUNTS: &str = "
@@ -178,6 +257,12 @@ pub async fn verify(client: &mut tokio_postgres::Client) -> Result<Report, tokio
         report.drifts.push(Drift {
             sku: row.get(0),
             problem: format!("at {location} reserved is {reserved}, live holds hold {held}"),
+        });
+    }
+    for row in tx.query(STATES, &[]).await? {
+        report.drifts.push(Drift {
+            sku: row.get(0),
+            problem: row.get(1),
         });
     }
     tx.commit().await?;

@@ -12,7 +12,7 @@ use inventory_core::{
     command::{AdjustStock, BatchSetStock, SetStock, Transferred},
     domain::{
         Allocation, Line, LocationId, MAX_ON_HAND, OrderId, Quantity, Reservation, ReservationId,
-        ReservationLine, ReservationState, Sku, StockLevel,
+        ReservationLine, ReservationState, Sku, States, StockLevel,
     },
     error::Shortfall,
 };
@@ -36,6 +36,8 @@ pub(crate) const CANCEL_ORDER: &str = "CancelOrder";
 pub(crate) const SET_STOCK: &str = "SetStock";
 pub(crate) const BATCH_SET_STOCK: &str = "BatchSetStock";
 pub(crate) const TRANSFER_STOCK: &str = "TransferStock";
+pub(crate) const SET_STOCK_POLICY: &str = "SetStockPolicy";
+pub(crate) const MOVE_STOCK_STATE: &str = "MoveStockState";
 
 /// The stored outcome of a `Reserve`: what a retry with the same key gets back.
 #[derive(Debug, Serialize, Deserialize)]
@@ -194,9 +196,9 @@ impl ReserveOutcome {
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub(crate) enum TransferOutcome {
     Transferred {
-        total: StoredLevel,
-        from: StoredLevel,
-        to: StoredLevel,
+        total: Box<StoredLevel>,
+        from: Box<StoredLevel>,
+        to: Box<StoredLevel>,
     },
     UnknownSku {
         sku: String,
@@ -210,6 +212,23 @@ pub(crate) enum TransferOutcome {
     },
 }
 
+/// A level's states as stored in an outcome ([`States::to_array`]); absent while all are 0,
+/// and in outcomes stored before states existed.
+pub(crate) type StoredStates = Option<Vec<i64>>;
+
+pub(crate) fn stored_states(states: &States) -> StoredStates {
+    (!states.is_zero()).then(|| states.to_array().to_vec())
+}
+
+/// Counts a later release added past the seven known ones are not this release's to read.
+pub(crate) fn states_of(stored: StoredStates) -> States {
+    let mut counts = [0; 7];
+    for (count, stored) in counts.iter_mut().zip(stored.unwrap_or_default()) {
+        *count = stored;
+    }
+    States::from_array(counts)
+}
+
 /// A level as stored in an outcome.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct StoredLevel {
@@ -219,20 +238,23 @@ pub(crate) struct StoredLevel {
     on_hand: i64,
     reserved: i64,
     version: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    states: StoredStates,
 }
 
 impl StoredLevel {
-    fn of(level: &StockLevel) -> Self {
+    pub(crate) fn of(level: &StockLevel) -> Self {
         Self {
             sku: level.sku.as_str().to_owned(),
             location_id: level.location.as_ref().map(|l| l.as_str().to_owned()),
             on_hand: level.on_hand,
             reserved: level.reserved,
             version: level.version,
+            states: stored_states(&level.states),
         }
     }
 
-    fn level(self) -> Result<StockLevel, Error> {
+    pub(crate) fn level(self) -> Result<StockLevel, Error> {
         Ok(StockLevel {
             sku: Sku::parse(&self.sku).map_err(Error::internal)?,
             on_hand: self.on_hand,
@@ -244,6 +266,7 @@ impl StoredLevel {
                 .map(LocationId::parse)
                 .transpose()
                 .map_err(Error::internal)?,
+            states: states_of(self.states),
         })
     }
 }
@@ -252,9 +275,9 @@ impl TransferOutcome {
     pub(crate) fn of(result: &Result<Transferred, Error>) -> Self {
         match result {
             Ok(t) => Self::Transferred {
-                total: StoredLevel::of(&t.total),
-                from: StoredLevel::of(&t.from),
-                to: StoredLevel::of(&t.to),
+                total: Box::new(StoredLevel::of(&t.total)),
+                from: Box::new(StoredLevel::of(&t.from)),
+                to: Box::new(StoredLevel::of(&t.to)),
             },
             Err(Error::UnknownSkus(skus)) => Self::UnknownSku {
                 sku: skus[0].as_str().to_owned(),
@@ -322,8 +345,14 @@ pub(crate) enum AdjustOutcome {
         /// Absent in outcomes stored before stock versions existed: 0, "unknown".
         #[serde(default)]
         version: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        states: StoredStates,
     },
     UnknownSku,
+    /// Fewer units in the state removed than the delta (absent before states existed).
+    InsufficientStock {
+        available: i64,
+    },
     BelowReserved {
         on_hand: i64,
         reserved: i64,
@@ -343,8 +372,12 @@ impl AdjustOutcome {
                 on_hand: level.on_hand,
                 reserved: level.reserved,
                 version: level.version,
+                states: stored_states(&level.states),
             },
             Err(Error::UnknownSkus(_)) => Self::UnknownSku,
+            Err(Error::InsufficientStock(shortfalls)) => Self::InsufficientStock {
+                available: shortfalls.first().map_or(0, |s| s.available),
+            },
             Err(Error::BelowReserved {
                 on_hand, reserved, ..
             }) => Self::BelowReserved {
@@ -371,8 +404,19 @@ impl AdjustOutcome {
                 on_hand,
                 reserved,
                 version,
-            } => Ok(StockLevel::total(sku, on_hand, reserved, version)),
+                states,
+            } => Ok(StockLevel {
+                states: states_of(states),
+                ..StockLevel::total(sku, on_hand, reserved, version)
+            }),
             Self::UnknownSku => Err(Error::UnknownSkus(vec![sku])),
+            Self::InsufficientStock { available } => {
+                Err(Error::InsufficientStock(vec![Shortfall {
+                    sku,
+                    requested,
+                    available,
+                }]))
+            }
             Self::BelowReserved { on_hand, reserved } => Err(Error::BelowReserved {
                 sku,
                 requested,
@@ -397,8 +441,16 @@ impl AdjustOutcome {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub(crate) enum BatchSetOutcome {
-    Set { levels: Vec<(i64, i64, i64)> },
-    Refused { index: usize, refusal: SetOutcome },
+    Set {
+        levels: Vec<(i64, i64, i64)>,
+        /// Each level's states, in the same order; absent while all are 0.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        states: Option<Vec<StoredStates>>,
+    },
+    Refused {
+        index: usize,
+        refusal: SetOutcome,
+    },
 }
 
 impl BatchSetOutcome {
@@ -410,6 +462,10 @@ impl BatchSetOutcome {
                     .iter()
                     .map(|l| (l.on_hand, l.reserved, l.version))
                     .collect(),
+                states: levels
+                    .iter()
+                    .any(|l| !l.states.is_zero())
+                    .then(|| levels.iter().map(|l| stored_states(&l.states)).collect()),
             },
             Err((index, error)) => Self::Refused {
                 index: *index,
@@ -420,18 +476,18 @@ impl BatchSetOutcome {
 
     pub(crate) fn into_result(self, command: &BatchSetStock) -> Result<Vec<StockLevel>, Error> {
         match self {
-            Self::Set { levels } => Ok(command
-                .counts
-                .iter()
-                .zip(levels)
-                .map(|(count, (on_hand, reserved, version))| StockLevel {
-                    sku: count.sku.clone(),
-                    on_hand,
-                    reserved,
-                    version,
-                    location: None,
-                })
-                .collect()),
+            Self::Set { levels, states } => {
+                let mut states = states.unwrap_or_default().into_iter();
+                Ok(command
+                    .counts
+                    .iter()
+                    .zip(levels)
+                    .map(|(count, (on_hand, reserved, version))| StockLevel {
+                        states: states_of(states.next().flatten()),
+                        ..StockLevel::total(count.sku.clone(), on_hand, reserved, version)
+                    })
+                    .collect())
+            }
             Self::Refused { index, refusal } => {
                 let count = command
                     .counts
@@ -454,6 +510,8 @@ pub(crate) enum SetOutcome {
         on_hand: i64,
         reserved: i64,
         version: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        states: StoredStates,
     },
     BelowReserved {
         reserved: i64,
@@ -476,6 +534,7 @@ impl SetOutcome {
                 on_hand: level.on_hand,
                 reserved: level.reserved,
                 version: level.version,
+                states: stored_states(&level.states),
             },
             Err(Error::CountBelowReserved { reserved, .. }) => Self::BelowReserved {
                 reserved: *reserved,
@@ -500,7 +559,11 @@ impl SetOutcome {
                 on_hand,
                 reserved,
                 version,
-            } => Ok(StockLevel::total(sku, on_hand, reserved, version)),
+                states,
+            } => Ok(StockLevel {
+                states: states_of(states),
+                ..StockLevel::total(sku, on_hand, reserved, version)
+            }),
             Self::BelowReserved { reserved } => Err(Error::CountBelowReserved {
                 sku,
                 requested: command.on_hand,
@@ -516,6 +579,56 @@ impl SetOutcome {
                 requested,
                 limit: MAX_ON_HAND,
             }),
+        }
+    }
+}
+
+/// The stored outcome of a change of a (SKU, location)'s states (`SetStockPolicy`,
+/// `MoveStockState`): the SKU's total after it, or the refusal.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub(crate) enum StatesOutcome {
+    Changed { level: Box<StoredLevel> },
+    UnknownSku { sku: String },
+    InsufficientStock { shortfall: StoredShortfall },
+}
+
+impl StatesOutcome {
+    /// `None` for anything but a final outcome.
+    pub(crate) fn of(result: &Result<StockLevel, Error>) -> Option<Self> {
+        Some(match result {
+            Ok(level) => Self::Changed {
+                level: Box::new(StoredLevel::of(level)),
+            },
+            Err(Error::UnknownSkus(skus)) => Self::UnknownSku {
+                sku: skus.first()?.as_str().to_owned(),
+            },
+            Err(Error::InsufficientStock(shortfalls)) => {
+                let s = shortfalls.first()?;
+                Self::InsufficientStock {
+                    shortfall: StoredShortfall {
+                        sku: s.sku.as_str().to_owned(),
+                        requested: s.requested,
+                        available: s.available,
+                    },
+                }
+            }
+            Err(_) => return None,
+        })
+    }
+
+    pub(crate) fn into_result(self) -> Result<StockLevel, Error> {
+        let sku = |raw: &str| Sku::parse(raw).map_err(Error::internal);
+        match self {
+            Self::Changed { level } => level.level(),
+            Self::UnknownSku { sku: raw } => Err(Error::UnknownSkus(vec![sku(&raw)?])),
+            Self::InsufficientStock { shortfall } => {
+                Err(Error::InsufficientStock(vec![Shortfall {
+                    sku: sku(&shortfall.sku)?,
+                    requested: shortfall.requested,
+                    available: shortfall.available,
+                }]))
+            }
         }
     }
 }

@@ -105,6 +105,7 @@ fn outcomes_stored_by_earlier_versions_still_read() {
         reason: Reason::parse("r").unwrap(),
         expected_version: None,
         location: LocationId::default_location(),
+        state: None,
     };
     let level = serde_json::from_value::<AdjustOutcome>(old)
         .unwrap()

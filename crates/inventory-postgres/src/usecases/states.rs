@@ -1,0 +1,243 @@
+//! The stock-state use cases of [`PgStore`]: a (SKU, location)'s policy and its units moved
+//! between states. Each is one keyed transaction that locks the SKU's row, reads its row at
+//! the location, lets the core decide, and writes the change with its movement and its
+//! `STOCK_STATE_CHANGED` event.
+
+use deadpool_postgres::Transaction;
+use inventory_core::{
+    Error,
+    command::{MoveStockState, SetStockPolicy},
+    domain::{LocationId, MovementKind, Sku, StockLevel},
+    events::Change,
+    rules::{self, StatesChange},
+};
+use serde_json::json;
+
+use crate::{
+    PgStore,
+    plumbing::error::from_db,
+    tables::idempotency::outcome::{MOVE_STOCK_STATE, SET_STOCK_POLICY, StatesOutcome},
+    tables::ledger::{self, Cause, NewMovement},
+    tables::outbox,
+    tables::stock::{self, Moved, StockMove},
+    usecases::keyed::{Commit, Key},
+};
+
+impl PgStore {
+    #[tracing::instrument(name = "sql.set_stock_policy", skip_all, fields(sku = %command.sku))]
+    pub(crate) async fn set_policy(&self, command: &SetStockPolicy) -> Result<StockLevel, Error> {
+        let key = Key::new(
+            &command.caller,
+            &command.idempotency_key,
+            SET_STOCK_POLICY,
+            command.fingerprint(),
+        );
+        let replay = async |stored: StatesOutcome, _: &Transaction<'_>| stored.into_result();
+        self.keyed(key, None, replay, async |tx| {
+            super::stock::known_locations(tx, [&command.location]).await?;
+            let cause = Cause::call(
+                command.caller.as_str(),
+                command.reason.as_str(),
+                Some(command.idempotency_key.as_str()),
+            );
+            let result = change_states(
+                tx,
+                &command.sku,
+                &command.location,
+                |total, at| Ok(rules::set_policy(total, at, command)),
+                StateChange::new(MovementKind::PolicySet, cause),
+            )
+            .await?;
+            let outcome = StatesOutcome::of(&result).expect("only final outcomes come back");
+            let wrote = result.is_ok();
+            Commit::storing(result, &outcome)?.wrote(wrote).step()
+        })
+        .await
+    }
+
+    #[tracing::instrument(name = "sql.move_stock_state", skip_all, fields(sku = %command.sku, quantity = command.quantity))]
+    pub(crate) async fn move_state(&self, command: &MoveStockState) -> Result<StockLevel, Error> {
+        let key = Key::new(
+            &command.caller,
+            &command.idempotency_key,
+            MOVE_STOCK_STATE,
+            command.fingerprint(),
+        );
+        let replay = async |stored: StatesOutcome, _: &Transaction<'_>| stored.into_result();
+        self.keyed(key, None, replay, async |tx| {
+            super::stock::known_locations(tx, [&command.location]).await?;
+            let cause = Cause::call(
+                command.caller.as_str(),
+                command.reason.as_str(),
+                Some(command.idempotency_key.as_str()),
+            );
+            let mut change = StateChange::new(MovementKind::StateMoved, cause);
+            change.moved = (command.quantity, Some(command.from), Some(command.to));
+            let result = change_states(
+                tx,
+                &command.sku,
+                &command.location,
+                |total, at| rules::move_state(total, at, command).map(Some),
+                change,
+            )
+            .await?;
+            let outcome = StatesOutcome::of(&result).expect("only final outcomes come back");
+            let wrote = result.is_ok();
+            Commit::storing(result, &outcome)?.wrote(wrote).step()
+        })
+        .await
+    }
+}
+
+/// What a change of states records besides its levels: its kind and cause, and for a state
+/// move its units and states.
+pub(crate) struct StateChange<'a> {
+    pub kind: MovementKind,
+    pub cause: Cause<'a>,
+    pub moved: (
+        i64,
+        Option<inventory_core::domain::StockState>,
+        Option<inventory_core::domain::StockState>,
+    ),
+    pub receipt: Option<&'a str>,
+}
+
+impl<'a> StateChange<'a> {
+    pub fn new(kind: MovementKind, cause: Cause<'a>) -> Self {
+        Self {
+            kind,
+            cause,
+            moved: (0, None, None),
+            receipt: None,
+        }
+    }
+}
+
+/// Locks the SKU's row, reads its row at `location`, lets `decide` judge, and writes what it
+/// decided: the move (`on_hand` by the location's change, the states by the decided delta),
+/// the movement and the event. `None` from `decide`: nothing to change, and the total is
+/// answered as it is. An unknown SKU is refused.
+pub(crate) async fn change_states(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+    location: &LocationId,
+    decide: impl FnOnce(&StockLevel, Option<&StockLevel>) -> Result<Option<StatesChange>, Error>,
+    record: StateChange<'_>,
+) -> Result<Result<StockLevel, Error>, Error> {
+    let Some(total) = stock::lock(tx, sku).await.map_err(from_db)? else {
+        return Ok(Err(Error::UnknownSkus(vec![sku.clone()])));
+    };
+    let at = stock::read_at(tx, sku, location).await.map_err(from_db)?;
+    let decided = match decide(&total, at.as_ref()) {
+        Err(refusal) => return Ok(Err(refusal)),
+        Ok(None) => return Ok(Ok(total)),
+        Ok(Some(decided)) => decided,
+    };
+    if at.is_none() {
+        stock::add_location(tx, sku, location)
+            .await
+            .map_err(from_db)?;
+    }
+    let on_hand = decided.at.on_hand - at.as_ref().map_or(0, |a| a.on_hand);
+    let moves = [StockMove {
+        sku,
+        location,
+        on_hand,
+        reserved: 0,
+        states: decided.delta,
+    }];
+    let moved = stock::apply(tx, &moves, &[], true).await?.remove(0);
+    debug_assert_eq!(
+        (&moved.total, &moved.level),
+        (&decided.total, &decided.at),
+        "the stored levels are the decided ones"
+    );
+    record_state_change(tx, &moved, on_hand, decided.delta, &record).await?;
+    Ok(Ok(moved.total))
+}
+
+/// The movement and the `STOCK_STATE_CHANGED` event of one change of states.
+pub(crate) async fn record_state_change(
+    tx: &Transaction<'_>,
+    moved: &Moved,
+    on_hand: i64,
+    delta: inventory_core::domain::States,
+    record: &StateChange<'_>,
+) -> Result<(), Error> {
+    let (quantity, from, to) = record.moved;
+    let mut payload = json!({
+        "kind": record.kind.as_str(),
+        "reason": record.cause.reason,
+        "level": outbox::level_payload(&moved.total),
+        "location": outbox::level_payload(&moved.level),
+    });
+    if quantity != 0 {
+        payload["quantity"] = json!(quantity);
+    }
+    if let Some(from) = from {
+        payload["from"] = json!(from.as_str());
+    }
+    if let Some(to) = to {
+        payload["to"] = json!(to.as_str());
+    }
+    if let Some(receipt) = record.receipt {
+        payload["receipt_id"] = json!(receipt);
+    }
+    outbox::append_sku_event(tx, outbox::STOCK_STATE_CHANGED, &moved.total.sku, &payload)
+        .await
+        .map_err(from_db)?;
+    let mut movement = NewMovement::new(record.kind, moved, on_hand, 0)
+        .with_states(delta)
+        .because(record.cause);
+    if let Some(receipt) = record.receipt {
+        movement = movement.of_receipt(receipt);
+    }
+    ledger::append(tx, &[movement]).await.map_err(from_db)
+}
+
+/// A stored `STOCK_STATE_CHANGED` payload, read back.
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct StateChangedPayload {
+    kind: String,
+    #[serde(default)]
+    reason: String,
+    level: serde_json::Value,
+    location: serde_json::Value,
+    #[serde(default)]
+    quantity: i64,
+    #[serde(default)]
+    from: Option<String>,
+    #[serde(default)]
+    to: Option<String>,
+    #[serde(default)]
+    receipt_id: Option<String>,
+}
+
+impl StateChangedPayload {
+    /// The change, its levels read by `level`.
+    pub(crate) fn change(
+        self,
+        sku: Sku,
+        level: impl Fn(serde_json::Value) -> Result<StockLevel, String>,
+    ) -> Result<Change, String> {
+        let state = |raw: Option<String>| {
+            raw.map(|raw| {
+                inventory_core::domain::StockState::parse(&raw)
+                    .ok_or_else(|| format!("unknown stock state {raw:?}"))
+            })
+            .transpose()
+        };
+        Ok(Change::StockStateChanged {
+            sku,
+            kind: MovementKind::parse(&self.kind)
+                .ok_or_else(|| format!("unknown movement kind {:?}", self.kind))?,
+            reason: self.reason,
+            level: level(self.level)?,
+            location_level: level(self.location)?,
+            quantity: self.quantity,
+            from: state(self.from)?,
+            to: state(self.to)?,
+            receipt_id: self.receipt_id,
+        })
+    }
+}

@@ -300,6 +300,56 @@ impl proto::inventory_service_server::InventoryService for InventoryApi {
         .await
     }
 
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "ExpectStock"))]
+    async fn expect_stock(
+        &self,
+        request: Request<proto::ExpectStockRequest>,
+    ) -> Result<Response<proto::Receipt>, Status> {
+        self.unary(
+            request,
+            Action::Adjust,
+            |inventory, command, _| async move { inventory.expect_stock(&command).await },
+        )
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "ReceiveStock"))]
+    async fn receive_stock(
+        &self,
+        request: Request<proto::ReceiveStockRequest>,
+    ) -> Result<Response<proto::Receipt>, Status> {
+        self.unary(
+            request,
+            Action::Adjust,
+            |inventory, command, _| async move { inventory.receive_stock(&command).await },
+        )
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "CancelReceipt"))]
+    async fn cancel_receipt(
+        &self,
+        request: Request<proto::CancelReceiptRequest>,
+    ) -> Result<Response<proto::Receipt>, Status> {
+        self.unary(
+            request,
+            Action::Adjust,
+            |inventory, command, _| async move { inventory.cancel_receipt(&command).await },
+        )
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "ListReceipts"))]
+    async fn list_receipts(
+        &self,
+        request: Request<proto::ListReceiptsRequest>,
+    ) -> Result<Response<proto::ListReceiptsResponse>, Status> {
+        self.unary(request, Action::Read, |inventory, query, _| async move {
+            inventory.list_receipts(&query).await
+        })
+        .await
+    }
+
     #[tracing::instrument(skip_all, fields(tenant = tracing::field::Empty, operator = tracing::field::Empty, rpc = "UpsertLocation"))]
     async fn upsert_location(
         &self,

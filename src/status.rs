@@ -287,6 +287,26 @@ fn status_of(error: Error) -> Status {
                 ("head", head.to_string()),
             ]),
         ),
+        Error::UnknownReceipt(id) => not_found(
+            ErrorReason::ReceiptNotFound,
+            message,
+            metadata([("receipt_id", id.to_string())]),
+        ),
+        Error::ReceiptExists(id) => with_reason(
+            Code::AlreadyExists,
+            ErrorReason::ReceiptExists,
+            message,
+            metadata([("receipt_id", id.to_string())]),
+        ),
+        Error::ReceiptClosed { id, state } => with_reason(
+            Code::FailedPrecondition,
+            ErrorReason::ReceiptClosed,
+            message,
+            metadata([
+                ("receipt_id", id.to_string()),
+                ("state", state.as_str().to_owned()),
+            ]),
+        ),
         Error::SubscriptionNotFound(name) => with_reason(
             Code::NotFound,
             ErrorReason::SubscriptionNotFound,

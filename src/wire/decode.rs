@@ -3,19 +3,20 @@
 
 use std::collections::HashMap;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use inventory_core::{
     Error, FieldViolation,
     command::{
-        AdjustStock, BatchSetStock, CancelOrder, DEFAULT_PAGE_SIZE, ExtendReservation, GetStock,
-        ListReservations, ListStockMovements, MAX_BATCH_COUNTS, MAX_PAGE_SIZE, MoveStockState,
-        ReservationFilter, ReservationRef, Reserve, SetStock, SetStockPolicy, Settle,
-        SettleReservation, TransferStock, movement_token, page_token,
+        AdjustStock, BatchSetStock, CancelOrder, CancelReceipt, DEFAULT_PAGE_SIZE, ExpectStock,
+        ExtendReservation, GetStock, ListReceipts, ListReservations, ListStockMovements,
+        MAX_BATCH_COUNTS, MAX_PAGE_SIZE, MoveStockState, ReceiveStock, ReservationFilter,
+        ReservationRef, Reserve, SetStock, SetStockPolicy, Settle, SettleReservation,
+        TransferStock, movement_token, page_token, receipt_token,
     },
     domain::{
         AllocationPolicy, AllocationStrategy, IdempotencyKey, Line, Location, LocationId,
-        MAX_DELTA, MAX_LINES, MAX_ON_HAND, MAX_SKUS_PER_READ, OrderId, Quantity, Reason,
+        MAX_DELTA, MAX_LINES, MAX_ON_HAND, MAX_SKUS_PER_READ, OrderId, Quantity, Reason, ReceiptId,
         ReservationId, ReservationState, Scope, Sku, StockDelta, StockState, Ttl,
     },
 };
@@ -778,6 +779,149 @@ impl Decode for proto::MoveStockStateRequest {
                 to: to??,
                 idempotency_key: idempotency_key?,
                 reason: reason?,
+            })
+        })
+    }
+}
+
+/// 1 to [`MAX_DELTA`] units.
+fn units(violations: &mut Violations, field: &str, raw: i64) -> Option<i64> {
+    violations.check(
+        field,
+        if (1..=MAX_DELTA).contains(&raw) {
+            Ok(raw)
+        } else {
+            Err(format!("must be between 1 and {MAX_DELTA}"))
+        },
+    )
+}
+
+impl Decode for proto::ExpectStockRequest {
+    type Command = ExpectStock;
+
+    fn into_command(self, who: &Principal) -> Result<ExpectStock, Error> {
+        let mut violations = Violations::default();
+        let receipt_id = violations.check("receipt_id", ReceiptId::parse(&self.receipt_id));
+        let sku = violations.check("sku", Sku::parse(&self.sku));
+        let location = location_or_default(&mut violations, "location_id", &self.location_id);
+        let quantity = units(&mut violations, "quantity", self.quantity);
+        let expected_at = match self.expected_at.map(SystemTime::try_from) {
+            Some(Ok(at)) => Some(at),
+            Some(Err(_)) => {
+                violations.add("expected_at", "must be a valid timestamp");
+                None
+            }
+            None => {
+                violations.add("expected_at", "is required");
+                None
+            }
+        };
+        let idempotency_key = violations.check(
+            "idempotency_key",
+            IdempotencyKey::parse(&self.idempotency_key),
+        );
+        let reason = violations.check("reason", Reason::parse(&self.reason));
+        violations.finish(|| {
+            Some(ExpectStock {
+                caller: who.caller().clone(),
+                receipt_id: receipt_id?,
+                sku: sku?,
+                location: location?,
+                quantity: quantity?,
+                // Kept to the microsecond, as storage keeps it.
+                expected_at: to_micros(expected_at?),
+                idempotency_key: idempotency_key?,
+                reason: reason?,
+            })
+        })
+    }
+}
+
+/// `time` to the microsecond below.
+fn to_micros(time: SystemTime) -> SystemTime {
+    match time.duration_since(std::time::UNIX_EPOCH) {
+        Ok(since) => {
+            std::time::UNIX_EPOCH
+                + Duration::from_micros(since.as_micros().min(u64::MAX as u128) as u64)
+        }
+        Err(_) => time,
+    }
+}
+
+impl Decode for proto::ReceiveStockRequest {
+    type Command = ReceiveStock;
+
+    fn into_command(self, who: &Principal) -> Result<ReceiveStock, Error> {
+        let mut violations = Violations::default();
+        let receipt_id = violations.check("receipt_id", ReceiptId::parse(&self.receipt_id));
+        let quantity = units(&mut violations, "quantity", self.quantity);
+        let idempotency_key = violations.check(
+            "idempotency_key",
+            IdempotencyKey::parse(&self.idempotency_key),
+        );
+        let reason = violations.check("reason", Reason::parse(&self.reason));
+        violations.finish(|| {
+            Some(ReceiveStock {
+                caller: who.caller().clone(),
+                receipt_id: receipt_id?,
+                quantity: quantity?,
+                idempotency_key: idempotency_key?,
+                reason: reason?,
+            })
+        })
+    }
+}
+
+impl Decode for proto::CancelReceiptRequest {
+    type Command = CancelReceipt;
+
+    fn into_command(self, who: &Principal) -> Result<CancelReceipt, Error> {
+        let mut violations = Violations::default();
+        let receipt_id = violations.check("receipt_id", ReceiptId::parse(&self.receipt_id));
+        let idempotency_key = violations.check(
+            "idempotency_key",
+            IdempotencyKey::parse(&self.idempotency_key),
+        );
+        let reason = violations.check("reason", Reason::parse(&self.reason));
+        violations.finish(|| {
+            Some(CancelReceipt {
+                caller: who.caller().clone(),
+                receipt_id: receipt_id?,
+                idempotency_key: idempotency_key?,
+                reason: reason?,
+            })
+        })
+    }
+}
+
+impl Decode for proto::ListReceiptsRequest {
+    type Command = ListReceipts;
+
+    fn into_command(self, _: &Principal) -> Result<ListReceipts, Error> {
+        let mut violations = Violations::default();
+        let sku = match self.sku.as_str() {
+            "" => Some(None),
+            raw => violations.check("sku", Sku::parse(raw)).map(Some),
+        };
+        if self.page_size < 0 {
+            violations.add("page_size", "must not be negative");
+        }
+        let after = match (&sku, self.page_token.as_str()) {
+            (_, "") => Some(None),
+            (Some(sku), token) => violations
+                .check("page_token", receipt_token::decode(token, sku.as_ref()))
+                .map(Some),
+            (None, _) => None,
+        };
+        let page_size = match usize::try_from(self.page_size).unwrap_or(0) {
+            0 => DEFAULT_PAGE_SIZE,
+            size => size.min(MAX_PAGE_SIZE),
+        };
+        violations.finish(|| {
+            Some(ListReceipts {
+                sku: sku?,
+                page_size,
+                after: after?,
             })
         })
     }

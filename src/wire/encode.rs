@@ -3,10 +3,12 @@
 use std::time::SystemTime;
 
 use inventory_core::{
-    command::{MovementList, ReservationList, StockLevels, Transferred},
+    command::{
+        MovementList, ReceiptChanged, ReceiptList, ReservationList, StockLevels, Transferred,
+    },
     domain::{
-        Allocation, Location, Movement, MovementKind, Reservation, ReservationLine,
-        ReservationState, StockLevel, StockState,
+        Allocation, Location, Movement, MovementKind, Receipt, ReceiptState, Reservation,
+        ReservationLine, ReservationState, StockLevel, StockState,
     },
     events::{Change, Event, ReservationEvent},
 };
@@ -43,6 +45,7 @@ impl Encode for StockLevel {
             damaged: states.damaged,
             quality_control: states.quality_control,
             preordered: states.preordered,
+            available_to_promise: Vec::new(),
         }
     }
 }
@@ -52,13 +55,78 @@ impl Encode for StockLevels {
     type Message = proto::GetStockResponse;
 
     fn into_message(self) -> proto::GetStockResponse {
+        let with_promises = |levels: Vec<StockLevel>, promises: Vec<Vec<(SystemTime, i64)>>| {
+            let mut promises = promises.into_iter();
+            levels
+                .into_iter()
+                .map(|level| proto::StockLevel {
+                    available_to_promise: promises
+                        .next()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(at, quantity)| proto::AvailableToPromise {
+                            at: Some(timestamp(at)),
+                            quantity,
+                        })
+                        .collect(),
+                    ..level.into_message()
+                })
+                .collect()
+        };
         proto::GetStockResponse {
-            levels: self.totals.into_iter().map(Encode::into_message).collect(),
-            location_levels: self
-                .by_location
+            levels: with_promises(self.totals, self.promises),
+            location_levels: with_promises(self.by_location, self.location_promises),
+        }
+    }
+}
+
+impl Encode for Receipt {
+    type Message = proto::Receipt;
+
+    fn into_message(self) -> proto::Receipt {
+        let state = match self.state {
+            ReceiptState::Open => proto::ReceiptState::Open,
+            ReceiptState::Received => proto::ReceiptState::Received,
+            ReceiptState::Cancelled => proto::ReceiptState::Cancelled,
+        };
+        proto::Receipt {
+            remainder: self.remainder(),
+            receipt_id: self.id.as_str().to_owned(),
+            sku: self.sku.as_str().to_owned(),
+            location_id: self.location.as_str().to_owned(),
+            quantity: self.quantity,
+            received: self.received,
+            preordered: self.preordered,
+            expected_at: Some(timestamp(self.expected_at)),
+            state: state.into(),
+            created_at: Some(timestamp(self.created_at)),
+            level: None,
+        }
+    }
+}
+
+impl Encode for ReceiptChanged {
+    type Message = proto::Receipt;
+
+    fn into_message(self) -> proto::Receipt {
+        proto::Receipt {
+            level: Some(self.level.into_message()),
+            ..self.receipt.into_message()
+        }
+    }
+}
+
+impl Encode for ReceiptList {
+    type Message = proto::ListReceiptsResponse;
+
+    fn into_message(self) -> proto::ListReceiptsResponse {
+        proto::ListReceiptsResponse {
+            receipts: self
+                .receipts
                 .into_iter()
                 .map(Encode::into_message)
                 .collect(),
+            next_page_token: self.next_page_token,
         }
     }
 }

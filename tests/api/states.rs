@@ -1,9 +1,11 @@
-//! Stock states: unsellable units (damaged, in quality control), safety stock, and what
-//! each does to `available`, to Reserve, to the ledger and to the stream.
+//! Stock states: unsellable units (damaged, in quality control), safety stock, incoming
+//! receipts, and what each does to `available`, to Reserve, to the ledger and to the stream.
 
 use inventory_server::proto::{
-    AdjustStockRequest, EventType, ListStockMovementsRequest, MoveStockStateRequest, MovementKind,
-    SetStockPolicyRequest, SetStockRequest, StockLevel, StockState, StockStateChanged, event,
+    AdjustStockRequest, CancelReceiptRequest, EventType, ExpectStockRequest, ListReceiptsRequest,
+    ListStockMovementsRequest, MoveStockStateRequest, MovementKind, ReceiptState,
+    ReceiveStockRequest, SetStockPolicyRequest, SetStockRequest, StockLevel, StockState,
+    StockStateChanged, event,
 };
 use tonic::Code;
 
@@ -448,4 +450,304 @@ async fn bad_state_and_policy_requests_are_refused_and_change_nothing() {
     assert_eq!(error_reason(&nowhere), "LOCATION_NOT_FOUND");
     let level = total(&app, "PEN").await;
     assert_eq!((level.on_hand, level.unsellable, level.version), (2, 0, 1));
+}
+
+fn expect(receipt: &str, sku: &str, quantity: i64, day: u32) -> ExpectStockRequest {
+    ExpectStockRequest {
+        receipt_id: receipt.into(),
+        sku: sku.into(),
+        quantity,
+        expected_at: Some(december(day)),
+        idempotency_key: format!("expect-{receipt}"),
+        reason: "purchase order".into(),
+        ..Default::default()
+    }
+}
+
+fn receive(receipt: &str, quantity: i64, key: &str) -> ReceiveStockRequest {
+    ReceiveStockRequest {
+        receipt_id: receipt.into(),
+        quantity,
+        idempotency_key: key.into(),
+        reason: "dock 3".into(),
+    }
+}
+
+fn cancel_receipt(receipt: &str, key: &str) -> CancelReceiptRequest {
+    CancelReceiptRequest {
+        receipt_id: receipt.into(),
+        idempotency_key: key.into(),
+        reason: "supplier out".into(),
+    }
+}
+
+/// Midnight UTC of a day of December 2030.
+fn december(day: u32) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: 1_922_313_600 + i64::from(day - 1) * 86_400,
+        nanos: 0,
+    }
+}
+
+#[tokio::test]
+async fn receipts_are_incoming_until_received_and_promise_by_date() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    stock(&app, "BIKE", 2).await;
+    let r1 = client
+        .expect_stock(expect("PO-1", "BIKE", 5, 14))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            r1.state(),
+            r1.remainder,
+            r1.level.as_ref().unwrap().incoming
+        ),
+        (ReceiptState::Open, 5, 5)
+    );
+    client
+        .expect_stock(expect("PO-2", "BIKE", 3, 20))
+        .await
+        .unwrap();
+    // Same id again (another key): refused, nothing added.
+    let taken = client
+        .expect_stock(ExpectStockRequest {
+            idempotency_key: "again".into(),
+            ..expect("PO-1", "BIKE", 9, 15)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(taken.code(), Code::AlreadyExists);
+    assert_eq!(error_reason(&taken), "RECEIPT_EXISTS");
+    let unknown = client
+        .expect_stock(expect("PO-3", "NOPE", 1, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&unknown), "SKU_NOT_FOUND");
+
+    // Two on the shelf, five more by the 14th, three more by the 20th.
+    let level = total(&app, "BIKE").await;
+    assert_eq!((level.on_hand, level.incoming, level.available), (2, 8, 2));
+    let steps: Vec<(i64, i64)> = level
+        .available_to_promise
+        .iter()
+        .map(|s| (s.at.as_ref().unwrap().seconds, s.quantity))
+        .collect();
+    assert_eq!(
+        steps,
+        [(december(14).seconds, 7), (december(20).seconds, 10)]
+    );
+
+    // A partial receipt, then the rest and one more: the receipt is received.
+    let part = client
+        .receive_stock(receive("PO-1", 2, "g1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (part.received, part.remainder, part.state()),
+        (2, 3, ReceiptState::Open)
+    );
+    let after = part.level.unwrap();
+    assert_eq!((after.on_hand, after.incoming, after.available), (4, 6, 4));
+    let rest = client
+        .receive_stock(receive("PO-1", 4, "g2"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (rest.received, rest.remainder, rest.state()),
+        (6, 0, ReceiptState::Received)
+    );
+    let after = rest.level.unwrap();
+    assert_eq!((after.on_hand, after.incoming), (8, 3));
+    let closed = client
+        .receive_stock(receive("PO-1", 1, "g3"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (closed.code(), error_reason(&closed).as_str()),
+        (Code::FailedPrecondition, "RECEIPT_CLOSED")
+    );
+    // A retry of an applied receipt answers it and receives nothing twice.
+    let replay = client
+        .receive_stock(receive("PO-1", 2, "g1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replay.received, 2);
+    assert_eq!(total(&app, "BIKE").await.on_hand, 8);
+
+    // Cancelled: what it had still to bring is no longer incoming; twice is the same.
+    let cancelled = client
+        .cancel_receipt(cancel_receipt("PO-2", "x1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (cancelled.state(), cancelled.remainder),
+        (ReceiptState::Cancelled, 0)
+    );
+    assert_eq!(cancelled.level.as_ref().unwrap().incoming, 0);
+    let twice = client
+        .cancel_receipt(cancel_receipt("PO-2", "x2"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(twice.state(), ReceiptState::Cancelled);
+    let late = client
+        .receive_stock(receive("PO-2", 1, "g4"))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&late), "RECEIPT_CLOSED");
+    let missing = client
+        .receive_stock(receive("PO-9", 1, "g5"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (missing.code(), error_reason(&missing).as_str()),
+        (Code::NotFound, "RECEIPT_NOT_FOUND")
+    );
+    assert!(total(&app, "BIKE").await.available_to_promise.is_empty());
+
+    let kinds: Vec<(MovementKind, i64)> = app
+        .client
+        .clone()
+        .list_stock_movements(ListStockMovementsRequest {
+            sku: "BIKE".into(),
+            after_version: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .movements
+        .iter()
+        .map(|m| (m.kind(), m.incoming_delta))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (MovementKind::ReceiptExpected, 5),
+            (MovementKind::ReceiptExpected, 3),
+            (MovementKind::Received, -2),
+            (MovementKind::Received, -3),
+            (MovementKind::ReceiptCancelled, -3),
+        ]
+    );
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
+#[tokio::test]
+async fn receipts_are_listed_by_id_a_page_at_a_time() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    stock(&app, "A", 1).await;
+    stock(&app, "B", 1).await;
+    for (id, sku) in [("R-1", "A"), ("R-2", "B"), ("R-3", "A"), ("R-4", "A")] {
+        client.expect_stock(expect(id, sku, 1, 10)).await.unwrap();
+    }
+    let first = client
+        .list_receipts(ListReceiptsRequest {
+            sku: "A".into(),
+            page_size: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ids = |page: &inventory_server::proto::ListReceiptsResponse| {
+        page.receipts
+            .iter()
+            .map(|r| r.receipt_id.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&first), ["R-1", "R-3"]);
+    let second = client
+        .list_receipts(ListReceiptsRequest {
+            sku: "A".into(),
+            page_size: 2,
+            page_token: first.next_page_token.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ids(&second), ["R-4"]);
+    assert!(second.next_page_token.is_empty());
+    // A token is bound to its filter.
+    let other = client
+        .list_receipts(ListReceiptsRequest {
+            sku: "B".into(),
+            page_size: 2,
+            page_token: first.next_page_token,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(violated_fields(&other), ["page_token"]);
+    let all = client
+        .list_receipts(ListReceiptsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ids(&all), ["R-1", "R-2", "R-3", "R-4"]);
+}
+
+/// What a replica of the release before states writes during a rollout: its statements
+/// know nothing of them. It cannot hold an unsellable unit, and the movements it writes
+/// still carry the location's states.
+#[tokio::test]
+async fn a_release_before_states_cannot_hold_an_unsellable_unit_nor_leave_the_ledger_short() {
+    let app = spawn_app().await;
+    stock(&app, "OLD", 2).await;
+    app.client
+        .clone()
+        .move_stock_state(move_state(
+            "OLD",
+            1,
+            StockState::Sellable,
+            StockState::Damaged,
+            "m",
+        ))
+        .await
+        .unwrap();
+    // Its Reserve saw 2 available (on_hand - reserved) and holds both.
+    let refused = app
+        .db
+        .execute(
+            "UPDATE stock_locations SET reserved = reserved + 2 WHERE sku = 'OLD'",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.as_db_error().and_then(|e| e.constraint()),
+        Some("stock_locations_sound_units")
+    );
+    // Its AdjustStock: the rows moved, then a movement without the state columns.
+    app.db
+        .batch_execute(
+            "UPDATE stock SET on_hand = on_hand + 1, version = version + 1 WHERE sku = 'OLD';
+             UPDATE stock_locations SET on_hand = on_hand + 1, version = version + 1
+                 WHERE sku = 'OLD';
+             INSERT INTO stock_movements (sku, version, kind, on_hand_delta, reserved_delta,
+                                          on_hand, reserved, location_id)
+                 VALUES ('OLD', 3, 'ADJUSTED', 1, 0, 3, 0, 'default');",
+        )
+        .await
+        .unwrap();
+    let damaged: i64 = app
+        .db
+        .query_one(
+            "SELECT damaged FROM stock_movements WHERE sku = 'OLD' AND version = 3",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(damaged, 1);
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
 }

@@ -7,7 +7,8 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::{
     AllocationPolicy, AllocationStrategy, Caller, IdempotencyKey, Line, LocationId, OrderId,
-    Reason, Reservation, ReservationId, ReservationState, Scope, Sku, StockDelta, StockState, Ttl,
+    Reason, Receipt, ReceiptId, Reservation, ReservationId, ReservationState, Scope, Sku,
+    StockDelta, StockLevel, StockState, Ttl,
 };
 
 /// SHA-256 over a canonical encoding of a command (operation name and every field that
@@ -192,6 +193,113 @@ impl MoveStockState {
     }
 }
 
+/// Record an incoming receipt: `quantity` units of a SKU expected at a location.
+#[derive(Clone, Debug)]
+pub struct ExpectStock {
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
+    pub receipt_id: ReceiptId,
+    pub sku: Sku,
+    pub location: LocationId,
+    /// 1 to [`MAX_DELTA`](crate::domain::MAX_DELTA).
+    pub quantity: i64,
+    pub expected_at: SystemTime,
+    pub idempotency_key: IdempotencyKey,
+    pub reason: Reason,
+}
+
+impl ExpectStock {
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new("ExpectStock");
+        builder
+            .field(self.receipt_id.as_str().as_bytes())
+            .field(self.sku.as_str().as_bytes())
+            .field(self.location.as_str().as_bytes())
+            .field(&self.quantity.to_be_bytes())
+            .field(&micros(self.expected_at).to_be_bytes())
+            .field(self.reason.as_str().as_bytes());
+        builder.finish()
+    }
+}
+
+/// Units of a receipt arrived: from `incoming` to `on_hand`.
+#[derive(Clone, Debug)]
+pub struct ReceiveStock {
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
+    pub receipt_id: ReceiptId,
+    /// 1 to [`MAX_DELTA`](crate::domain::MAX_DELTA).
+    pub quantity: i64,
+    pub idempotency_key: IdempotencyKey,
+    pub reason: Reason,
+}
+
+impl ReceiveStock {
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new("ReceiveStock");
+        builder
+            .field(self.receipt_id.as_str().as_bytes())
+            .field(&self.quantity.to_be_bytes())
+            .field(self.reason.as_str().as_bytes());
+        builder.finish()
+    }
+}
+
+/// A receipt will not bring what it has still to bring.
+#[derive(Clone, Debug)]
+pub struct CancelReceipt {
+    /// Scopes the idempotency key; not part of the fingerprint.
+    pub caller: Caller,
+    pub receipt_id: ReceiptId,
+    pub idempotency_key: IdempotencyKey,
+    pub reason: Reason,
+}
+
+impl CancelReceipt {
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut builder = FingerprintBuilder::new("CancelReceipt");
+        builder
+            .field(self.receipt_id.as_str().as_bytes())
+            .field(self.reason.as_str().as_bytes());
+        builder.finish()
+    }
+}
+
+/// A page of receipts (of one SKU, or all), by id.
+#[derive(Clone, Debug)]
+pub struct ListReceipts {
+    pub sku: Option<Sku>,
+    pub page_size: usize,
+    /// Resume after this id (from the previous page's token).
+    pub after: Option<ReceiptId>,
+}
+
+/// One page of receipts, and the id the next one starts after.
+#[derive(Clone, Debug)]
+pub struct ReceiptPage {
+    pub receipts: Vec<Receipt>,
+    pub next: Option<ReceiptId>,
+}
+
+/// A page of receipts as answered: the token of the next page is empty on the last.
+#[derive(Clone, Debug)]
+pub struct ReceiptList {
+    pub receipts: Vec<Receipt>,
+    pub next_page_token: String,
+}
+
+/// A receipt after a change, and the SKU's total after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReceiptChanged {
+    pub receipt: Receipt,
+    pub level: StockLevel,
+}
+
+fn micros(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
 /// Move available units of a SKU between two distinct locations.
 #[derive(Clone, Debug)]
 pub struct TransferStock {
@@ -314,6 +422,47 @@ pub mod movement_token {
     }
 }
 
+/// The page token of `ListReceipts`: the last receipt id listed, bound to the SKU filter it
+/// was issued for.
+pub mod receipt_token {
+    use super::*;
+
+    const VERSION: u8 = 1;
+    const ID: usize = 64;
+    const LEN: usize = 1 + 1 + ID + 8 + 8;
+
+    fn binding(sku: Option<&Sku>) -> [u8; 8] {
+        let mut builder = FingerprintBuilder::new("ListReceipts");
+        builder.field(sku.map_or("", Sku::as_str).as_bytes());
+        let full = builder.finish();
+        let mut short = [0; 8];
+        short.copy_from_slice(&full.as_bytes()[..8]);
+        short
+    }
+
+    pub fn encode(last: &ReceiptId, sku: Option<&Sku>) -> String {
+        let id = last.as_str().as_bytes();
+        let mut body = Vec::with_capacity(LEN - 8);
+        body.push(VERSION);
+        body.push(id.len() as u8);
+        body.extend_from_slice(id);
+        body.resize(2 + ID, 0);
+        body.extend_from_slice(&binding(sku));
+        page_token::seal(body)
+    }
+
+    /// The last receipt listed, for a token issued for this SKU filter.
+    pub fn decode(token: &str, sku: Option<&Sku>) -> Result<ReceiptId, String> {
+        let body = page_token::open(token, LEN, VERSION)?;
+        if body[2 + ID..] != binding(sku) {
+            return Err("belongs to a request with other filters".into());
+        }
+        let len = usize::from(body[1]).min(ID);
+        let raw = std::str::from_utf8(&body[2..2 + len]).map_err(|e| e.to_string())?;
+        ReceiptId::parse(raw)
+    }
+}
+
 /// Read the levels of distinct SKUs, answered in request order.
 #[derive(Clone, Debug)]
 pub struct GetStock {
@@ -328,6 +477,11 @@ pub struct GetStock {
 pub struct StockLevels {
     pub totals: Vec<crate::domain::StockLevel>,
     pub by_location: Vec<crate::domain::StockLevel>,
+    /// Per total, then per location level (in the same orders): what may be promised by
+    /// each date open receipts are expected on (see
+    /// [`available_to_promise`](crate::rules::available_to_promise)).
+    pub promises: Vec<Vec<(SystemTime, i64)>>,
+    pub location_promises: Vec<Vec<(SystemTime, i64)>>,
 }
 
 impl GetStock {

@@ -745,6 +745,83 @@ impl States {
     }
 }
 
+/// A receipt's id (a purchase order line): 1 to 64 characters from `A-Z a-z 0-9 . _ - :`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReceiptId(String);
+
+impl ReceiptId {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        Sku::parse(raw).map(|valid| Self(valid.0))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ReceiptId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where a receipt is: still bringing units, all of them received, or cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReceiptState {
+    Open,
+    Received,
+    Cancelled,
+}
+
+impl ReceiptState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "OPEN",
+            Self::Received => "RECEIVED",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        [Self::Open, Self::Received, Self::Cancelled]
+            .into_iter()
+            .find(|state| state.as_str() == raw)
+    }
+}
+
+/// Units expected at a location (a purchase order line): `incoming` until received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    pub id: ReceiptId,
+    pub sku: Sku,
+    pub location: LocationId,
+    /// The units expected.
+    pub quantity: i64,
+    /// The units received so far (may exceed `quantity`: an over-delivery).
+    pub received: i64,
+    /// Units of held lines pegged to this receipt, waiting for it.
+    pub preordered: i64,
+    pub expected_at: std::time::SystemTime,
+    pub state: ReceiptState,
+    pub created_at: std::time::SystemTime,
+}
+
+impl Receipt {
+    /// What it has still to bring: its quantity less what was received while it is open,
+    /// nothing once received or cancelled.
+    pub fn remainder(&self) -> i64 {
+        match self.state {
+            ReceiptState::Open => (self.quantity - self.received).max(0),
+            _ => 0,
+        }
+    }
+
+    /// What of the remainder no pre-order has taken yet.
+    pub fn unpromised(&self) -> i64 {
+        (self.remainder() - self.preordered).max(0)
+    }
+}
+
 /// Where a unit on the shelf is: sellable, or unsellable for a reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StockState {

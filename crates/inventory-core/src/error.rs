@@ -287,6 +287,21 @@ pub enum Error {
         head: i64,
     },
 
+    /// No receipt with this id.
+    #[error("no receipt {0}")]
+    UnknownReceipt(crate::domain::ReceiptId),
+
+    /// A receipt with this id exists already.
+    #[error("receipt {0} exists")]
+    ReceiptExists(crate::domain::ReceiptId),
+
+    /// The receipt is received or cancelled: it brings nothing more.
+    #[error("receipt {id} is {}: it brings nothing more", state.as_str())]
+    ReceiptClosed {
+        id: crate::domain::ReceiptId,
+        state: crate::domain::ReceiptState,
+    },
+
     /// The idempotency key was already used for a different request.
     #[error("idempotency key was already used for a different request")]
     IdempotencyKeyReused,
@@ -340,6 +355,9 @@ impl Error {
             | Self::SubscriptionExists(_)
             | Self::SubscriptionTakenOver(_)
             | Self::SubscriptionLost { .. }
+            | Self::UnknownReceipt(_)
+            | Self::ReceiptExists(_)
+            | Self::ReceiptClosed { .. }
             | Self::IdempotencyKeyReused => true,
             Self::LeaseBusy { .. }
             | Self::TooManyWaiters { .. }

@@ -11,8 +11,9 @@ use tokio::sync::Notify;
 
 use crate::{
     command::{
-        AdjustStock, BatchSetStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
-        ListStockMovements, MoveStockState, MovementPage, ReservationPage, ReservationRef, Reserve,
+        AdjustStock, BatchSetStock, CancelOrder, CancelReceipt, ExpectStock, ExtendReservation,
+        GetStock, ListReceipts, ListReservations, ListStockMovements, MoveStockState, MovementPage,
+        ReceiptChanged, ReceiptPage, ReceiveStock, ReservationPage, ReservationRef, Reserve,
         SetStock, SetStockPolicy, SettleReservation, StockLevels, TransferStock, Transferred,
     },
     domain::{Caller, FenceToken, IdempotencyKey, Location, Reservation, Sku, StockLevel, Ttl},
@@ -56,6 +57,30 @@ pub trait StockStore: Send + Sync + 'static {
         &self,
         query: &GetStock,
     ) -> impl Future<Output = Result<StockLevels, Error>> + Send;
+
+    /// Records an incoming receipt (a new id) for an existing SKU, under its row lock.
+    fn expect_stock(
+        &self,
+        command: &ExpectStock,
+    ) -> impl Future<Output = Result<ReceiptChanged, Error>> + Send;
+
+    /// Units of an open receipt arrive, under its SKU's row lock.
+    fn receive_stock(
+        &self,
+        command: &ReceiveStock,
+    ) -> impl Future<Output = Result<ReceiptChanged, Error>> + Send;
+
+    /// An open receipt cancelled, under its SKU's row lock.
+    fn cancel_receipt(
+        &self,
+        command: &CancelReceipt,
+    ) -> impl Future<Output = Result<ReceiptChanged, Error>> + Send;
+
+    /// A page of receipts, by id.
+    fn list_receipts(
+        &self,
+        query: &ListReceipts,
+    ) -> impl Future<Output = Result<ReceiptPage, Error>> + Send;
 
     /// Sets a (SKU, location)'s policy under the SKU's row lock: the SKU's total after.
     fn set_stock_policy(

@@ -9,10 +9,13 @@ use std::time::{Duration, SystemTime};
 
 use crate::{
     allocation::{Placement, SkuStock, Unplaced},
-    command::{AdjustStock, MoveStockState, Reserve, SetStock, SetStockPolicy, Settle},
+    command::{
+        AdjustStock, ExpectStock, MoveStockState, Reserve, SetStock, SetStockPolicy, Settle,
+    },
     domain::{
-        Allocation, FenceToken, Line, Location, LocationId, MAX_ON_HAND, Reservation,
-        ReservationId, ReservationLine, ReservationState, Sku, States, StockLevel, StockState, Ttl,
+        Allocation, FenceToken, Line, Location, LocationId, MAX_ON_HAND, Receipt, ReceiptState,
+        Reservation, ReservationId, ReservationLine, ReservationState, Sku, States, StockLevel,
+        StockState, Ttl,
     },
     error::{Error, NotHeld, Settled, Shortfall},
     events::ReservationEvent,
@@ -241,21 +244,122 @@ pub struct StatesChange {
 
 impl StatesChange {
     fn of(total: &StockLevel, before: StockLevel, delta: States) -> Self {
+        Self::with_on_hand(total, before, delta, 0)
+    }
+
+    /// A change of the states by `delta` and of `on_hand` by `on_hand`.
+    fn with_on_hand(total: &StockLevel, before: StockLevel, delta: States, on_hand: i64) -> Self {
         let version = total.version + 1;
         Self {
             total: StockLevel {
                 version,
+                on_hand: total.on_hand + on_hand,
                 states: total.states.plus(&delta),
                 ..total.clone()
             },
             at: StockLevel {
                 version,
+                on_hand: before.on_hand + on_hand,
                 states: before.states.plus(&delta),
                 ..before
             },
             delta,
         }
     }
+
+    /// The change of `on_hand` at the location.
+    pub fn on_hand(&self, before: Option<&StockLevel>) -> i64 {
+        self.at.on_hand - before.map_or(0, |b| b.on_hand)
+    }
+}
+
+/// An incoming receipt recorded at a location of a locked SKU: its units are incoming.
+pub fn expect(total: &StockLevel, at: Option<&StockLevel>, command: &ExpectStock) -> StatesChange {
+    let before = at_or_empty(total, at, &command.location);
+    let delta = States {
+        incoming: command.quantity,
+        ..States::default()
+    };
+    StatesChange::of(total, before, delta)
+}
+
+/// `quantity` units of an open receipt arrive at its location (of the locked SKU): they
+/// are on hand, and what they bring of the receipt's remainder is no longer incoming (an
+/// over-delivery adds units that were never incoming). The receipt is received once its
+/// quantity is. Answers the change and the receipt after.
+pub fn receive(
+    total: &StockLevel,
+    at: Option<&StockLevel>,
+    receipt: &Receipt,
+    quantity: i64,
+) -> Result<(StatesChange, Receipt), Error> {
+    if receipt.state != ReceiptState::Open {
+        return Err(Error::ReceiptClosed {
+            id: receipt.id.clone(),
+            state: receipt.state,
+        });
+    }
+    within_limit(&receipt.sku, total.on_hand, quantity)?;
+    let before = at_or_empty(total, at, &receipt.location);
+    let delta = States {
+        incoming: -quantity.min(receipt.remainder()),
+        ..States::default()
+    };
+    let mut after = receipt.clone();
+    after.received += quantity;
+    if after.received >= after.quantity {
+        after.state = ReceiptState::Received;
+    }
+    Ok((
+        StatesChange::with_on_hand(total, before, delta, quantity),
+        after,
+    ))
+}
+
+/// An open receipt cancelled: what it had still to bring is no longer incoming. Its
+/// pre-ordered units stay with their holds (at risk), to be filled by other stock.
+pub fn cancel_receipt(
+    total: &StockLevel,
+    at: Option<&StockLevel>,
+    receipt: &Receipt,
+) -> Result<(StatesChange, Receipt), Error> {
+    if receipt.state != ReceiptState::Open {
+        return Err(Error::ReceiptClosed {
+            id: receipt.id.clone(),
+            state: receipt.state,
+        });
+    }
+    let before = at_or_empty(total, at, &receipt.location);
+    let delta = States {
+        incoming: -receipt.remainder(),
+        ..States::default()
+    };
+    let mut after = receipt.clone();
+    after.state = ReceiptState::Cancelled;
+    Ok((StatesChange::of(total, before, delta), after))
+}
+
+/// What may be promised of a (SKU, location) or a SKU's total by a date: one step per
+/// date open receipts are expected on, each the units promisable by then (what is free now,
+/// less what backorders wait for, plus the unpromised remainder of every receipt due by
+/// then), never below 0. Receipts only add, so no step promises what a later one takes
+/// back. `receipts`: those the level counts (of the location, or of every location).
+pub fn available_to_promise(level: &StockLevel, receipts: &[&Receipt]) -> Vec<(SystemTime, i64)> {
+    let mut open: Vec<&&Receipt> = receipts
+        .iter()
+        .filter(|r| r.state == ReceiptState::Open)
+        .collect();
+    open.sort_by_key(|r| r.expected_at);
+    let mut balance = level.free() - level.states.backordered;
+    let mut steps: Vec<(SystemTime, i64)> = Vec::new();
+    for receipt in open {
+        balance += receipt.unpromised();
+        match steps.last_mut() {
+            Some(last) if last.0 == receipt.expected_at => last.1 = balance.max(0),
+            _ => steps.push((receipt.expected_at, balance.max(0))),
+        }
+    }
+    steps
 }
 
 /// Units moved between states at one location: the source must have them, and sellable

@@ -20,10 +20,11 @@ use crate::{
         MAX_GROUPS, MAX_HELD_BATCHES, Origin, Queued, Queues, Submitted, Turn, TurnWait, Writing,
     },
     command::{
-        AdjustStock, BatchSetStock, CancelOrder, ExtendReservation, GetStock, ListReservations,
-        ListStockMovements, MoveStockState, MovementList, ReservationList, ReservationRef, Reserve,
-        SetStock, SetStockPolicy, SettleReservation, StockLevels, TransferStock, Transferred,
-        movement_token, page_token,
+        AdjustStock, BatchSetStock, CancelOrder, CancelReceipt, ExpectStock, ExtendReservation,
+        GetStock, ListReceipts, ListReservations, ListStockMovements, MoveStockState, MovementList,
+        ReceiptChanged, ReceiveStock, ReservationList, ReservationRef, Reserve, SetStock,
+        SetStockPolicy, SettleReservation, StockLevels, TransferStock, Transferred, movement_token,
+        page_token,
     },
     domain::{FenceToken, Location, Reservation, Sku, StockLevel, Tenant, Ttl},
     error::Error,
@@ -184,6 +185,33 @@ where
 
     pub async fn get_stock(&self, query: &GetStock) -> Result<StockLevels, Error> {
         self.store.get_stock(query).await
+    }
+
+    /// Records an incoming receipt; no lease, like an adjustment.
+    pub async fn expect_stock(&self, command: &ExpectStock) -> Result<ReceiptChanged, Error> {
+        self.store.expect_stock(command).await
+    }
+
+    /// Units of a receipt arrive; no lease, like an adjustment.
+    pub async fn receive_stock(&self, command: &ReceiveStock) -> Result<ReceiptChanged, Error> {
+        self.store.receive_stock(command).await
+    }
+
+    pub async fn cancel_receipt(&self, command: &CancelReceipt) -> Result<ReceiptChanged, Error> {
+        self.store.cancel_receipt(command).await
+    }
+
+    pub async fn list_receipts(
+        &self,
+        query: &ListReceipts,
+    ) -> Result<crate::command::ReceiptList, Error> {
+        let page = self.store.list_receipts(query).await?;
+        Ok(crate::command::ReceiptList {
+            next_page_token: page.next.map_or_else(String::new, |last| {
+                crate::command::receipt_token::encode(&last, query.sku.as_ref())
+            }),
+            receipts: page.receipts,
+        })
     }
 
     /// Sets a (SKU, location)'s policy; no lease, like an adjustment.

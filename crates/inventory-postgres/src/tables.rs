@@ -10,11 +10,13 @@
 //! - `ledger` — the stock movements every level change writes.
 //! - `orders` — tombstones of cancelled orders and the order locks.
 //! - `locations` — the configured locations.
+//! - `receipts` — incoming receipts: what each brought and what pre-orders wait for it.
 
 pub(crate) mod idempotency;
 pub(crate) mod ledger;
 pub(crate) mod locations;
 pub(crate) mod orders;
 pub(crate) mod outbox;
+pub(crate) mod receipts;
 pub(crate) mod reservations;
 pub(crate) mod stock;

@@ -1,13 +1,17 @@
-//! The stock-state use cases of [`PgStore`]: a (SKU, location)'s policy and its units moved
-//! between states. Each is one keyed transaction that locks the SKU's row, reads its row at
-//! the location, lets the core decide, and writes the change with its movement and its
+//! The stock-state use cases of [`PgStore`]: a (SKU, location)'s policy, its units moved
+//! between states, and its incoming receipts (expected, received, cancelled, listed). Each
+//! write is one keyed transaction that locks the SKU's row, reads its row at the location,
+//! lets the core decide, and writes the change with its movement and its
 //! `STOCK_STATE_CHANGED` event.
 
 use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
-    command::{MoveStockState, SetStockPolicy},
-    domain::{LocationId, MovementKind, Sku, StockLevel},
+    command::{
+        CancelReceipt, ExpectStock, ListReceipts, MoveStockState, ReceiptChanged, ReceiptPage,
+        ReceiveStock, SetStockPolicy,
+    },
+    domain::{LocationId, MovementKind, Receipt, ReceiptState, Sku, StockLevel},
     events::Change,
     rules::{self, StatesChange},
 };
@@ -15,10 +19,14 @@ use serde_json::json;
 
 use crate::{
     PgStore,
-    plumbing::error::from_db,
-    tables::idempotency::outcome::{MOVE_STOCK_STATE, SET_STOCK_POLICY, StatesOutcome},
+    plumbing::error::{from_db, from_pool},
+    tables::idempotency::outcome::{
+        CANCEL_RECEIPT, EXPECT_STOCK, MOVE_STOCK_STATE, RECEIVE_STOCK, ReceiptOutcome,
+        SET_STOCK_POLICY, StatesOutcome,
+    },
     tables::ledger::{self, Cause, NewMovement},
     tables::outbox,
+    tables::receipts,
     tables::stock::{self, Moved, StockMove},
     usecases::keyed::{Commit, Key},
 };
@@ -89,6 +97,195 @@ impl PgStore {
     }
 }
 
+impl PgStore {
+    #[tracing::instrument(name = "sql.expect_stock", skip_all, fields(receipt_id = %command.receipt_id))]
+    pub(crate) async fn expect(&self, command: &ExpectStock) -> Result<ReceiptChanged, Error> {
+        let key = Key::new(
+            &command.caller,
+            &command.idempotency_key,
+            EXPECT_STOCK,
+            command.fingerprint(),
+        );
+        let replay = async |stored: ReceiptOutcome, _: &Transaction<'_>| stored.into_result();
+        self.keyed(key, None, replay, async |tx| {
+            super::stock::known_locations(tx, [&command.location]).await?;
+            let result = expect_receipt(tx, command).await?;
+            let outcome = ReceiptOutcome::of(&result).expect("only final outcomes come back");
+            let wrote = result.is_ok();
+            Commit::storing(result, &outcome)?.wrote(wrote).step()
+        })
+        .await
+    }
+
+    #[tracing::instrument(name = "sql.receive_stock", skip_all, fields(receipt_id = %command.receipt_id, quantity = command.quantity))]
+    pub(crate) async fn receive(&self, command: &ReceiveStock) -> Result<ReceiptChanged, Error> {
+        let key = Key::new(
+            &command.caller,
+            &command.idempotency_key,
+            RECEIVE_STOCK,
+            command.fingerprint(),
+        );
+        let replay = async |stored: ReceiptOutcome, _: &Transaction<'_>| stored.into_result();
+        self.keyed(key, None, replay, async |tx| {
+            let cause = Cause::call(
+                command.caller.as_str(),
+                command.reason.as_str(),
+                Some(command.idempotency_key.as_str()),
+            );
+            let result = change_receipt(
+                tx,
+                &command.receipt_id,
+                MovementKind::Received,
+                cause,
+                |total, at, receipt| rules::receive(total, at, receipt, command.quantity),
+            )
+            .await?;
+            let outcome = ReceiptOutcome::of(&result).expect("only final outcomes come back");
+            let wrote = result.is_ok();
+            Commit::storing(result, &outcome)?.wrote(wrote).step()
+        })
+        .await
+    }
+
+    #[tracing::instrument(name = "sql.cancel_receipt", skip_all, fields(receipt_id = %command.receipt_id))]
+    pub(crate) async fn cancel_receipt_of(
+        &self,
+        command: &CancelReceipt,
+    ) -> Result<ReceiptChanged, Error> {
+        let key = Key::new(
+            &command.caller,
+            &command.idempotency_key,
+            CANCEL_RECEIPT,
+            command.fingerprint(),
+        );
+        let replay = async |stored: ReceiptOutcome, _: &Transaction<'_>| stored.into_result();
+        self.keyed(key, None, replay, async |tx| {
+            let cause = Cause::call(
+                command.caller.as_str(),
+                command.reason.as_str(),
+                Some(command.idempotency_key.as_str()),
+            );
+            let result = change_receipt(
+                tx,
+                &command.receipt_id,
+                MovementKind::ReceiptCancelled,
+                cause,
+                rules::cancel_receipt,
+            )
+            .await?;
+            let outcome = ReceiptOutcome::of(&result).expect("only final outcomes come back");
+            let wrote = result.is_ok();
+            Commit::storing(result, &outcome)?.wrote(wrote).step()
+        })
+        .await
+    }
+
+    pub(crate) async fn receipts_page(&self, query: &ListReceipts) -> Result<ReceiptPage, Error> {
+        self.bounded(async {
+            let client = self.pool().get().await.map_err(from_pool)?;
+            receipts::page(&client, query).await
+        })
+        .await
+    }
+}
+
+/// A new receipt: the SKU's row locked (it must exist), the id taken, its units incoming.
+async fn expect_receipt(
+    tx: &Transaction<'_>,
+    command: &ExpectStock,
+) -> Result<Result<ReceiptChanged, Error>, Error> {
+    let sku = &command.sku;
+    let Some(total) = stock::lock(tx, sku).await.map_err(from_db)? else {
+        return Ok(Err(Error::UnknownSkus(vec![sku.clone()])));
+    };
+    let new = Receipt {
+        id: command.receipt_id.clone(),
+        sku: sku.clone(),
+        location: command.location.clone(),
+        quantity: command.quantity,
+        received: 0,
+        preordered: 0,
+        expected_at: command.expected_at,
+        state: ReceiptState::Open,
+        created_at: command.expected_at,
+    };
+    let Some(receipt) = receipts::insert(tx, &new, command.reason.as_str()).await? else {
+        return Ok(Err(Error::ReceiptExists(command.receipt_id.clone())));
+    };
+    let at = stock::read_at(tx, sku, &command.location)
+        .await
+        .map_err(from_db)?;
+    let decided = rules::expect(&total, at.as_ref(), command);
+    let cause = Cause::call(
+        command.caller.as_str(),
+        command.reason.as_str(),
+        Some(command.idempotency_key.as_str()),
+    );
+    let mut record = StateChange::new(MovementKind::ReceiptExpected, cause);
+    record.receipt = Some(receipt.id.as_str());
+    let moved = write_states(tx, sku, &command.location, at.as_ref(), &decided, &record).await?;
+    Ok(Ok(ReceiptChanged {
+        level: moved.total,
+        receipt,
+    }))
+}
+
+/// A change of an existing receipt: its SKU's row locked, the receipt read under that lock,
+/// the core's decision written with the receipt's new counts.
+async fn change_receipt(
+    tx: &Transaction<'_>,
+    id: &inventory_core::domain::ReceiptId,
+    kind: MovementKind,
+    cause: Cause<'_>,
+    decide: impl FnOnce(
+        &StockLevel,
+        Option<&StockLevel>,
+        &Receipt,
+    ) -> Result<(StatesChange, Receipt), Error>,
+) -> Result<Result<ReceiptChanged, Error>, Error> {
+    // Its SKU never changes, so the unlocked read finds the row to lock.
+    let Some(peek) = receipts::read(tx, id).await? else {
+        return Ok(Err(Error::UnknownReceipt(id.clone())));
+    };
+    let total = stock::lock(tx, &peek.sku)
+        .await
+        .map_err(from_db)?
+        .ok_or_else(|| Error::internal("a receipt of a SKU without a stock row"))?;
+    let receipt = receipts::read(tx, id)
+        .await?
+        .ok_or_else(|| Error::internal("a receipt vanished under its SKU's lock"))?;
+    let at = stock::read_at(tx, &receipt.sku, &receipt.location)
+        .await
+        .map_err(from_db)?;
+    // A cancel of a cancelled receipt answers it as it is.
+    if kind == MovementKind::ReceiptCancelled && receipt.state == ReceiptState::Cancelled {
+        return Ok(Ok(ReceiptChanged {
+            receipt,
+            level: total,
+        }));
+    }
+    let (decided, after) = match decide(&total, at.as_ref(), &receipt) {
+        Err(refusal) => return Ok(Err(refusal)),
+        Ok(decided) => decided,
+    };
+    receipts::update(tx, &after).await?;
+    let mut record = StateChange::new(kind, cause);
+    record.receipt = Some(receipt.id.as_str());
+    let moved = write_states(
+        tx,
+        &receipt.sku,
+        &receipt.location,
+        at.as_ref(),
+        &decided,
+        &record,
+    )
+    .await?;
+    Ok(Ok(ReceiptChanged {
+        receipt: after,
+        level: moved.total,
+    }))
+}
+
 /// What a change of states records besides its levels: its kind and cause, and for a state
 /// move its units and states.
 pub(crate) struct StateChange<'a> {
@@ -114,9 +311,8 @@ impl<'a> StateChange<'a> {
 }
 
 /// Locks the SKU's row, reads its row at `location`, lets `decide` judge, and writes what it
-/// decided: the move (`on_hand` by the location's change, the states by the decided delta),
-/// the movement and the event. `None` from `decide`: nothing to change, and the total is
-/// answered as it is. An unknown SKU is refused.
+/// decided (see [`write_states`]). `None` from `decide`: nothing to change, and the total
+/// is answered as it is. An unknown SKU is refused.
 pub(crate) async fn change_states(
     tx: &Transaction<'_>,
     sku: &Sku,
@@ -133,12 +329,27 @@ pub(crate) async fn change_states(
         Ok(None) => return Ok(Ok(total)),
         Ok(Some(decided)) => decided,
     };
+    let moved = write_states(tx, sku, location, at.as_ref(), &decided, &record).await?;
+    Ok(Ok(moved.total))
+}
+
+/// Writes a decided change of a locked SKU's states at `location` (whose row was `at`,
+/// given one first if it had none): the move (`on_hand` by the location's change, the
+/// states by the decided delta), the movement and the event.
+pub(crate) async fn write_states(
+    tx: &Transaction<'_>,
+    sku: &Sku,
+    location: &LocationId,
+    at: Option<&StockLevel>,
+    decided: &StatesChange,
+    record: &StateChange<'_>,
+) -> Result<Moved, Error> {
     if at.is_none() {
         stock::add_location(tx, sku, location)
             .await
             .map_err(from_db)?;
     }
-    let on_hand = decided.at.on_hand - at.as_ref().map_or(0, |a| a.on_hand);
+    let on_hand = decided.on_hand(at);
     let moves = [StockMove {
         sku,
         location,
@@ -152,8 +363,8 @@ pub(crate) async fn change_states(
         (&decided.total, &decided.at),
         "the stored levels are the decided ones"
     );
-    record_state_change(tx, &moved, on_hand, decided.delta, &record).await?;
-    Ok(Ok(moved.total))
+    record_state_change(tx, &moved, on_hand, decided.delta, record).await?;
+    Ok(moved)
 }
 
 /// The movement and the `STOCK_STATE_CHANGED` event of one change of states.

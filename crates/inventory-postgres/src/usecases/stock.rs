@@ -6,8 +6,9 @@ use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
     command::{
-        AdjustStock, BatchSetStock, GetStock, ListStockMovements, MoveStockState, MovementPage,
-        SetStock, SetStockPolicy, StockLevels, TransferStock, Transferred,
+        AdjustStock, BatchSetStock, CancelReceipt, ExpectStock, GetStock, ListReceipts,
+        ListStockMovements, MoveStockState, MovementPage, ReceiptChanged, ReceiptPage,
+        ReceiveStock, SetStock, SetStockPolicy, StockLevels, TransferStock, Transferred,
     },
     domain::{Location, LocationId, MovementKind, Sku, States, StockLevel, StockState},
     ports::StockStore,
@@ -160,6 +161,7 @@ impl StockStore for PgStore {
                         Some(t) => {
                             t.on_hand += level.on_hand;
                             t.reserved += level.reserved;
+                            t.states = t.states.plus(&level.states);
                             t.version = t.version.max(level.version);
                         }
                         None => totals.push(StockLevel {
@@ -185,7 +187,31 @@ impl StockStore for PgStore {
             by_location.sort_by(|a, b| {
                 (position(&a.sku), &a.location).cmp(&(position(&b.sku), &b.location))
             });
+            // What may be promised by date: only SKUs with incoming units have steps, and
+            // only they cost a read of their receipts.
+            let incoming: Vec<Sku> = totals
+                .iter()
+                .filter(|t| t.states.incoming > 0)
+                .map(|t| t.sku.clone())
+                .collect();
+            let open = if incoming.is_empty() {
+                Vec::new()
+            } else {
+                crate::tables::receipts::open_of(&client, &incoming).await?
+            };
+            let promise = |level: &StockLevel| {
+                let counted: Vec<&inventory_core::domain::Receipt> = open
+                    .iter()
+                    .filter(|r| {
+                        r.sku == level.sku
+                            && level.location.as_ref().is_none_or(|l| *l == r.location)
+                    })
+                    .collect();
+                rules::available_to_promise(level, &counted)
+            };
             Ok(StockLevels {
+                promises: totals.iter().map(promise).collect(),
+                location_promises: by_location.iter().map(promise).collect(),
                 totals,
                 by_location,
             })
@@ -210,6 +236,22 @@ impl StockStore for PgStore {
             Commit::storing(result, &outcome)?.wrote(wrote).step()
         })
         .await
+    }
+
+    async fn expect_stock(&self, command: &ExpectStock) -> Result<ReceiptChanged, Error> {
+        self.expect(command).await
+    }
+
+    async fn receive_stock(&self, command: &ReceiveStock) -> Result<ReceiptChanged, Error> {
+        self.receive(command).await
+    }
+
+    async fn cancel_receipt(&self, command: &CancelReceipt) -> Result<ReceiptChanged, Error> {
+        self.cancel_receipt_of(command).await
+    }
+
+    async fn list_receipts(&self, query: &ListReceipts) -> Result<ReceiptPage, Error> {
+        self.receipts_page(query).await
     }
 
     async fn set_stock_policy(&self, command: &SetStockPolicy) -> Result<StockLevel, Error> {

@@ -9,10 +9,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use inventory_core::{
     Error,
-    command::{AdjustStock, BatchSetStock, SetStock, Transferred},
+    command::{AdjustStock, BatchSetStock, ReceiptChanged, SetStock, Transferred},
     domain::{
-        Allocation, Line, LocationId, MAX_ON_HAND, OrderId, Quantity, Reservation, ReservationId,
-        ReservationLine, ReservationState, Sku, States, StockLevel,
+        Allocation, Line, LocationId, MAX_ON_HAND, OrderId, Quantity, Receipt, ReceiptId,
+        ReceiptState, Reservation, ReservationId, ReservationLine, ReservationState, Sku, States,
+        StockLevel,
     },
     error::Shortfall,
 };
@@ -38,6 +39,9 @@ pub(crate) const BATCH_SET_STOCK: &str = "BatchSetStock";
 pub(crate) const TRANSFER_STOCK: &str = "TransferStock";
 pub(crate) const SET_STOCK_POLICY: &str = "SetStockPolicy";
 pub(crate) const MOVE_STOCK_STATE: &str = "MoveStockState";
+pub(crate) const EXPECT_STOCK: &str = "ExpectStock";
+pub(crate) const RECEIVE_STOCK: &str = "ReceiveStock";
+pub(crate) const CANCEL_RECEIPT: &str = "CancelReceipt";
 
 /// The stored outcome of a `Reserve`: what a retry with the same key gets back.
 #[derive(Debug, Serialize, Deserialize)]
@@ -629,6 +633,141 @@ impl StatesOutcome {
                     available: shortfall.available,
                 }]))
             }
+        }
+    }
+}
+
+/// A receipt as stored in an outcome.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StoredReceipt {
+    receipt_id: String,
+    sku: String,
+    location_id: String,
+    quantity: i64,
+    received: i64,
+    preordered: i64,
+    expected_at_micros: i64,
+    state: String,
+    created_at_micros: i64,
+}
+
+impl StoredReceipt {
+    fn of(receipt: &Receipt) -> Self {
+        Self {
+            receipt_id: receipt.id.as_str().to_owned(),
+            sku: receipt.sku.as_str().to_owned(),
+            location_id: receipt.location.as_str().to_owned(),
+            quantity: receipt.quantity,
+            received: receipt.received,
+            preordered: receipt.preordered,
+            expected_at_micros: micros(receipt.expected_at),
+            state: receipt.state.as_str().to_owned(),
+            created_at_micros: micros(receipt.created_at),
+        }
+    }
+
+    fn receipt(self) -> Result<Receipt, Error> {
+        Ok(Receipt {
+            id: ReceiptId::parse(&self.receipt_id).map_err(Error::internal)?,
+            sku: Sku::parse(&self.sku).map_err(Error::internal)?,
+            location: LocationId::parse(&self.location_id).map_err(Error::internal)?,
+            quantity: self.quantity,
+            received: self.received,
+            preordered: self.preordered,
+            expected_at: from_micros(self.expected_at_micros),
+            state: ReceiptState::parse(&self.state)
+                .ok_or_else(|| Error::internal("a stored receipt state this release lacks"))?,
+            created_at: from_micros(self.created_at_micros),
+        })
+    }
+}
+
+/// The stored outcome of `ExpectStock`, `ReceiveStock` and `CancelReceipt`: the receipt
+/// and the SKU's total after the change, or the refusal.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub(crate) enum ReceiptOutcome {
+    Changed {
+        receipt: Box<StoredReceipt>,
+        level: Box<StoredLevel>,
+    },
+    UnknownSku {
+        sku: String,
+    },
+    UnknownReceipt {
+        receipt_id: String,
+    },
+    ReceiptExists {
+        receipt_id: String,
+    },
+    ReceiptClosed {
+        receipt_id: String,
+        state: String,
+    },
+    StockLimit {
+        sku: String,
+        requested: i64,
+    },
+}
+
+impl ReceiptOutcome {
+    /// `None` for anything but a final outcome.
+    pub(crate) fn of(result: &Result<ReceiptChanged, Error>) -> Option<Self> {
+        Some(match result {
+            Ok(changed) => Self::Changed {
+                receipt: Box::new(StoredReceipt::of(&changed.receipt)),
+                level: Box::new(StoredLevel::of(&changed.level)),
+            },
+            Err(Error::UnknownSkus(skus)) => Self::UnknownSku {
+                sku: skus.first()?.as_str().to_owned(),
+            },
+            Err(Error::UnknownReceipt(id)) => Self::UnknownReceipt {
+                receipt_id: id.as_str().to_owned(),
+            },
+            Err(Error::ReceiptExists(id)) => Self::ReceiptExists {
+                receipt_id: id.as_str().to_owned(),
+            },
+            Err(Error::ReceiptClosed { id, state }) => Self::ReceiptClosed {
+                receipt_id: id.as_str().to_owned(),
+                state: state.as_str().to_owned(),
+            },
+            Err(Error::StockLimit { sku, requested, .. }) => Self::StockLimit {
+                sku: sku.as_str().to_owned(),
+                requested: *requested,
+            },
+            Err(_) => return None,
+        })
+    }
+
+    pub(crate) fn into_result(self) -> Result<ReceiptChanged, Error> {
+        let receipt_id = |raw: &str| ReceiptId::parse(raw).map_err(Error::internal);
+        let sku = |raw: &str| Sku::parse(raw).map_err(Error::internal);
+        match self {
+            Self::Changed { receipt, level } => Ok(ReceiptChanged {
+                receipt: receipt.receipt()?,
+                level: level.level()?,
+            }),
+            Self::UnknownSku { sku: raw } => Err(Error::UnknownSkus(vec![sku(&raw)?])),
+            Self::UnknownReceipt { receipt_id: raw } => {
+                Err(Error::UnknownReceipt(receipt_id(&raw)?))
+            }
+            Self::ReceiptExists { receipt_id: raw } => Err(Error::ReceiptExists(receipt_id(&raw)?)),
+            Self::ReceiptClosed {
+                receipt_id: raw,
+                state,
+            } => Err(Error::ReceiptClosed {
+                id: receipt_id(&raw)?,
+                state: ReceiptState::parse(&state)
+                    .ok_or_else(|| Error::internal("a stored receipt state this release lacks"))?,
+            }),
+            Self::StockLimit {
+                sku: raw,
+                requested,
+            } => Err(Error::StockLimit {
+                sku: sku(&raw)?,
+                requested,
+                limit: MAX_ON_HAND,
+            }),
         }
     }
 }

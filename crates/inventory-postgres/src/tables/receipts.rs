@@ -1,0 +1,152 @@
+//! SQL for the `receipts` table: incoming receipts (purchase order lines), what each has
+//! brought and what pre-orders are pegged to it.
+//!
+//! Invariant relied on: a receipt's row is written only under its SKU's `stock` row lock,
+//! like every other row of the SKU; `preordered + least(received, quantity) <= quantity` is
+//! a CHECK, so no pre-order can be pegged past what a receipt has still to bring.
+
+use deadpool_postgres::GenericClient;
+use inventory_core::{
+    Error,
+    command::{ListReceipts, ReceiptPage},
+    domain::{LocationId, Receipt, ReceiptId, ReceiptState, Sku},
+};
+use tokio_postgres::Row;
+
+use crate::plumbing::error::from_db;
+
+const COLUMNS: &str = "receipt_id, sku, location_id, quantity, received, preordered, expected_at, \
+                       state, created_at";
+
+/// A new receipt; nothing comes back when the id is taken.
+const INSERT: &str = "
+    INSERT INTO receipts (receipt_id, sku, location_id, quantity, expected_at, reason)
+    VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (receipt_id) DO NOTHING
+    RETURNING receipt_id, sku, location_id, quantity, received, preordered, expected_at, state,
+              created_at";
+
+const UPDATE: &str = "
+    UPDATE receipts SET received = $2, preordered = $3, state = $4,
+                        updated_at = clock_timestamp()
+    WHERE receipt_id = $1";
+
+/// Turns a row of [`COLUMNS`] into a receipt.
+fn receipt(row: &Row) -> Result<Receipt, Error> {
+    let get = |e| Error::internal(e);
+    let state: &str = row.try_get(7).map_err(get)?;
+    Ok(Receipt {
+        id: ReceiptId::parse(row.try_get(0).map_err(get)?).map_err(Error::internal)?,
+        sku: Sku::parse(row.try_get(1).map_err(get)?).map_err(Error::internal)?,
+        location: LocationId::parse(row.try_get(2).map_err(get)?).map_err(Error::internal)?,
+        quantity: row.try_get(3).map_err(get)?,
+        received: row.try_get(4).map_err(get)?,
+        preordered: row.try_get(5).map_err(get)?,
+        expected_at: row.try_get(6).map_err(get)?,
+        state: ReceiptState::parse(state)
+            .ok_or_else(|| Error::internal(format!("unknown receipt state {state:?}")))?,
+        created_at: row.try_get(8).map_err(get)?,
+    })
+}
+
+/// Inserts `receipt`'s id, SKU, location, quantity and date; `None` if the id is taken.
+pub(crate) async fn insert(
+    client: &impl GenericClient,
+    new: &Receipt,
+    reason: &str,
+) -> Result<Option<Receipt>, Error> {
+    let statement = client.prepare_cached(INSERT).await.map_err(from_db)?;
+    let row = client
+        .query_opt(
+            &statement,
+            &[
+                &new.id.as_str(),
+                &new.sku.as_str(),
+                &new.location.as_str(),
+                &new.quantity,
+                &new.expected_at,
+                &reason,
+            ],
+        )
+        .await
+        .map_err(from_db)?;
+    row.as_ref().map(receipt).transpose()
+}
+
+/// The receipt `id` as it is (under its SKU's lock, when the caller holds it).
+pub(crate) async fn read(
+    client: &impl GenericClient,
+    id: &ReceiptId,
+) -> Result<Option<Receipt>, Error> {
+    let sql = format!("SELECT {COLUMNS} FROM receipts WHERE receipt_id = $1");
+    let statement = client.prepare_cached(&sql).await.map_err(from_db)?;
+    let row = client
+        .query_opt(&statement, &[&id.as_str()])
+        .await
+        .map_err(from_db)?;
+    row.as_ref().map(receipt).transpose()
+}
+
+/// Writes what a change made of `receipt`: received, pre-ordered and state.
+pub(crate) async fn update(client: &impl GenericClient, after: &Receipt) -> Result<(), Error> {
+    let statement = client.prepare_cached(UPDATE).await.map_err(from_db)?;
+    client
+        .execute(
+            &statement,
+            &[
+                &after.id.as_str(),
+                &after.received,
+                &after.preordered,
+                &after.state.as_str(),
+            ],
+        )
+        .await
+        .map_err(from_db)?;
+    Ok(())
+}
+
+/// The open receipts of `skus`, by SKU, location and expected date.
+pub(crate) async fn open_of(
+    client: &impl GenericClient,
+    skus: &[Sku],
+) -> Result<Vec<Receipt>, Error> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM receipts WHERE sku = ANY($1) AND state = 'OPEN'
+         ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\", expected_at, receipt_id"
+    );
+    let statement = client.prepare_cached(&sql).await.map_err(from_db)?;
+    let names: Vec<&str> = skus.iter().map(Sku::as_str).collect();
+    let rows = client.query(&statement, &[&names]).await.map_err(from_db)?;
+    rows.iter().map(receipt).collect()
+}
+
+/// One page of receipts (of one SKU, or every one), by id.
+pub(crate) async fn page(
+    client: &impl GenericClient,
+    query: &ListReceipts,
+) -> Result<ReceiptPage, Error> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM receipts
+         WHERE ($1::text IS NULL OR sku = $1) AND ($2::text IS NULL OR receipt_id > $2)
+         ORDER BY receipt_id LIMIT $3"
+    );
+    let statement = client.prepare_cached(&sql).await.map_err(from_db)?;
+    let limit = i64::try_from(query.page_size + 1).unwrap_or(i64::MAX);
+    let rows = client
+        .query(
+            &statement,
+            &[
+                &query.sku.as_ref().map(Sku::as_str),
+                &query.after.as_ref().map(ReceiptId::as_str),
+                &limit,
+            ],
+        )
+        .await
+        .map_err(from_db)?;
+    let mut receipts = rows.iter().map(receipt).collect::<Result<Vec<_>, _>>()?;
+    let more = receipts.len() > query.page_size;
+    receipts.truncate(query.page_size);
+    let next = more
+        .then(|| receipts.last().map(|r| r.id.clone()))
+        .flatten();
+    Ok(ReceiptPage { receipts, next })
+}

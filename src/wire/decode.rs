@@ -373,6 +373,8 @@ impl Decode for proto::ReserveRequest {
                 .with_allocation(AllocationPolicy {
                     strategy: strategy?,
                     allow_split: request.allow_split,
+                    allow_backorder: request.allow_backorder,
+                    allow_preorder: request.allow_preorder,
                 }),
             )
         })

@@ -175,6 +175,14 @@ impl Encode for Allocation {
             held: self.held,
             confirmed: self.confirmed,
             released: self.released,
+            backordered: self.backordered,
+            preordered: self.preordered,
+            receipt_id: self
+                .receipt
+                .as_ref()
+                .map(|p| p.receipt.as_str().to_owned())
+                .unwrap_or_default(),
+            expected_at: self.receipt.map(|p| timestamp(p.expected_at)),
         }
     }
 }
@@ -216,6 +224,21 @@ impl Encode for ReservationLine {
             held: self.held,
             confirmed: self.confirmed,
             released: self.released,
+            backordered: self.backordered,
+            preordered: self.preordered,
+            preorder_expected_at: self
+                .allocations
+                .iter()
+                .filter_map(|a| a.receipt.as_ref().filter(|_| a.preordered > 0))
+                .map(|p| timestamp(p.expected_at))
+                .next(),
+            receipt_id: self
+                .allocations
+                .iter()
+                .filter_map(|a| a.receipt.as_ref().filter(|_| a.preordered > 0))
+                .map(|p| p.receipt.as_str().to_owned())
+                .next()
+                .unwrap_or_default(),
             allocations: self
                 .allocations
                 .into_iter()
@@ -456,6 +479,8 @@ impl Encode for Event {
                     ReservationEvent::PartiallyConfirmed => {
                         proto::EventType::ReservationPartiallyConfirmed
                     }
+                    ReservationEvent::Filled => proto::EventType::ReservationFilled,
+                    ReservationEvent::PreorderAtRisk => proto::EventType::ReservationPreorderAtRisk,
                     ReservationEvent::PartiallyReleased => {
                         proto::EventType::ReservationPartiallyReleased
                     }

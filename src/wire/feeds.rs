@@ -33,6 +33,8 @@ fn kind(event_type: proto::EventType) -> Option<EventKind> {
         T::BackInStock => EventKind::BackInStock,
         T::StockTransferred => EventKind::StockTransferred,
         T::StockStateChanged => EventKind::StockStateChanged,
+        T::ReservationFilled => EventKind::Reservation(ReservationEvent::Filled),
+        T::ReservationPreorderAtRisk => EventKind::Reservation(ReservationEvent::PreorderAtRisk),
         T::Unspecified | T::Heartbeat => return None,
     })
 }
@@ -56,6 +58,8 @@ fn event_type(kind: EventKind) -> proto::EventType {
         EventKind::BackInStock => T::BackInStock,
         EventKind::StockTransferred => T::StockTransferred,
         EventKind::StockStateChanged => T::StockStateChanged,
+        EventKind::Reservation(ReservationEvent::Filled) => T::ReservationFilled,
+        EventKind::Reservation(ReservationEvent::PreorderAtRisk) => T::ReservationPreorderAtRisk,
     }
 }
 

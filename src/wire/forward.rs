@@ -44,6 +44,8 @@ pub fn reserve_request(command: &Reserve) -> proto::ReserveRequest {
         }
         .into(),
         allow_split: command.allocation.allow_split,
+        allow_backorder: command.allocation.allow_backorder,
+        allow_preorder: command.allocation.allow_preorder,
     }
 }
 
@@ -75,6 +77,8 @@ pub fn reservation(message: proto::Reservation) -> Result<Reservation, Error> {
                 held: line.held,
                 confirmed: line.confirmed,
                 released: line.released,
+                backordered: line.backordered,
+                preordered: line.preordered,
                 allocations: line
                     .allocations
                     .into_iter()
@@ -86,6 +90,11 @@ pub fn reservation(message: proto::Reservation) -> Result<Reservation, Error> {
                             held: a.held,
                             confirmed: a.confirmed,
                             released: a.released,
+                            // A forwarded Reserve never waits: lines that may wait are
+                            // placed where the call arrived.
+                            backordered: 0,
+                            preordered: 0,
+                            receipt: None,
                         })
                     })
                     .collect::<Result<_, Error>>()?,

@@ -47,3 +47,4 @@ mod stock;
 mod telemetry;
 mod tenants;
 mod tls;
+mod waiting;

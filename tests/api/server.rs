@@ -426,6 +426,106 @@ fn readme_commands(heading: &str) -> Vec<Vec<String>> {
 /// reservation id substituted): a split, a pin, a shipment from one location, a transfer and
 /// a location closed.
 #[tokio::test]
+async fn grpcurl_runs_the_readme_stock_states_walk_through() {
+    let app = spawn_app().await;
+    let addr = app.addr.to_string();
+    let commands = readme_commands("Stock states: a damaged unit, a buffer");
+    assert_eq!(commands.len(), 11, "{commands:?}");
+    let answers = tokio::task::spawn_blocking(move || {
+        let mut answers: Vec<serde_json::Value> = Vec::new();
+        let mut order_61 = String::new();
+        for words in commands {
+            let words: Vec<String> = words
+                .into_iter()
+                .map(|w| {
+                    w.replace("127.0.0.1:50051", &addr)
+                        .replace("<id from order-61>", &order_61)
+                })
+                .collect();
+            let args: Vec<&str> = words.iter().map(String::as_str).collect();
+            let (ok, out, err) = run_grpcurl(&args);
+            assert!(ok, "{words:?}: {err}");
+            let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+            if words.iter().any(|w| w.contains(r#""order_id":"order-61""#)) {
+                order_61 = answer["reservationId"].as_str().unwrap().to_owned();
+            }
+            answers.push(answer);
+        }
+        answers
+    })
+    .await
+    .unwrap();
+    let fields = |answer: &serde_json::Value, names: &[&str]| -> Vec<String> {
+        names
+            .iter()
+            .map(|n| {
+                answer[*n]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{n} in {answer}"))
+                    .to_owned()
+            })
+            .collect()
+    };
+    // The chipped jug: on hand, unsellable, not available; then written off.
+    assert_eq!(
+        fields(
+            &answers[1],
+            &["onHand", "unsellable", "damaged", "available"]
+        ),
+        ["5", "1", "1", "4"]
+    );
+    assert_eq!(
+        fields(&answers[2], &["onHand", "damaged", "available"]),
+        ["4", "0", "4"]
+    );
+    // Two kept back.
+    assert_eq!(
+        fields(&answers[3], &["safetyStock", "available"]),
+        ["2", "2"]
+    );
+    // The cart of 4: 2 held, 2 backordered.
+    let line = &answers[5]["lines"][0];
+    assert_eq!(fields(line, &["held", "backordered"]), ["2", "2"], "{line}");
+    // Ten due on the 14th: what may be promised by then is 8 (the backorder takes 2).
+    let level = &answers[7]["levels"][0];
+    assert_eq!(fields(level, &["incoming", "backordered"]), ["10", "2"]);
+    let steps = level["availableToPromise"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{level}");
+    assert_eq!(steps[0]["at"], "2030-12-14T00:00:00Z", "{level}");
+    assert_eq!(steps[0]["quantity"], "8", "{level}");
+    // The pre-order is pegged to the receipt.
+    let line = &answers[8]["lines"][0];
+    assert_eq!(
+        fields(line, &["held", "preordered", "receiptId"]),
+        ["0", "3", "PO-4711-1"]
+    );
+    assert_eq!(line["preorderExpectedAt"], "2030-12-14T00:00:00Z", "{line}");
+    // Received: both carts hold every unit, nothing waits.
+    let received = &answers[9];
+    assert_eq!(
+        fields(received, &["state", "preordered"]),
+        ["RECEIPT_STATE_RECEIVED", "0"]
+    );
+    assert_eq!(
+        fields(
+            &received["level"],
+            &[
+                "onHand",
+                "reserved",
+                "backordered",
+                "preordered",
+                "incoming"
+            ]
+        ),
+        ["14", "7", "0", "0", "0"]
+    );
+    let line = &answers[10]["lines"][0];
+    assert_eq!(fields(line, &["held", "preordered"]), ["3", "0"], "{line}");
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
+#[tokio::test]
 async fn grpcurl_runs_the_readme_locations_walk_through() {
     let app = spawn_app().await;
     let addr = app.addr.to_string();

@@ -146,12 +146,30 @@ pub struct SeenEvent {
     /// Per SKU, the movements (locations moved) of the change: the versions it took.
     #[serde(default)]
     pub steps: Vec<(String, i64)>,
+    /// Every level the event carries (totals and locations) with what was promised beyond
+    /// it: (sku, on_hand, reserved, backordered, backorder_limit, unsellable).
+    #[serde(default)]
+    pub promised: Vec<(String, i64, i64, i64, i64, i64)>,
+}
+
+/// A receipt of the stock-states load as `ListReceipts` answered it during the run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ReceiptSnapshot {
+    pub tenant: String,
+    pub at_ms: f64,
+    pub receipt_id: String,
+    pub quantity: i64,
+    pub received: i64,
+    pub preordered: i64,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct History {
     pub ops: Vec<Op>,
     pub snapshots: Vec<Snapshot>,
+    /// The stock-states load's receipts, read back during the run.
+    #[serde(default)]
+    pub receipts: Vec<ReceiptSnapshot>,
     /// In the order the live watchers (one per tenant) received them, reconnections included.
     pub live_events: Vec<SeenEvent>,
 }
@@ -168,6 +186,12 @@ impl History {
                 .collect(),
             snapshots: self
                 .snapshots
+                .iter()
+                .filter(|s| s.tenant == tenant)
+                .cloned()
+                .collect(),
+            receipts: self
+                .receipts
                 .iter()
                 .filter(|s| s.tenant == tenant)
                 .cloned()
@@ -210,6 +234,14 @@ impl Recorder {
             .lock()
             .expect("history")
             .snapshots
+            .push(snapshot);
+    }
+
+    pub fn receipt(&self, snapshot: ReceiptSnapshot) {
+        self.history
+            .lock()
+            .expect("history")
+            .receipts
             .push(snapshot);
     }
 

@@ -10,7 +10,8 @@
 //! - [`tenants`]: the tenants the replicas serve (two by default, with the same SKU names) and
 //!   each tenant's callers.
 //! - [`workload`]: shoppers, a stocker and a live event watcher per tenant, every call
-//!   recorded.
+//!   recorded; and the stock-states load (`workload::promiser`): holds that wait for stock,
+//!   receipts expected and received.
 //! - [`history`]: what was recorded.
 //! - [`checker`]: the guarantees, checked per tenant against its history, its stream and its
 //!   rows, and across tenants: nothing of one is in another.

@@ -20,7 +20,7 @@ use inventory_testkit::{
 };
 
 use crate::{
-    checker::{self, Facts, Heal, Outage, OutboxRow, StockRow, TenantRows},
+    checker::{self, Facts, Heal, Outage, OutboxRow, ReceiptRow, StockRow, TenantRows},
     history::{History, Op, OpKind, Outcome, Phase, Recorder, SeenEvent},
     report::{self, Applied, RunReport},
     schedule::{self, Fault, Release},
@@ -1001,6 +1001,28 @@ async fn read_rows(client: &tokio_postgres::Client) -> anyhow::Result<Facts> {
         .await?
     {
         facts.callers.push(row.get(0));
+    }
+    for row in client
+        .query(
+            "SELECT e.receipt_id, e.quantity, e.received, e.preordered,
+                    coalesce(p.pegged, 0)::bigint
+             FROM receipts e LEFT JOIN (
+                 SELECT l.receipt_id, sum(l.preordered) AS pegged
+                 FROM reservation_lines l JOIN reservations r USING (reservation_id)
+                 WHERE r.state = 'HELD' AND l.preordered > 0 GROUP BY l.receipt_id) p
+                 USING (receipt_id)
+             ORDER BY e.receipt_id",
+            &[],
+        )
+        .await?
+    {
+        facts.receipts.push(ReceiptRow {
+            receipt_id: row.get(0),
+            quantity: row.get(1),
+            received: row.get(2),
+            preordered: row.get(3),
+            pegged: row.get(4),
+        });
     }
     Ok(facts)
 }

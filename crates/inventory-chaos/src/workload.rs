@@ -9,6 +9,10 @@
 //! every replica. A tenant's shoppers use the same SKU names, idempotency keys and order ids
 //! as every other tenant's: the `k`-th shopper of each tenant sends `<run>-c<k>-<n>`.
 
+mod promiser;
+
+pub use promiser::{BACKORDER_LIMIT, WAITING_SKU, waits};
+
 use std::{
     sync::Arc,
     time::{Duration, Instant},
@@ -230,6 +234,7 @@ pub fn reserve_request(key: &str, order_id: &str, lines: &[Line], ttl_ms: u64) -
         ttl: Some(proto_duration(ttl_ms)),
         strategy: strategy.into(),
         allow_split: (n / 2).is_multiple_of(2),
+        ..Default::default()
     }
 }
 
@@ -268,6 +273,12 @@ pub fn start(config: WorkloadConfig, endpoints: Endpoints, recorder: Recorder) -
         let (config, endpoints, recorder, stopped) = handles();
         tasks.push(tokio::spawn(async move {
             shopper(client, &config, &endpoints, &recorder, stopped).await;
+        }));
+    }
+    if !config.tenants.is_empty() {
+        let (config, endpoints, recorder, stopped) = handles();
+        tasks.push(tokio::spawn(async move {
+            promiser::promiser(&config, &endpoints, &recorder, stopped).await;
         }));
     }
     for tenant in 0..config.tenants.len() {
@@ -824,6 +835,7 @@ pub fn seen(tenant: &str, event: Event) -> SeenEvent {
         units: Vec::new(),
         levels: Vec::new(),
         steps: Vec::new(),
+        promised: Vec::new(),
     };
     match event.subject {
         Some(event::Subject::ReservationId(id)) => seen.reservation_id = Some(id),
@@ -867,6 +879,20 @@ pub fn seen(tenant: &str, event: Event) -> SeenEvent {
         // count one version twice.
         Some(event::Payload::Availability(_)) | None => Vec::new(),
     };
+    seen.promised = levels
+        .iter()
+        .chain(&located)
+        .map(|l| {
+            (
+                l.sku.clone(),
+                l.on_hand,
+                l.reserved,
+                l.backordered,
+                l.backorder_limit,
+                l.unsellable,
+            )
+        })
+        .collect();
     seen.levels = levels
         .into_iter()
         .map(|l| (l.sku, l.on_hand, l.reserved, l.version))

@@ -18,7 +18,8 @@ use std::time::SystemTime;
 
 use crate::{
     domain::{
-        AllocationPolicy, AllocationStrategy, FenceToken, Line, Location, LocationId, StockLevel,
+        AllocationPolicy, AllocationStrategy, FenceToken, Line, Location, LocationId, Peg, Receipt,
+        States, StockLevel,
     },
     error::Shortfall,
 };
@@ -34,6 +35,9 @@ pub struct SkuStock {
     pub now: SystemTime,
     /// The SKU's level at each location it has a row at, by location id.
     pub at: Vec<StockLevel>,
+    /// Its open receipts (read only for a Reserve that may pre-order), by location and
+    /// expected date.
+    pub receipts: Vec<Receipt>,
 }
 
 /// Units of a line placed at one location, and the levels right after (each placement is one
@@ -41,7 +45,12 @@ pub struct SkuStock {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
     pub location: LocationId,
+    /// Units held.
     pub units: i64,
+    /// Units left waiting (`backordered` or `preordered`, as deltas of the location's states).
+    pub waiting: States,
+    /// The receipt pre-ordered units are pegged to.
+    pub receipt: Option<Peg>,
     /// The location's level right after.
     pub level: StockLevel,
     /// The SKU's total right after.
@@ -151,11 +160,84 @@ impl SkuStock {
                 Placement {
                     location: row.location.clone().expect("a location's row"),
                     units: take,
+                    waiting: States::default(),
+                    receipt: None,
                     level: row.clone(),
                     total: self.total.clone(),
                 }
             })
             .collect())
+    }
+
+    /// Places a line [`SkuStock::place`] could not serve from available units, letting the
+    /// rest of it wait: at the first location (in the policy's order, or the pinned one)
+    /// where it fits, holding every unit available there and pegging the rest to the open
+    /// receipt expected earliest there with that many unpromised units (`allow_preorder`),
+    /// or else backordering it within the location's backorder limit (`allow_backorder`).
+    /// Never split. `None`: nowhere fits, and nothing changes.
+    pub fn place_waiting(
+        &mut self,
+        line: &Line,
+        policy: AllocationPolicy,
+        locations: &[Location],
+    ) -> Option<Placement> {
+        let units = line.quantity.get();
+        let candidates = self.candidates(line, policy, locations).ok()?;
+        for (index, available) in candidates {
+            let held = available.clamp(0, units);
+            let rest = units - held;
+            let row = &self.at[index];
+            let location = row.location.clone()?;
+            let peg = policy
+                .allow_preorder
+                .then(|| {
+                    self.receipts
+                        .iter()
+                        .filter(|r| r.location == location && r.unpromised() >= rest)
+                        .min_by_key(|r| (r.expected_at, r.id.clone()))
+                })
+                .flatten()
+                .map(|r| Peg {
+                    receipt: r.id.clone(),
+                    expected_at: r.expected_at,
+                });
+            let after_hold = StockLevel {
+                reserved: row.reserved + held,
+                ..row.clone()
+            };
+            let waiting = match &peg {
+                Some(_) => States {
+                    preordered: rest,
+                    ..States::default()
+                },
+                None if policy.allow_backorder && after_hold.backorder_room() >= rest => States {
+                    backordered: rest,
+                    ..States::default()
+                },
+                None => continue,
+            };
+            if let Some(peg) = &peg
+                && let Some(receipt) = self.receipts.iter_mut().find(|r| r.id == peg.receipt)
+            {
+                receipt.preordered += rest;
+            }
+            self.total.reserved += held;
+            self.total.states = self.total.states.plus(&waiting);
+            self.total.version += 1;
+            let row = &mut self.at[index];
+            row.reserved += held;
+            row.states = row.states.plus(&waiting);
+            row.version = self.total.version;
+            return Some(Placement {
+                location,
+                units: held,
+                waiting,
+                receipt: peg,
+                level: row.clone(),
+                total: self.total.clone(),
+            });
+        }
+        None
     }
 }
 

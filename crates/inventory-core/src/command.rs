@@ -579,6 +579,13 @@ impl Reserve {
             builder
                 .field(strategy)
                 .field(&[u8::from(self.allocation.allow_split)]);
+            // Only when asked: keys stored before stock states still replay.
+            if self.allocation.may_wait() {
+                builder.field(b"wait").field(&[
+                    u8::from(self.allocation.allow_backorder),
+                    u8::from(self.allocation.allow_preorder),
+                ]);
+            }
         }
         builder.finish()
     }

@@ -184,6 +184,18 @@ pub enum AllocationStrategy {
 pub struct AllocationPolicy {
     pub strategy: AllocationStrategy,
     pub allow_split: bool,
+    /// A line short of available units may wait for stock against a location's backorder
+    /// limit.
+    pub allow_backorder: bool,
+    /// A line short of available units may be pegged to an open receipt's unpromised units.
+    pub allow_preorder: bool,
+}
+
+impl AllocationPolicy {
+    /// Whether a line short of available units may wait.
+    pub fn may_wait(&self) -> bool {
+        self.allow_backorder || self.allow_preorder
+    }
 }
 
 /// 1 to [`MAX_KEY_LEN`] printable ASCII characters, no spaces.
@@ -447,6 +459,18 @@ pub struct Allocation {
     pub held: i64,
     pub confirmed: i64,
     pub released: i64,
+    /// Units waiting for stock, with no receipt.
+    pub backordered: i64,
+    /// Units waiting for the receipt `receipt`.
+    pub preordered: i64,
+    pub receipt: Option<Peg>,
+}
+
+/// The receipt pre-ordered units wait for, and when it is due.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peg {
+    pub receipt: ReceiptId,
+    pub expected_at: std::time::SystemTime,
 }
 
 impl Allocation {
@@ -458,7 +482,42 @@ impl Allocation {
             held: quantity,
             confirmed: 0,
             released: 0,
+            backordered: 0,
+            preordered: 0,
+            receipt: None,
         }
+    }
+
+    /// Units just reserved here: `held` of them held, the rest waiting (pre-ordered with a
+    /// receipt, backordered without).
+    pub fn new_waiting(
+        location: LocationId,
+        held: i64,
+        waiting: i64,
+        receipt: Option<Peg>,
+    ) -> Self {
+        let (backordered, preordered) = match receipt {
+            Some(_) => (0, waiting),
+            None => (waiting, 0),
+        };
+        Self {
+            quantity: held + waiting,
+            backordered,
+            preordered,
+            receipt,
+            ..Self::new_hold(location, held)
+        }
+    }
+
+    /// Units waiting for stock.
+    pub fn waiting(&self) -> i64 {
+        self.backordered + self.preordered
+    }
+
+    /// With `held` units held.
+    pub fn with_held(mut self, held: i64) -> Self {
+        self.held = held;
+        self
     }
 
     /// Units ever confirmed or released here.
@@ -482,6 +541,9 @@ impl Allocation {
             held: 0,
             confirmed,
             released,
+            backordered: 0,
+            preordered: 0,
+            receipt: None,
         };
         match stored_state {
             ReservationState::Held if live => allocation.held = rest,
@@ -489,6 +551,29 @@ impl Allocation {
             _ => allocation.released += rest,
         }
         allocation
+    }
+
+    /// An allocation as stored, with its waiting units: they wait while the hold is live
+    /// (the rest is read as [`Allocation::stored`] reads it); a hold past its expiry
+    /// released them with its held units.
+    pub fn stored_waiting(
+        mut self,
+        backordered: i64,
+        preordered: i64,
+        receipt: Option<Peg>,
+    ) -> Self {
+        let waiting = backordered + preordered;
+        if waiting == 0 {
+            return self;
+        }
+        if self.held >= waiting {
+            self.held -= waiting;
+            self.backordered = backordered;
+            self.preordered = preordered;
+            self.receipt = receipt;
+        }
+        // Otherwise the hold ended: its stored state said where every unit went.
+        self
     }
 }
 
@@ -502,6 +587,9 @@ pub struct ReservationLine {
     pub held: i64,
     pub confirmed: i64,
     pub released: i64,
+    /// Units waiting for stock: backordered, and pre-ordered against a receipt.
+    pub backordered: i64,
+    pub preordered: i64,
     /// Where the units come from, by location id; the counts above are their sums.
     pub allocations: Vec<Allocation>,
 }
@@ -510,14 +598,18 @@ impl ReservationLine {
     /// A line just held in full, from these locations.
     pub fn new_hold(line: &Line, mut allocations: Vec<Allocation>) -> Self {
         allocations.sort_by(|a, b| a.location.cmp(&b.location));
-        Self {
+        let mut held = Self {
             sku: line.sku.clone(),
             quantity: line.quantity,
-            held: line.quantity.get(),
+            held: 0,
             confirmed: 0,
             released: 0,
+            backordered: 0,
+            preordered: 0,
             allocations,
-        }
+        };
+        held.recount();
+        held
     }
 
     /// A line from its stored allocations (by location id). Storage keeps `confirmed` and
@@ -535,6 +627,8 @@ impl ReservationLine {
             held: 0,
             confirmed: 0,
             released: 0,
+            backordered: 0,
+            preordered: 0,
             allocations,
         };
         line.recount();
@@ -546,6 +640,13 @@ impl ReservationLine {
         self.held = self.allocations.iter().map(|a| a.held).sum();
         self.confirmed = self.allocations.iter().map(|a| a.confirmed).sum();
         self.released = self.allocations.iter().map(|a| a.released).sum();
+        self.backordered = self.allocations.iter().map(|a| a.backordered).sum();
+        self.preordered = self.allocations.iter().map(|a| a.preordered).sum();
+    }
+
+    /// Units waiting for stock.
+    pub fn waiting(&self) -> i64 {
+        self.backordered + self.preordered
     }
 
     /// The one location all the line's units come from, if they come from one.

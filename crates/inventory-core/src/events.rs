@@ -143,6 +143,10 @@ pub enum ReservationEvent {
     Expired,
     PartiallyConfirmed,
     PartiallyReleased,
+    /// Waiting units became held as stock arrived.
+    Filled,
+    /// The receipt pre-ordered units wait for was cancelled.
+    PreorderAtRisk,
 }
 
 impl ReservationEvent {
@@ -154,6 +158,8 @@ impl ReservationEvent {
             Self::Expired => "RESERVATION_EXPIRED",
             Self::PartiallyConfirmed => "RESERVATION_PARTIALLY_CONFIRMED",
             Self::PartiallyReleased => "RESERVATION_PARTIALLY_RELEASED",
+            Self::Filled => "RESERVATION_FILLED",
+            Self::PreorderAtRisk => "RESERVATION_PREORDER_AT_RISK",
         }
     }
 
@@ -165,6 +171,8 @@ impl ReservationEvent {
             Self::Expired,
             Self::PartiallyConfirmed,
             Self::PartiallyReleased,
+            Self::Filled,
+            Self::PreorderAtRisk,
         ]
         .into_iter()
         .find(|event| event.as_str() == raw)

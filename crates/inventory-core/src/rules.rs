@@ -504,7 +504,16 @@ pub fn place_lines(
         match sku.place(line, policy, locations) {
             Ok(placements) => placed.push(placements),
             Err(Unplaced::UnknownLocation(location)) => nowhere.push(location),
-            Err(Unplaced::Short(shortfall)) => short.push(shortfall),
+            Err(Unplaced::Short(shortfall)) => {
+                match policy
+                    .may_wait()
+                    .then(|| sku.place_waiting(line, policy, locations))
+                    .flatten()
+                {
+                    Some(placement) => placed.push(vec![placement]),
+                    None => short.push(shortfall),
+                }
+            }
         }
     }
     if !fenced.is_empty() {
@@ -525,7 +534,14 @@ pub fn place_lines(
 pub fn allocations(placements: &[Placement]) -> Vec<Allocation> {
     placements
         .iter()
-        .map(|p| Allocation::new_hold(p.location.clone(), p.units))
+        .map(|p| {
+            Allocation::new_waiting(
+                p.location.clone(),
+                p.units,
+                p.waiting.waiting(),
+                p.receipt.clone(),
+            )
+        })
         .collect()
 }
 
@@ -722,12 +738,16 @@ pub fn extend(
 // ---------------------------------------------------------------------------------------------
 // Confirm, release, expire: moving held units
 
-/// Held units leaving one allocation of a reservation line.
+/// Held units leaving one allocation of a reservation line, and waiting units it gives up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Move {
     pub sku: Sku,
     pub location: LocationId,
     pub units: i64,
+    /// Waiting units released: `backordered` and `preordered` (positive counts).
+    pub waiting: States,
+    /// The receipt the released pre-ordered units were pegged to.
+    pub receipt: Option<crate::domain::ReceiptId>,
 }
 
 /// What a change does to a locked hold: the units it moves and the reservation after it.
@@ -778,9 +798,30 @@ impl Settle {
         let mut after = reservation.clone();
         let mut moves = Vec::new();
         if requested.is_empty() {
+            // Only held units ship: a whole confirm of a hold that holds nothing yet (every
+            // unit still waits) is refused, line by line.
+            if self == Self::Confirm && after.lines.iter().all(|line| line.held == 0) {
+                return Err(Error::NotHeld {
+                    id,
+                    lines: after
+                        .lines
+                        .iter()
+                        .enumerate()
+                        .map(|(index, line)| NotHeld {
+                            index,
+                            sku: line.sku.clone(),
+                            requested: line.waiting(),
+                            held: Some(0),
+                        })
+                        .collect(),
+                });
+            }
             for line in &mut after.lines {
                 let held = line.held;
                 self.apply(line, held, None, &mut moves);
+                if self == Self::Release {
+                    release_waiting(line, &mut moves);
+                }
             }
         } else {
             let mut refused = Vec::new();
@@ -804,7 +845,10 @@ impl Settle {
             }
         }
         let moves = merge_moves(moves);
-        let partial = after.lines.iter().any(|line| line.held > 0);
+        let partial = after
+            .lines
+            .iter()
+            .any(|line| line.held > 0 || line.waiting() > 0);
         let event = match (self, partial) {
             (Self::Confirm, false) => ReservationEvent::Confirmed,
             (Self::Release, false) => ReservationEvent::Released,
@@ -814,7 +858,11 @@ impl Settle {
         if !partial {
             after.state = ended_state(&after, ReservationState::Released);
         }
-        let write_lines = partial || reservation.lines.iter().any(ReservationLine::touched);
+        let write_lines = partial
+            || reservation
+                .lines
+                .iter()
+                .any(|line| line.touched() || line.waiting() > 0);
         Ok(SettleStep::Apply(UnitMove {
             moves,
             after,
@@ -872,6 +920,8 @@ impl Settle {
                 sku: line.sku.clone(),
                 location: allocation.location.clone(),
                 units: take,
+                waiting: States::default(),
+                receipt: None,
             });
         }
         debug_assert_eq!(left, 0, "only held units are taken");
@@ -887,8 +937,10 @@ impl Settle {
     ) -> Result<Reservation, Error> {
         for line in &mut reservation.lines {
             for allocation in &mut line.allocations {
-                allocation.released += allocation.held;
+                allocation.released += allocation.held + allocation.waiting();
                 allocation.held = 0;
+                allocation.backordered = 0;
+                allocation.preordered = 0;
             }
             line.recount();
         }
@@ -940,12 +992,16 @@ pub fn end_hold(reservation: &Reservation, ended: ReservationState) -> UnitMove 
     for line in &mut after.lines {
         let held = line.held;
         Settle::Release.apply(line, held, None, &mut moves);
+        release_waiting(line, &mut moves);
     }
     let moves = merge_moves(moves);
     after.state = ended_state(&after, ended);
     UnitMove {
         moves,
-        write_lines: reservation.lines.iter().any(ReservationLine::touched),
+        write_lines: reservation
+            .lines
+            .iter()
+            .any(|line| line.touched() || line.waiting() > 0),
         after,
         event: match ended {
             ReservationState::Expired => ReservationEvent::Expired,
@@ -967,6 +1023,32 @@ fn held_at(line: &ReservationLine, location: Option<&LocationId>) -> i64 {
     }
 }
 
+/// Gives up every waiting unit of `line` (a hold that ends): they count as released.
+fn release_waiting(line: &mut ReservationLine, moves: &mut Vec<Move>) {
+    for allocation in &mut line.allocations {
+        if allocation.waiting() == 0 {
+            continue;
+        }
+        moves.push(Move {
+            sku: line.sku.clone(),
+            location: allocation.location.clone(),
+            units: 0,
+            waiting: States {
+                backordered: allocation.backordered,
+                preordered: allocation.preordered,
+                ..States::default()
+            },
+            receipt: (allocation.preordered > 0)
+                .then(|| allocation.receipt.as_ref().map(|p| p.receipt.clone()))
+                .flatten(),
+        });
+        allocation.released += allocation.waiting();
+        allocation.backordered = 0;
+        allocation.preordered = 0;
+    }
+    line.recount();
+}
+
 /// One move per (SKU, location), in that order.
 fn merge_moves(mut moves: Vec<Move>) -> Vec<Move> {
     moves.sort_by(|a, b| (&a.sku, &a.location).cmp(&(&b.sku, &b.location)));
@@ -974,7 +1056,9 @@ fn merge_moves(mut moves: Vec<Move>) -> Vec<Move> {
     for next in moves {
         match merged.last_mut() {
             Some(last) if last.sku == next.sku && last.location == next.location => {
-                last.units += next.units
+                last.units += next.units;
+                last.waiting = last.waiting.plus(&next.waiting);
+                last.receipt = last.receipt.take().or(next.receipt);
             }
             _ => merged.push(next),
         }
@@ -990,6 +1074,111 @@ fn ended_state(reservation: &Reservation, otherwise: ReservationState) -> Reserv
     } else {
         otherwise
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Filling waiting holds as stock arrives
+
+/// Units of a held line waiting at one location, as the fill reads them (oldest reservation
+/// first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub reservation: ReservationId,
+    pub sku: Sku,
+    pub location: LocationId,
+    pub backordered: i64,
+    pub preordered: i64,
+    pub receipt: Option<crate::domain::ReceiptId>,
+}
+
+/// Waiting units of one line (by its index among those read) that become held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fill {
+    pub index: usize,
+    pub backordered: i64,
+    pub preordered: i64,
+}
+
+impl Fill {
+    pub fn units(&self) -> i64 {
+        self.backordered + self.preordered
+    }
+}
+
+/// Whether a (SKU, location) at `level` has waiting holds that units could fill: free units
+/// while holds wait (or, for a receipt just received there, its pre-orders).
+pub fn may_fill(level: &StockLevel, received: Option<(&crate::domain::ReceiptId, i64)>) -> bool {
+    level.states.waiting() > 0 && (level.free() > 0 || received.is_some_and(|(_, n)| n > 0))
+}
+
+/// Which waiting units become held, at the locations whose levels (locked, as they are
+/// now) are given: strictly first come, first served by reservation, a line filled in part
+/// when too few units are there (and the lines after it wait). `received`: units of a
+/// receipt just received, which go to the pre-orders pegged to it first (oldest first),
+/// whatever else waits; what is then free goes to every waiting line in order. `waiting` is
+/// in fill order (oldest reservation first).
+pub fn fill_plan(
+    levels: &[StockLevel],
+    waiting: &[Waiting],
+    received: Option<(&crate::domain::ReceiptId, i64)>,
+) -> Vec<Fill> {
+    let mut free: std::collections::HashMap<(&Sku, &LocationId), i64> = levels
+        .iter()
+        .filter_map(|l| Some(((&l.sku, l.location.as_ref()?), l.free())))
+        .collect();
+    let mut fills: Vec<Fill> = Vec::new();
+    let mut left: Vec<(i64, i64)> = waiting
+        .iter()
+        .map(|w| (w.backordered, w.preordered))
+        .collect();
+    if let Some((receipt, mut units)) = received {
+        for (index, w) in waiting.iter().enumerate() {
+            if units == 0 {
+                break;
+            }
+            if w.receipt.as_ref() != Some(receipt) || left[index].1 == 0 {
+                continue;
+            }
+            let n = left[index].1.min(units);
+            units -= n;
+            left[index].1 -= n;
+            if let Some(f) = free.get_mut(&(&w.sku, &w.location)) {
+                *f -= n;
+            }
+            fills.push(Fill {
+                index,
+                backordered: 0,
+                preordered: n,
+            });
+        }
+    }
+    for (index, w) in waiting.iter().enumerate() {
+        let Some(f) = free.get_mut(&(&w.sku, &w.location)) else {
+            continue;
+        };
+        if *f <= 0 {
+            continue;
+        }
+        let backordered = left[index].0.min(*f);
+        let preordered = left[index].1.min(*f - backordered);
+        if backordered + preordered == 0 {
+            continue;
+        }
+        *f -= backordered + preordered;
+        match fills.iter_mut().find(|fill| fill.index == index) {
+            Some(fill) => {
+                fill.backordered += backordered;
+                fill.preordered += preordered;
+            }
+            None => fills.push(Fill {
+                index,
+                backordered,
+                preordered,
+            }),
+        }
+    }
+    fills.sort_by_key(|fill| fill.index);
+    fills
 }
 
 #[cfg(test)]

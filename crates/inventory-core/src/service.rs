@@ -320,8 +320,11 @@ where
     ) -> Result<Reservation, Error> {
         let ttl = command.ttl.unwrap_or(self.config.default_ttl);
         rules::within_max_hold(ttl, self.config.max_hold)?;
+        // A line that may wait for stock is placed with the receipts it may be pegged to,
+        // which only the one-request path reads.
         if let [line] = command.lines()
             && self.config.coalesce.max_batch > 1
+            && !command.allocation.may_wait()
         {
             return self
                 .reserve_routed(&line.sku, command, ttl, deadline, answer_by, origin)

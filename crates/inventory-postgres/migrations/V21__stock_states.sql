@@ -44,9 +44,10 @@ ALTER TABLE stock_locations ADD CONSTRAINT stock_locations_sound_units
     CHECK (reserved + damaged + quality_control <= on_hand) NOT VALID;
 
 -- Incoming receipts (purchase order lines). `preordered` units of held lines are pegged to
--- a receipt and never exceed what it has still to bring: its quantity less what was
--- received. A cancelled receipt keeps its pegged units (at risk) until they are filled from
--- other stock or released.
+-- a receipt: at most what it had still to bring when they were pegged (a Reserve checks
+-- that), never more than its quantity (checked here). Received units fill them first; a
+-- cancelled receipt keeps its pegged units (at risk) until they are filled from other stock
+-- or released.
 CREATE TABLE receipts (
     receipt_id   text        PRIMARY KEY CHECK (receipt_id ~ '^[A-Za-z0-9._:-]{1,64}$'),
     sku          text        NOT NULL REFERENCES stock,
@@ -60,8 +61,7 @@ CREATE TABLE receipts (
     reason       text        NOT NULL DEFAULT '',
     created_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
     updated_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
-    CONSTRAINT receipts_preordered_within_remainder
-        CHECK (preordered + least(received, quantity) <= quantity)
+    CONSTRAINT receipts_preordered_within_quantity CHECK (preordered <= quantity)
 );
 -- Pre-orders take open receipts earliest first; ATP reads them by SKU.
 CREATE INDEX receipts_open_by_sku ON receipts (sku, location_id, expected_at)

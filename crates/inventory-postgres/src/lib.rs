@@ -8,11 +8,11 @@
 //!
 //! # Layout
 //! Three floors, each using only the ones below it:
-//! - `usecases` — [`PgStore`] and its use cases, one module per family (stock, reserve,
-//!   batch, cancel, expiry, events, retention, verify), each write through the one
+//! - `usecases` — [`PgStore`] and its use cases, one module per family (stock, states,
+//!   reserve, batch, fill, cancel, expiry, events, retention, verify), each write through the one
 //!   `keyed` transaction shape: read, let `inventory_core::rules` decide, write.
 //! - `tables` — the SQL, one module per table (`stock`, `reservations`, `idempotency` with
-//!   the stored outcomes' format, `outbox`, `ledger`, `orders`, `locations`), each statement
+//!   the stored outcomes' format, `outbox`, `ledger`, `orders`, `locations`, `receipts`), each statement
 //!   in the module of the table it writes.
 //! - `plumbing` — connecting (configuration, hosts, TLS, the pool, the probe), the
 //!   migrations and the schema floor, errors, metrics, plan settings, durable answers.

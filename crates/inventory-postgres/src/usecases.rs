@@ -12,6 +12,7 @@
 //!   movements and stored outcomes, in one round trip.
 //! - `cancel` — `CancelOrder`: the order's tombstone under its lock, its live holds released.
 //! - `expiry` — the sweeper's transaction: overdue holds expired, their stock returned.
+//! - `fill` — waiting holds filled, oldest first, by the units a write left free.
 //! - [`events`] — positions for committed events, reading them back, epochs, `LISTEN`.
 //! - `subscriptions` — named subscriptions: their filters, cursors and readers.
 //! - [`retention`] — pruning events, idempotency keys and final reservations past retention.
@@ -35,6 +36,7 @@ mod batch;
 mod cancel;
 pub mod events;
 mod expiry;
+mod fill;
 mod holds;
 pub(crate) mod keyed;
 mod reserve;

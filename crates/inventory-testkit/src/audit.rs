@@ -20,7 +20,8 @@ pub struct ReservationRow {
 }
 
 /// Where a line's units are: its `confirmed` and `released` columns, plus the rest of the line
-/// (`quantity - confirmed - released`) where the stored state puts it. The columns are exact
+/// (`quantity - confirmed - released`, less its waiting units while it is a live hold) where
+/// the stored state puts it. The columns are exact
 /// while a reservation is `HELD` and once it was settled in parts; one settled in one step
 /// keeps zeros, and its whole quantity is the rest. The rest is held by a live `HELD` row
 /// (`expires_at` after PostgreSQL's clock, read once for the statement), released by an
@@ -47,7 +48,9 @@ pub async fn reservations(
                  JOIN reservation_lines l USING (reservation_id)
                  CROSS JOIN c
                  CROSS JOIN LATERAL (
-                     SELECT l.quantity - l.confirmed - l.released AS rest,
+                     SELECT l.quantity - l.confirmed - l.released
+                                - CASE WHEN r.state = 'HELD' AND r.expires_at > c.now
+                                       THEN l.backordered + l.preordered ELSE 0 END AS rest,
                             r.state = 'HELD' AND r.expires_at > c.now AS live
                  ) u
                  WHERE $1::text IS NULL OR starts_with(r.order_id, $1::text)
@@ -123,7 +126,9 @@ pub async fn reserved_against_holds(
             "SELECT s.sku, s.on_hand, s.reserved, coalesce(h.held, 0)::bigint
              FROM stock s
              LEFT JOIN (
-                 SELECT l.sku, sum(l.quantity - l.confirmed - l.released) AS held
+                 SELECT l.sku,
+                        sum(l.quantity - l.confirmed - l.released - l.backordered
+                            - l.preordered) AS held
                  FROM reservation_lines l JOIN reservations r USING (reservation_id)
                  WHERE r.state = 'HELD'
                  GROUP BY l.sku

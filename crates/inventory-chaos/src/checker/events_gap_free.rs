@@ -89,6 +89,10 @@ fn lifecycle_problem(state: &str, events: &[&SeenEvent]) -> Option<String> {
             "RESERVATION_EXTENDED"
                 | "RESERVATION_PARTIALLY_CONFIRMED"
                 | "RESERVATION_PARTIALLY_RELEASED"
+                // Waiting units that became held, or whose receipt was cancelled: the hold
+                // goes on.
+                | "RESERVATION_FILLED"
+                | "RESERVATION_PREORDER_AT_RISK"
         )
     });
     if !steps {

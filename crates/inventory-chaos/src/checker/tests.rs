@@ -75,6 +75,7 @@ fn event(sequence: i64, kind: &str, id: Option<&str>, q: i64, level: (i64, i64, 
         },
         levels: vec![("S".into(), level.0, level.1, level.2)],
         steps: Vec::new(),
+        promised: Vec::new(),
     }
 }
 
@@ -265,6 +266,7 @@ fn world() -> World {
         adjust_keys: Vec::new(),
         cancelled_orders: vec!["order-k6".into()],
         callers: vec!["shopper".into()],
+        receipts: Vec::new(),
     };
     World {
         history: History {
@@ -280,6 +282,7 @@ fn world() -> World {
                 reserved: 2,
                 available: 8,
             }],
+            receipts: Vec::new(),
             live_events: stream[..3].to_vec(),
         },
         stream,
@@ -341,7 +344,8 @@ fn a_consistent_world_passes_every_check() {
     for c in run(&w) {
         assert!(c.passed, "{}: {}", c.name, c.detail);
         assert!(
-            c.examined > 0 || c.name == "resumed_after_faults",
+            // The world has no stock-states load; its check has a test of its own.
+            c.examined > 0 || matches!(c.name, "resumed_after_faults" | "never_overpromised"),
             "{} examined nothing",
             c.name
         );
@@ -826,6 +830,7 @@ fn a_failovers_outage_is_the_longest_stretch_without_a_reserve_inside_it() {
             reserve(5_000.0, Outcome::Ok),
         ],
         snapshots: Vec::new(),
+        receipts: Vec::new(),
         live_events: Vec::new(),
     };
     assert_eq!(longest_without_reserve(&history, 0.0, 2_000.0), 800.0);
@@ -1004,4 +1009,80 @@ fn nothing_of_one_tenant_may_be_in_another() {
     history.ops.retain(|o| o.tenant != "brand_b");
     failing(&history, &a, &b, "tenant brand_b has no stock row of S");
     failing(&history, &a, &b, "tenant brand_b: no Reserve succeeded");
+}
+
+/// The stock-states load's promises: within what the stock keeps, at every level and
+/// receipt; and each way of breaking them is named.
+#[test]
+fn never_overpromised_names_a_promise_beyond_the_stock_or_a_receipt() {
+    use crate::history::ReceiptSnapshot;
+    use crate::workload::WAITING_SKU;
+    let world = world();
+    let mut stream = world.stream.clone();
+    let mut waiting = event(12, "RESERVATION_HELD", Some("W1"), 3, (2, 2, 12));
+    waiting.lines[0].sku = WAITING_SKU.into();
+    waiting.levels[0].0 = WAITING_SKU.into();
+    // 2 on hand, 2 held, 1 backordered within a limit of 6.
+    waiting.promised = vec![(WAITING_SKU.into(), 2, 2, 1, 6, 0)];
+    stream.push(waiting.clone());
+    let mut facts = world.facts.clone();
+    facts.head = 12;
+    let mut stored = row("W1", "kw", "HELD", 3, 9, (2, 0, 0));
+    stored.lines[0].0 = WAITING_SKU.into();
+    facts.reservations.push(stored);
+    facts.outbox.push(OutboxRow {
+        position: Some(12),
+        event_id: "e12".into(),
+        event_type: "RESERVATION_HELD".into(),
+        tx_id: "712".into(),
+    });
+    facts.receipts.push(ReceiptRow {
+        receipt_id: "R".into(),
+        quantity: 5,
+        received: 1,
+        preordered: 3,
+        pegged: 3,
+    });
+    let mut history = world.history.of_tenant("default");
+    let (outages, heals, failovers) = (&world.outages, &world.heals, &world.failovers);
+    history.receipts.push(ReceiptSnapshot {
+        tenant: "default".into(),
+        at_ms: 10.0,
+        receipt_id: "R".into(),
+        quantity: 5,
+        received: 0,
+        preordered: 5,
+    });
+    let verdict = |stream: &[SeenEvent], facts: &Facts, history: &History| {
+        check(history, stream, facts, outages, heals, failovers, 20_000.0)
+            .into_iter()
+            .find(|c| c.name == "never_overpromised")
+            .unwrap()
+    };
+    let clean = verdict(&stream, &facts, &history);
+    assert!(clean.passed, "{}", clean.detail);
+    assert_eq!(clean.examined, 3);
+    // The waiting load's events leave the reservation checks alone.
+    let all = check(
+        &history, &stream, &facts, outages, heals, failovers, 20_000.0,
+    );
+    assert!(all.iter().all(|c| c.passed), "{all:?}");
+
+    let mut over = stream.clone();
+    over.last_mut().unwrap().promised = vec![(WAITING_SKU.into(), 2, 2, 7, 6, 0)];
+    let failed = verdict(&over, &facts, &history);
+    assert!(
+        !failed.passed && failed.detail.contains("backordered 7"),
+        "{}",
+        failed.detail
+    );
+    let mut unsound = stream.clone();
+    unsound.last_mut().unwrap().promised = vec![(WAITING_SKU.into(), 2, 2, 0, 6, 1)];
+    assert!(!verdict(&unsound, &facts, &history).passed);
+    let mut pegged_twice = facts.clone();
+    pegged_twice.receipts[0].pegged = 2;
+    assert!(!verdict(&stream, &pegged_twice, &history).passed);
+    let mut beyond = history;
+    beyond.receipts[0].preordered = 6;
+    assert!(!verdict(&stream, &facts, &beyond).passed);
 }

@@ -49,6 +49,7 @@ fn stock(rows: &[(&str, i64, i64)]) -> SkuStock {
         fence: FenceToken::new(1),
         now: SystemTime::UNIX_EPOCH,
         at,
+        receipts: Vec::new(),
     }
 }
 
@@ -64,6 +65,7 @@ fn policy(strategy: AllocationStrategy, allow_split: bool) -> AllocationPolicy {
     AllocationPolicy {
         strategy,
         allow_split,
+        ..AllocationPolicy::default()
     }
 }
 
@@ -210,4 +212,135 @@ fn a_pinned_line_is_served_by_its_location_alone() {
         &configured(),
     );
     assert_eq!(short(result), (1, 0));
+}
+
+mod waiting {
+    use super::*;
+    use crate::domain::{Receipt, ReceiptId, ReceiptState, States};
+
+    fn waiting_policy(backorder: bool, preorder: bool) -> AllocationPolicy {
+        AllocationPolicy {
+            allow_backorder: backorder,
+            allow_preorder: preorder,
+            ..AllocationPolicy::default()
+        }
+    }
+
+    fn receipt(raw: &str, at: &str, quantity: i64, preordered: i64, day: u64) -> Receipt {
+        Receipt {
+            id: ReceiptId::parse(raw).unwrap(),
+            sku: Sku::parse("A").unwrap(),
+            location: id(at),
+            quantity,
+            received: 0,
+            preordered,
+            expected_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(day * 86_400),
+            state: ReceiptState::Open,
+            created_at: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    fn with_limit(mut stock: SkuStock, limit: i64) -> SkuStock {
+        for row in &mut stock.at {
+            row.states.backorder_limit = limit;
+        }
+        stock
+    }
+
+    #[test]
+    fn a_backorder_holds_what_is_there_and_waits_for_the_rest_within_the_limit() {
+        let mut stock = with_limit(stock(&[("east", 3, 1)]), 4);
+        let placed = stock
+            .place_waiting(
+                &line(6, None),
+                waiting_policy(true, false),
+                &[location("east", 1, true)],
+            )
+            .expect("2 held, 4 backordered");
+        assert_eq!((placed.units, placed.waiting.backordered), (2, 4));
+        assert_eq!(stock.at[0].reserved, 3);
+        assert_eq!(stock.at[0].states.backordered, 4);
+        // The limit is spent: one more unit does not fit.
+        assert!(
+            stock
+                .place_waiting(
+                    &line(1, None),
+                    waiting_policy(true, false),
+                    &[location("east", 1, true)]
+                )
+                .is_none()
+        );
+        assert_eq!(stock.at[0].states.backordered, 4, "nothing changed");
+    }
+
+    #[test]
+    fn a_safety_stock_above_what_is_free_shrinks_the_room_for_backorders() {
+        let mut stock = with_limit(stock(&[("east", 5, 4)]), 3);
+        stock.at[0].states.safety_stock = 3;
+        // Free is 5 - 4 - 3 = -2: two of the three backorders are spoken for already.
+        assert_eq!(stock.at[0].backorder_room(), 1);
+        assert!(
+            stock
+                .place_waiting(
+                    &line(2, None),
+                    waiting_policy(true, false),
+                    &[location("east", 1, true)]
+                )
+                .is_none()
+        );
+        let placed = stock
+            .place_waiting(
+                &line(1, None),
+                waiting_policy(true, false),
+                &[location("east", 1, true)],
+            )
+            .unwrap();
+        assert_eq!((placed.units, placed.waiting.backordered), (0, 1));
+    }
+
+    #[test]
+    fn a_pre_order_takes_the_earliest_receipt_with_enough_unpromised_units() {
+        let mut stock = stock(&[("east", 0, 0)]);
+        stock.receipts = vec![
+            receipt("LATE", "east", 10, 0, 20),
+            receipt("SOON", "east", 5, 3, 14),
+            receipt("SOONER", "east", 2, 0, 10),
+        ];
+        let placed = stock
+            .place_waiting(
+                &line(2, None),
+                waiting_policy(false, true),
+                &[location("east", 1, true)],
+            )
+            .unwrap();
+        assert_eq!(placed.receipt.as_ref().unwrap().receipt.as_str(), "SOONER");
+        // 3 units: SOONER has none left, SOON only 2 unpromised; LATE has them.
+        let placed = stock
+            .place_waiting(
+                &line(3, None),
+                waiting_policy(false, true),
+                &[location("east", 1, true)],
+            )
+            .unwrap();
+        assert_eq!(placed.receipt.as_ref().unwrap().receipt.as_str(), "LATE");
+        assert_eq!(
+            placed.waiting,
+            States {
+                preordered: 3,
+                ..States::default()
+            }
+        );
+        assert_eq!(stock.receipts[0].preordered, 3);
+        assert_eq!(stock.at[0].states.preordered, 5);
+        // Nothing left anywhere for 9 more, and no backorders allowed.
+        assert!(
+            stock
+                .place_waiting(
+                    &line(9, None),
+                    waiting_policy(false, true),
+                    &[location("east", 1, true)]
+                )
+                .is_none()
+        );
+    }
 }

@@ -23,7 +23,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 12] = [
+    pub const ALL: [EventKind; 14] = [
         Self::StockAdjusted,
         Self::Reservation(ReservationEvent::Held),
         Self::Reservation(ReservationEvent::Confirmed),
@@ -36,6 +36,8 @@ impl EventKind {
         Self::BackInStock,
         Self::StockTransferred,
         Self::StockStateChanged,
+        Self::Reservation(ReservationEvent::Filled),
+        Self::Reservation(ReservationEvent::PreorderAtRisk),
     ];
 
     /// The name after `EVENT_TYPE_` in the API (`RESERVATION_HELD`).

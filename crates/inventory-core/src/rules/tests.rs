@@ -107,6 +107,7 @@ fn stock_of(raw: &str, on_hand: i64, reserved: i64, fence: i64) -> SkuStock {
         total,
         fence: FenceToken::new(fence),
         now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000),
+        receipts: Vec::new(),
     }
 }
 
@@ -671,4 +672,71 @@ fn a_cancelled_order_is_a_stored_refusal_that_takes_no_stock() {
     assert!(decisions[0].placements.is_empty());
     // Both units were left for the live order.
     assert_eq!(decisions[1].placements.last().unwrap().total.reserved, 2);
+}
+
+mod fill {
+    use super::*;
+    use crate::domain::ReceiptId;
+    use crate::rules::{Fill, Waiting, fill_plan};
+
+    fn at(on_hand: i64, reserved: i64, backordered: i64, preordered: i64) -> StockLevel {
+        let mut level = level(on_hand, reserved, 1);
+        level.location = Some(LocationId::default_location());
+        level.states.backordered = backordered;
+        level.states.preordered = preordered;
+        level
+    }
+
+    fn wait(n: u128, backordered: i64, preordered: i64, receipt: Option<&str>) -> Waiting {
+        Waiting {
+            reservation: ReservationId::from_uuid(uuid::Uuid::from_u128(n)),
+            sku: sku("A"),
+            location: LocationId::default_location(),
+            backordered,
+            preordered,
+            receipt: receipt.map(|r| ReceiptId::parse(r).unwrap()),
+        }
+    }
+
+    fn fill(index: usize, backordered: i64, preordered: i64) -> Fill {
+        Fill {
+            index,
+            backordered,
+            preordered,
+        }
+    }
+
+    #[test]
+    fn free_units_go_to_the_oldest_hold_first_and_the_head_blocks_the_queue() {
+        // 3 free units; holds waiting for 2, 4 and 1 units, in that order.
+        let level = at(10, 7, 6, 1);
+        let waiting = [
+            wait(1, 2, 0, None),
+            wait(2, 4, 0, None),
+            wait(3, 0, 1, Some("PO")),
+        ];
+        assert_eq!(
+            fill_plan(&[level], &waiting, None),
+            [fill(0, 2, 0), fill(1, 1, 0)]
+        );
+    }
+
+    #[test]
+    fn a_receipt_fills_its_own_pre_orders_first_then_the_queue() {
+        // 5 arrived for PO: its pre-order of 2 first, though a backorder is older; the 3
+        // left free go to the queue, oldest first.
+        let level = at(5, 0, 4, 2);
+        let po = ReceiptId::parse("PO").unwrap();
+        let waiting = [wait(1, 4, 0, None), wait(2, 0, 2, Some("PO"))];
+        assert_eq!(
+            fill_plan(&[level], &waiting, Some((&po, 5))),
+            [fill(0, 3, 0), fill(1, 0, 2)]
+        );
+    }
+
+    #[test]
+    fn nothing_free_fills_nothing() {
+        let level = at(4, 4, 2, 0);
+        assert!(fill_plan(&[level], &[wait(1, 2, 0, None)], None).is_empty());
+    }
 }

@@ -124,12 +124,21 @@ struct Allocations<'a>(&'a [Allocation]);
 
 impl Serialize for Allocations<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.0.iter().map(|a| AllocationPayload {
-            location_id: a.location.as_str(),
-            quantity: a.quantity,
-            held: a.held,
-            confirmed: a.confirmed,
-            released: a.released,
+        serializer.collect_seq(self.0.iter().map(|a| {
+            AllocationPayload {
+                location_id: a.location.as_str(),
+                quantity: a.quantity,
+                held: a.held,
+                confirmed: a.confirmed,
+                released: a.released,
+                backordered: a.backordered,
+                preordered: a.preordered,
+                receipt_id: a.receipt.as_ref().map(|p| p.receipt.as_str()),
+                expected_at_micros: a
+                    .receipt
+                    .as_ref()
+                    .map(|p| crate::tables::idempotency::outcome::micros(p.expected_at)),
+            }
         }))
     }
 }
@@ -141,6 +150,18 @@ struct AllocationPayload<'a> {
     held: i64,
     confirmed: i64,
     released: i64,
+    #[serde(skip_serializing_if = "is_zero")]
+    backordered: i64,
+    #[serde(skip_serializing_if = "is_zero")]
+    preordered: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    receipt_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expected_at_micros: Option<i64>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug)]
@@ -154,6 +175,7 @@ impl Serialize for Levels<'_> {
             reserved: level.reserved,
             version: level.version,
             location_id: level.location.as_ref().map(|l| l.as_str()),
+            states: (!level.states.is_zero()).then(|| level.states.to_array()),
         }))
     }
 }
@@ -166,6 +188,8 @@ struct LevelPayload<'a> {
     version: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     location_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    states: Option<[i64; 7]>,
 }
 
 /// A level in an event's payload; a location's carries its `location_id`.

@@ -2,8 +2,9 @@
 //! brought and what pre-orders are pegged to it.
 //!
 //! Invariant relied on: a receipt's row is written only under its SKU's `stock` row lock,
-//! like every other row of the SKU; `preordered + least(received, quantity) <= quantity` is
-//! a CHECK, so no pre-order can be pegged past what a receipt has still to bring.
+//! like every other row of the SKU. `preordered` moves only by [`peg`] and [`unpeg`] (a
+//! Reserve pegs at most the unpromised remainder; fills and released holds unpeg), never by
+//! [`update`]; `preordered <= quantity` is a CHECK.
 
 use deadpool_postgres::GenericClient;
 use inventory_core::{
@@ -26,8 +27,7 @@ const INSERT: &str = "
               created_at";
 
 const UPDATE: &str = "
-    UPDATE receipts SET received = $2, preordered = $3, state = $4,
-                        updated_at = clock_timestamp()
+    UPDATE receipts SET received = $2, state = $3, updated_at = clock_timestamp()
     WHERE receipt_id = $1";
 
 /// Turns a row of [`COLUMNS`] into a receipt.
@@ -86,22 +86,54 @@ pub(crate) async fn read(
     row.as_ref().map(receipt).transpose()
 }
 
-/// Writes what a change made of `receipt`: received, pre-ordered and state.
+/// Writes what a change made of `receipt`: received and state.
 pub(crate) async fn update(client: &impl GenericClient, after: &Receipt) -> Result<(), Error> {
     let statement = client.prepare_cached(UPDATE).await.map_err(from_db)?;
     client
         .execute(
             &statement,
-            &[
-                &after.id.as_str(),
-                &after.received,
-                &after.preordered,
-                &after.state.as_str(),
-            ],
+            &[&after.id.as_str(), &after.received, &after.state.as_str()],
         )
         .await
         .map_err(from_db)?;
     Ok(())
+}
+
+/// Pre-ordered units no longer pegged to their receipts (filled, or released with their
+/// hold): `(receipt, units)`, a receipt possibly several times.
+pub(crate) async fn unpeg(
+    client: &impl GenericClient,
+    units: &[(&ReceiptId, i64)],
+) -> Result<(), Error> {
+    if units.is_empty() {
+        return Ok(());
+    }
+    let statement = client
+        .prepare_cached(
+            "UPDATE receipts e SET preordered = e.preordered - u.units,
+                                   updated_at = clock_timestamp()
+             FROM (SELECT id, sum(n)::bigint AS units
+                   FROM unnest($1::text[], $2::bigint[]) AS v(id, n) GROUP BY id) u
+             WHERE e.receipt_id = u.id",
+        )
+        .await
+        .map_err(from_db)?;
+    let ids: Vec<&str> = units.iter().map(|(id, _)| id.as_str()).collect();
+    let counts: Vec<i64> = units.iter().map(|(_, n)| *n).collect();
+    client
+        .execute(&statement, &[&ids, &counts])
+        .await
+        .map_err(from_db)?;
+    Ok(())
+}
+
+/// Units of new holds pegged to their receipts: `(receipt, units)`.
+pub(crate) async fn peg(
+    client: &impl GenericClient,
+    units: &[(&ReceiptId, i64)],
+) -> Result<(), Error> {
+    let negated: Vec<(&ReceiptId, i64)> = units.iter().map(|(id, n)| (*id, -n)).collect();
+    unpeg(client, &negated).await
 }
 
 /// The open receipts of `skus`, by SKU, location and expected date.

@@ -11,12 +11,13 @@
 use std::time::SystemTime;
 
 use deadpool_postgres::{GenericClient, Transaction};
+use inventory_core::rules::Waiting;
 use inventory_core::{
     Error,
     command::{Cursor, ListReservations, ReservationPage, ReservationRef},
     domain::{
-        Allocation, Caller, FenceToken, IdempotencyKey, LocationId, OrderId, Reservation,
-        ReservationId, ReservationLine, ReservationState, Sku,
+        Allocation, Caller, FenceToken, IdempotencyKey, LocationId, OrderId, Peg, ReceiptId,
+        Reservation, ReservationId, ReservationLine, ReservationState, Sku,
     },
     quota::Holdings,
 };
@@ -49,34 +50,42 @@ const EFFECTIVE_STATE: &str = effective_state!();
 /// New holds, dated by the clock once their stock rows were locked.
 pub(crate) const INSERT_MANY: &str = "
     INSERT INTO reservations
-        (reservation_id, order_id, state, caller, idempotency_key, created_at, expires_at)
-    SELECT u.id, u.order_id, 'HELD', u.caller, u.key, u.created_at, u.expires_at
+        (reservation_id, order_id, state, caller, idempotency_key, created_at, expires_at,
+         waiting)
+    SELECT u.id, u.order_id, 'HELD', u.caller, u.key, u.created_at, u.expires_at, u.waiting
     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[],
-                $6::timestamptz[])
-        AS u(id, order_id, caller, key, expires_at, created_at)";
+                $6::timestamptz[], $7::bigint[])
+        AS u(id, order_id, caller, key, expires_at, created_at, waiting)";
 
 /// The lines of new holds, a row per location a line's units come from.
 pub(crate) const INSERT_LINES_MANY: &str = "
-    INSERT INTO reservation_lines (reservation_id, sku, location_id, quantity, fence_token)
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])";
+    INSERT INTO reservation_lines
+        (reservation_id, sku, location_id, quantity, fence_token, backordered, preordered,
+         receipt_id)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::bigint[],
+                         $6::bigint[], $7::bigint[], $8::text[])";
 
 /// In byte order (`COLLATE "C"`), the order Rust sorts SKUs in: confirm and release lock
 /// stock rows in this order, like every other writer, whatever the database's collation.
 const LINES: &str = "
-    SELECT sku, location_id, quantity, confirmed, released FROM reservation_lines
-    WHERE reservation_id = $1 ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\"";
+    SELECT l.sku, l.location_id, l.quantity, l.confirmed, l.released, l.backordered,
+           l.preordered, l.receipt_id, e.expected_at
+    FROM reservation_lines l LEFT JOIN receipts e ON e.receipt_id = l.receipt_id
+    WHERE l.reservation_id = $1 ORDER BY l.sku COLLATE \"C\", l.location_id COLLATE \"C\"";
 
 /// Sets the counts of a locked reservation's lines, as the core decided them.
 const UPDATE_LINES: &str = "
-    UPDATE reservation_lines l SET confirmed = u.confirmed, released = u.released
-    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
-        AS u(reservation_id, sku, location_id, confirmed, released)
+    UPDATE reservation_lines l SET confirmed = u.confirmed, released = u.released,
+                                   backordered = u.backordered, preordered = u.preordered
+    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[],
+                $7::bigint[])
+        AS u(reservation_id, sku, location_id, confirmed, released, backordered, preordered)
     WHERE l.reservation_id = u.reservation_id AND l.sku = u.sku
       AND l.location_id = u.location_id";
 
 /// Moves a hold on, only while it is still a hold at this very moment: judged by its row count.
 const SETTLE_HOLD: &str = "
-    UPDATE reservations SET state = $2, updated_at = clock_timestamp()
+    UPDATE reservations SET state = $2, waiting = $3, updated_at = clock_timestamp()
     WHERE reservation_id = $1 AND state = 'HELD' AND expires_at > clock_timestamp()";
 
 /// Moves a live hold's expiry; judged by its row count, like `SETTLE_HOLD`.
@@ -102,13 +111,15 @@ const LOCK_DUE_AMONG: &str = "
     FOR UPDATE SKIP LOCKED";
 
 const LINES_OF_MANY: &str = "
-    SELECT reservation_id, sku, location_id, quantity, confirmed, released FROM reservation_lines
-    WHERE reservation_id = ANY($1)
-    ORDER BY reservation_id, sku COLLATE \"C\", location_id COLLATE \"C\"";
+    SELECT l.reservation_id, l.sku, l.location_id, l.quantity, l.confirmed, l.released,
+           l.backordered, l.preordered, l.receipt_id, e.expected_at
+    FROM reservation_lines l LEFT JOIN receipts e ON e.receipt_id = l.receipt_id
+    WHERE l.reservation_id = ANY($1)
+    ORDER BY l.reservation_id, l.sku COLLATE \"C\", l.location_id COLLATE \"C\"";
 
 /// Ends locked holds, each in its own state (by id).
 const END_MANY: &str = "
-    UPDATE reservations r SET state = u.state, updated_at = clock_timestamp()
+    UPDATE reservations r SET state = u.state, waiting = 0, updated_at = clock_timestamp()
     FROM unnest($1::uuid[], $2::text[]) AS u(reservation_id, state)
     WHERE r.reservation_id = u.reservation_id AND r.state = 'HELD'";
 
@@ -156,6 +167,9 @@ pub(crate) struct StoredLine {
     quantity: i64,
     confirmed: i64,
     released: i64,
+    backordered: i64,
+    preordered: i64,
+    receipt: Option<Peg>,
 }
 
 impl Header {
@@ -166,14 +180,17 @@ impl Header {
         let mut allocations: Vec<Allocation> = Vec::new();
         let mut rows = rows.into_iter().peekable();
         while let Some(row) = rows.next() {
-            allocations.push(Allocation::stored(
-                row.location,
-                row.quantity,
-                row.confirmed,
-                row.released,
-                self.stored_state,
-                live,
-            ));
+            allocations.push(
+                Allocation::stored(
+                    row.location,
+                    row.quantity,
+                    row.confirmed,
+                    row.released,
+                    self.stored_state,
+                    live,
+                )
+                .stored_waiting(row.backordered, row.preordered, row.receipt),
+            );
             if rows.peek().is_none_or(|next| next.sku != row.sku) {
                 let line =
                     ReservationLine::from_allocations(row.sku, std::mem::take(&mut allocations))
@@ -213,8 +230,13 @@ pub(crate) async fn insert_many(
     let keys: Vec<&str> = holds.iter().map(|h| h.2).collect();
     let expires: Vec<SystemTime> = holds.iter().map(|h| h.0.expires_at).collect();
     let created: Vec<SystemTime> = holds.iter().map(|h| h.0.created_at).collect();
+    let waiting: Vec<i64> = holds
+        .iter()
+        .map(|h| h.0.lines.iter().map(ReservationLine::waiting).sum())
+        .collect();
     let (mut line_ids, mut skus, mut locations, mut quantities, mut fences) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut backordered, mut preordered, mut receipts) = (Vec::new(), Vec::new(), Vec::new());
     for (reservation, _, _, line_fences) in holds {
         for (line, fence) in reservation.lines.iter().zip(*line_fences) {
             for allocation in &line.allocations {
@@ -223,11 +245,25 @@ pub(crate) async fn insert_many(
                 locations.push(allocation.location.as_str());
                 quantities.push(allocation.quantity);
                 fences.push(fence.get());
+                backordered.push(allocation.backordered);
+                preordered.push(allocation.preordered);
+                receipts.push(allocation.receipt.as_ref().map(|p| p.receipt.as_str()));
             }
         }
     }
-    let header_params: [Param<'_>; 6] = [&ids, &order_ids, &callers, &keys, &expires, &created];
-    let line_params: [Param<'_>; 5] = [&line_ids, &skus, &locations, &quantities, &fences];
+    let header_params: [Param<'_>; 7] = [
+        &ids, &order_ids, &callers, &keys, &expires, &created, &waiting,
+    ];
+    let line_params: [Param<'_>; 8] = [
+        &line_ids,
+        &skus,
+        &locations,
+        &quantities,
+        &fences,
+        &backordered,
+        &preordered,
+        &receipts,
+    ];
     // `biased`: the reservations reach PostgreSQL before the lines that reference them.
     let (inserted, _) = tokio::try_join!(
         biased;
@@ -295,10 +331,11 @@ pub(crate) async fn settle_hold(
     tx: &Transaction<'_>,
     id: ReservationId,
     state: ReservationState,
+    waiting: i64,
 ) -> Result<bool, tokio_postgres::Error> {
     let statement = tx.prepare_cached(SETTLE_HOLD).await?;
     let changed = tx
-        .execute(&statement, &[&id.as_uuid(), &state.as_str()])
+        .execute(&statement, &[&id.as_uuid(), &state.as_str(), &waiting])
         .await?;
     Ok(changed == 1)
 }
@@ -342,6 +379,134 @@ pub(crate) async fn end_many(
     Ok(())
 }
 
+/// The waiting lines at the locations of `levels`, of live holds, oldest reservation first;
+/// their reservations locked, those another transaction holds skipped (see `fill`).
+pub(crate) async fn lock_waiting(
+    tx: &Transaction<'_>,
+    levels: &[inventory_core::domain::StockLevel],
+) -> Result<Vec<Waiting>, Error> {
+    let statement = tx
+        .prepare_cached(
+            "SELECT l.reservation_id, l.sku, l.location_id, l.backordered, l.preordered,
+                    l.receipt_id
+             FROM reservations r JOIN reservation_lines l USING (reservation_id)
+             WHERE (l.sku, l.location_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+               AND (l.backordered > 0 OR l.preordered > 0)
+               AND r.state = 'HELD' AND r.expires_at > clock_timestamp()
+             ORDER BY r.created_at, r.reservation_id, l.sku COLLATE \"C\",
+                      l.location_id COLLATE \"C\"
+             FOR UPDATE OF r SKIP LOCKED",
+        )
+        .await
+        .map_err(crate::plumbing::error::from_db)?;
+    let skus: Vec<&str> = levels.iter().map(|l| l.sku.as_str()).collect();
+    let locations: Vec<&str> = levels
+        .iter()
+        .map(|l| {
+            l.location
+                .as_ref()
+                .map_or(LocationId::DEFAULT, LocationId::as_str)
+        })
+        .collect();
+    let rows = tx
+        .query(&statement, &[&skus, &locations])
+        .await
+        .map_err(crate::plumbing::error::from_db)?;
+    rows.iter()
+        .map(|row| {
+            let get = Error::internal;
+            Ok(Waiting {
+                reservation: ReservationId::from_uuid(row.try_get(0).map_err(get)?),
+                sku: stored(Sku::parse(row.try_get(1).map_err(get)?))?,
+                location: stored(LocationId::parse(row.try_get(2).map_err(get)?))?,
+                backordered: row.try_get(3).map_err(get)?,
+                preordered: row.try_get(4).map_err(get)?,
+                receipt: row
+                    .try_get::<_, Option<&str>>(5)
+                    .map_err(get)?
+                    .map(|id| stored(ReceiptId::parse(id)))
+                    .transpose()?,
+            })
+        })
+        .collect()
+}
+
+/// Waiting units of locked lines that became held: `(line, backordered, preordered)`; their
+/// reservations' `waiting` drops with them.
+pub(crate) async fn fill_lines(
+    tx: &Transaction<'_>,
+    filled: &[(&Waiting, i64, i64)],
+) -> Result<(), Error> {
+    let statement = tx
+        .prepare_cached(
+            "WITH u AS (
+                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[],
+                                      $5::bigint[])
+                     AS u(id, sku, location_id, backordered, preordered)
+             ), l AS (
+                 UPDATE reservation_lines l
+                 SET backordered = l.backordered - u.backordered,
+                     preordered = l.preordered - u.preordered
+                 FROM u WHERE l.reservation_id = u.id AND l.sku = u.sku
+                   AND l.location_id = u.location_id
+                 RETURNING l.reservation_id
+             )
+             UPDATE reservations r SET waiting = r.waiting - w.units,
+                                       updated_at = clock_timestamp()
+             FROM (SELECT id, sum(backordered + preordered)::bigint AS units FROM u GROUP BY id) w
+             WHERE r.reservation_id = w.id",
+        )
+        .await
+        .map_err(crate::plumbing::error::from_db)?;
+    let ids: Vec<uuid::Uuid> = filled.iter().map(|f| f.0.reservation.as_uuid()).collect();
+    let skus: Vec<&str> = filled.iter().map(|f| f.0.sku.as_str()).collect();
+    let locations: Vec<&str> = filled.iter().map(|f| f.0.location.as_str()).collect();
+    let backordered: Vec<i64> = filled.iter().map(|f| f.1).collect();
+    let preordered: Vec<i64> = filled.iter().map(|f| f.2).collect();
+    tx.execute(
+        &statement,
+        &[&ids, &skus, &locations, &backordered, &preordered],
+    )
+    .await
+    .map_err(crate::plumbing::error::from_db)?;
+    Ok(())
+}
+
+/// The live holds with units pegged to receipt `id`, with their lines, oldest first.
+pub(crate) async fn pegged_to(
+    client: &impl GenericClient,
+    id: &ReceiptId,
+) -> Result<Vec<Reservation>, Error> {
+    read_reservations(client, PEGGED_TO, &[&id.as_str()]).await
+}
+
+const PEGGED_TO: &str = concat!(
+    "SELECT reservation_id, order_id, state, ",
+    effective_state!(),
+    ", created_at, expires_at
+     FROM reservations WHERE state = 'HELD' AND expires_at > clock_timestamp()
+       AND reservation_id IN (SELECT reservation_id FROM reservation_lines
+                              WHERE receipt_id = $1 AND preordered > 0)
+     ORDER BY created_at, reservation_id"
+);
+
+/// The reservations `ids`, as they are, with their lines, oldest first.
+pub(crate) async fn by_ids(
+    client: &impl GenericClient,
+    ids: &[ReservationId],
+) -> Result<Vec<Reservation>, Error> {
+    let ids: Vec<uuid::Uuid> = ids.iter().map(ReservationId::as_uuid).collect();
+    read_reservations(client, BY_IDS, &[&ids]).await
+}
+
+const BY_IDS: &str = concat!(
+    "SELECT reservation_id, order_id, state, ",
+    effective_state!(),
+    ", created_at, expires_at
+     FROM reservations WHERE reservation_id = ANY($1)
+     ORDER BY created_at, reservation_id"
+);
+
 /// Writes the counts of the lines of locked reservations, as they now are.
 pub(crate) async fn update_lines(
     tx: &Transaction<'_>,
@@ -360,16 +525,27 @@ pub(crate) async fn update_lines(
     });
     let (mut ids, mut skus, mut locations, mut confirmed, mut released) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut backordered, mut preordered) = (Vec::new(), Vec::new());
     for (id, sku, allocation) in rows {
         ids.push(id);
         skus.push(sku);
         locations.push(allocation.location.as_str());
         confirmed.push(allocation.confirmed);
         released.push(allocation.released);
+        backordered.push(allocation.backordered);
+        preordered.push(allocation.preordered);
     }
     tx.execute(
         &statement,
-        &[&ids, &skus, &locations, &confirmed, &released],
+        &[
+            &ids,
+            &skus,
+            &locations,
+            &confirmed,
+            &released,
+            &backordered,
+            &preordered,
+        ],
     )
     .await?;
     Ok(())
@@ -474,6 +650,20 @@ fn line(row: &Row, first: usize) -> Result<StoredLine, Error> {
         quantity: count(first + 2)?,
         confirmed: count(first + 3)?,
         released: count(first + 4)?,
+        backordered: count(first + 5)?,
+        preordered: count(first + 6)?,
+        receipt: match (
+            row.try_get::<_, Option<&str>>(first + 7)
+                .map_err(Error::internal)?,
+            row.try_get::<_, Option<SystemTime>>(first + 8)
+                .map_err(Error::internal)?,
+        ) {
+            (Some(id), Some(expected_at)) => Some(Peg {
+                receipt: stored(ReceiptId::parse(id))?,
+                expected_at,
+            }),
+            _ => None,
+        },
     })
 }
 

@@ -255,6 +255,7 @@ pub(crate) async fn lock_many(
             },
             fence: FenceToken::new(row.try_get(5).map_err(Error::internal)?),
             at: Vec::new(),
+            receipts: Vec::new(),
         };
         locked.insert(sku, entry);
     }
@@ -285,7 +286,7 @@ impl<'a> StockMove<'a> {
             location: &placement.location,
             on_hand: 0,
             reserved: placement.units,
-            states: States::default(),
+            states: placement.waiting,
         }
     }
 }

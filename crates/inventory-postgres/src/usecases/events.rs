@@ -16,7 +16,7 @@ use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
     domain::{
-        Allocation, LocationId, OrderId, Quantity, ReservationId, ReservationLine,
+        Allocation, LocationId, OrderId, Peg, Quantity, ReceiptId, ReservationId, ReservationLine,
         ReservationState, Sku, States, StockLevel,
     },
     events::{Change, Epoch, EpochId, Event, ReservationEvent, StreamBounds},
@@ -345,6 +345,15 @@ struct AllocationPayload {
     held: i64,
     confirmed: i64,
     released: i64,
+    /// Absent while none wait, and before stock states existed.
+    #[serde(default)]
+    backordered: i64,
+    #[serde(default)]
+    preordered: i64,
+    #[serde(default)]
+    receipt_id: Option<String>,
+    #[serde(default)]
+    expected_at_micros: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -480,23 +489,36 @@ fn event(row: &Row) -> Result<Event, Error> {
                     (Some(allocations), ..) => allocations
                         .into_iter()
                         .map(|a| {
+                            let receipt = match (a.receipt_id, a.expected_at_micros) {
+                                (Some(id), Some(at)) => Some(Peg {
+                                    receipt: ReceiptId::parse(&id)?,
+                                    expected_at: crate::tables::idempotency::outcome::from_micros(
+                                        at,
+                                    ),
+                                }),
+                                _ => None,
+                            };
                             Ok(Allocation {
                                 location: LocationId::parse(&a.location_id)?,
                                 quantity: a.quantity,
                                 held: a.held,
                                 confirmed: a.confirmed,
                                 released: a.released,
+                                backordered: a.backordered,
+                                preordered: a.preordered,
+                                receipt,
                             })
                         })
                         .collect::<Result<Vec<_>, String>>()
                         .map_err(invalid)?,
-                    (None, Some(held), Some(confirmed), Some(released)) => vec![Allocation {
-                        location: LocationId::default_location(),
-                        quantity: quantity.get(),
-                        held,
-                        confirmed,
-                        released,
-                    }],
+                    (None, Some(held), Some(confirmed), Some(released)) => vec![
+                        Allocation {
+                            confirmed,
+                            released,
+                            ..Allocation::new_hold(LocationId::default_location(), quantity.get())
+                        }
+                        .with_held(held),
+                    ],
                     _ => vec![Allocation::stored(
                         LocationId::default_location(),
                         quantity.get(),

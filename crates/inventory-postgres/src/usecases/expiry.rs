@@ -22,7 +22,7 @@ use inventory_core::{
 use crate::{
     PgStore,
     plumbing::error::{from_db, from_pool},
-    tables::ledger::{self, Cause, NewMovement},
+    tables::ledger::{self, Cause},
     tables::outbox,
     tables::reservations,
     tables::stock::{self, StockMove},
@@ -250,7 +250,7 @@ pub(crate) async fn end_holds(
             location: &m.location,
             on_hand: 0,
             reserved: -m.units,
-            states: Default::default(),
+            states: m.waiting.negated(),
         })
         .collect();
     let ended_now: Vec<&Reservation> = changes.iter().map(|c| &c.after).collect();
@@ -267,6 +267,11 @@ pub(crate) async fn end_holds(
         async { reservations::end_many(tx, &ended_now).await.map_err(from_db) },
         async { reservations::update_lines(tx, &rewritten).await.map_err(from_db) },
     )?;
+    let unpegged: Vec<_> = changes
+        .iter()
+        .flat_map(|c| super::fill::unpegged(&c.moves))
+        .collect();
+    crate::tables::receipts::unpeg(tx, &unpegged).await?;
     let kind = match ended {
         ReservationState::Expired => MovementKind::Expired,
         _ => MovementKind::Released,
@@ -282,7 +287,7 @@ pub(crate) async fn end_holds(
         movements.extend(
             own.iter()
                 .zip(&change.moves)
-                .map(|(m, units)| NewMovement::of_units(kind, m, units.units).because(cause)),
+                .map(|(m, units)| super::fill::settled(kind, m, units).because(cause)),
         );
     }
     // Every event before the movements (and the availability events they cause), as the
@@ -292,6 +297,8 @@ pub(crate) async fn end_holds(
         async { outbox::append_reservation_events(tx, &events).await.map_err(from_db) },
         async { ledger::append(tx, &movements).await.map_err(from_db) },
     )?;
+    // What they held goes to holds waiting there.
+    let _ = super::fill::fill(tx, &super::fill::location_levels(&moved), None, cause).await?;
     for (hold, change) in holds.iter_mut().zip(changes) {
         *hold = change.after;
     }

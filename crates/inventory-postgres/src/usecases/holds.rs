@@ -111,7 +111,7 @@ pub(crate) async fn write(
             )
         })
         .collect();
-    let moved: Vec<(stock::Moved, &Hold<'_>, i64)> = holds
+    let moved: Vec<(stock::Moved, &Hold<'_>, &Placement)> = holds
         .iter()
         .flat_map(|h| {
             h.placements.iter().map(move |p| {
@@ -119,22 +119,37 @@ pub(crate) async fn write(
                     level: p.level.clone(),
                     total: p.total.clone(),
                 };
-                (m, h, p.units)
+                (m, h, p)
             })
         })
         .collect();
     let movements: Vec<NewMovement<'_>> = moved
         .iter()
-        .map(|(m, h, units)| {
+        .map(|(m, h, placement)| {
             let cause = Cause::call(
                 h.command.caller.as_str(),
                 "",
                 Some(h.command.idempotency_key.as_str()),
             )
             .of_reservation(h.reservation.id, &h.reservation.order_id);
-            NewMovement::of_units(MovementKind::Held, m, *units).because(cause)
+            let movement = NewMovement::of_units(MovementKind::Held, m, placement.units)
+                .with_states(placement.waiting)
+                .because(cause);
+            match &placement.receipt {
+                Some(peg) => movement.of_receipt(peg.receipt.as_str()),
+                None => movement,
+            }
         })
         .collect();
+    // Pre-ordered units taken from their receipts (only a Reserve that may pre-order has
+    // any: the coalesced path never does).
+    let pegged: Vec<(&inventory_core::domain::ReceiptId, i64)> = moved
+        .iter()
+        .filter_map(|(_, _, p)| Some((&p.receipt.as_ref()?.receipt, p.waiting.preordered)))
+        .collect();
+    if !pegged.is_empty() {
+        crate::tables::receipts::peg(tx, &pegged).await?;
+    }
     // `biased`: sent in this order (reservations before their lines inside `insert_many`;
     // each hold's event before its movement and any availability event).
     let (applied, ..) = tokio::try_join!(

@@ -30,6 +30,7 @@ use crate::{
     tables::locations,
     tables::orders,
     tables::outbox,
+    tables::receipts,
     tables::reservations,
     tables::stock::{self, StockMove},
     usecases::holds::{self, Hold, Record},
@@ -83,6 +84,16 @@ impl ReservationStore for PgStore {
                 stock::lock_many(tx, &skus),
                 locations::all(tx),
             )?;
+            // What a line that may pre-order may be pegged to: the open receipts, read under
+            // the SKU rows' locks (every writer of a receipt holds its SKU's).
+            if command.allocation.allow_preorder {
+                let wanted: Vec<Sku> = stock.keys().cloned().collect();
+                for receipt in receipts::open_of(tx, &wanted).await? {
+                    if let Some(sku) = stock.get_mut(&receipt.sku) {
+                        sku.receipts.push(receipt);
+                    }
+                }
+            }
             let metrics = crate::plumbing::metrics::store();
             let result = if cancelled {
                 Err(Error::OrderCancelled {
@@ -287,7 +298,13 @@ impl PgStore {
         };
         // Judged again now that the row is ours: the lock may have been waited for past the
         // hold's expiry, and a hold that expired is the sweeper's, not ours.
-        if !reservations::settle_hold(tx, target.id, change.after.state)
+        let waiting: i64 = change
+            .after
+            .lines
+            .iter()
+            .map(ReservationLine::waiting)
+            .sum();
+        if !reservations::settle_hold(tx, target.id, change.after.state, waiting)
             .await
             .map_err(from_db)?
         {
@@ -308,10 +325,12 @@ impl PgStore {
                     Settle::Release => 0,
                 },
                 reserved: -m.units,
-                states: Default::default(),
+                // Waiting units given up leave the location's waiting counts.
+                states: m.waiting.negated(),
             })
             .collect();
         let moved = stock::apply(tx, &moves, &[], false).await?;
+        receipts::unpeg(tx, &super::fill::unpegged(&change.moves)).await?;
         if change.write_lines {
             reservations::update_lines(tx, &[&change.after])
                 .await
@@ -338,9 +357,12 @@ impl PgStore {
         let movements: Vec<NewMovement<'_>> = moved
             .iter()
             .zip(&change.moves)
-            .map(|(m, units)| NewMovement::of_units(kind, m, units.units).because(cause))
+            .map(|(m, units)| super::fill::settled(kind, m, units).because(cause))
             .collect();
         ledger::append(tx, &movements).await.map_err(from_db)?;
+        // Released units go to holds waiting there; a confirm's fill catches a waiting hold
+        // an earlier fill skipped while this one held it.
+        let _ = super::fill::fill(tx, &super::fill::location_levels(&moved), None, cause).await?;
         let counted = change.event.as_str().trim_start_matches("RESERVATION_");
         Commit::storing(Ok(change.after), &Settled {})?
             .wrote(true)

@@ -11,8 +11,8 @@ use inventory_core::{
         CancelReceipt, ExpectStock, ListReceipts, MoveStockState, ReceiptChanged, ReceiptPage,
         ReceiveStock, SetStockPolicy,
     },
-    domain::{LocationId, MovementKind, Receipt, ReceiptState, Sku, StockLevel},
-    events::Change,
+    domain::{LocationId, MovementKind, Receipt, ReceiptId, ReceiptState, Sku, StockLevel},
+    events::{Change, ReservationEvent},
     rules::{self, StatesChange},
 };
 use serde_json::json;
@@ -27,6 +27,7 @@ use crate::{
     tables::ledger::{self, Cause, NewMovement},
     tables::outbox,
     tables::receipts,
+    tables::reservations,
     tables::stock::{self, Moved, StockMove},
     usecases::keyed::{Commit, Key},
 };
@@ -268,9 +269,12 @@ async fn change_receipt(
         Err(refusal) => return Ok(Err(refusal)),
         Ok(decided) => decided,
     };
-    receipts::update(tx, &after).await?;
     let mut record = StateChange::new(kind, cause);
     record.receipt = Some(receipt.id.as_str());
+    if kind == MovementKind::Received {
+        record.received = Some((&receipt.id, after.received - receipt.received));
+    }
+    // The stock first, and the fill (which unpegs what it fills), then the receipt's counts.
     let moved = write_states(
         tx,
         &receipt.sku,
@@ -280,10 +284,31 @@ async fn change_receipt(
         &record,
     )
     .await?;
+    receipts::update(tx, &after).await?;
+    if kind == MovementKind::ReceiptCancelled {
+        at_risk(tx, &receipt.id).await?;
+    }
+    let receipt = receipts::read(tx, id)
+        .await?
+        .ok_or_else(|| Error::internal("a receipt vanished under its SKU's lock"))?;
     Ok(Ok(ReceiptChanged {
-        receipt: after,
+        receipt,
         level: moved.total,
     }))
+}
+
+/// A `RESERVATION_PREORDER_AT_RISK` event for every live hold with units pegged to the
+/// cancelled receipt `id`: they keep waiting, and the order service decides.
+async fn at_risk(tx: &Transaction<'_>, id: &ReceiptId) -> Result<(), Error> {
+    let holds = reservations::pegged_to(tx, id).await?;
+    let events: Vec<_> = holds
+        .iter()
+        .map(|r| (ReservationEvent::PreorderAtRisk, r, Vec::new()))
+        .collect();
+    outbox::append_reservation_events(tx, &events)
+        .await
+        .map_err(from_db)?;
+    Ok(())
 }
 
 /// What a change of states records besides its levels: its kind and cause, and for a state
@@ -297,6 +322,8 @@ pub(crate) struct StateChange<'a> {
         Option<inventory_core::domain::StockState>,
     ),
     pub receipt: Option<&'a str>,
+    /// Units of this receipt just received: its pre-orders are filled first.
+    pub received: Option<(&'a ReceiptId, i64)>,
 }
 
 impl<'a> StateChange<'a> {
@@ -306,6 +333,7 @@ impl<'a> StateChange<'a> {
             cause,
             moved: (0, None, None),
             receipt: None,
+            received: None,
         }
     }
 }
@@ -364,7 +392,19 @@ pub(crate) async fn write_states(
         "the stored levels are the decided ones"
     );
     record_state_change(tx, &moved, on_hand, decided.delta, record).await?;
-    Ok(moved)
+    // Units that arrived, passed out of quality control or left the safety stock go to the
+    // holds waiting there; the answer is the total after them.
+    let filled = super::fill::fill(
+        tx,
+        std::slice::from_ref(&moved.level),
+        record.received,
+        record.cause,
+    )
+    .await?;
+    Ok(Moved {
+        total: super::fill::after_fills(moved.total, &filled),
+        level: moved.level,
+    })
 }
 
 /// The movement and the `STOCK_STATE_CHANGED` event of one change of states.

@@ -43,6 +43,7 @@ impl StockStore for PgStore {
         self.keyed(key, None, replay, async |tx| {
             known_locations(tx, [&command.location]).await?;
             let result = apply_adjustment(tx, command).await?;
+            let mut filled = Vec::new();
             if let Ok(moved) = &result {
                 let change = StockChange::new(
                     MovementKind::Adjusted,
@@ -55,9 +56,9 @@ impl StockStore for PgStore {
                         Some(command.idempotency_key.as_str()),
                     ),
                 );
-                record_changes(tx, &[change]).await?;
+                filled = record_changes(tx, &[change]).await?;
             }
-            let result = result.map(|moved| moved.total);
+            let result = result.map(|moved| super::fill::after_fills(moved.total, &filled));
             let outcome = AdjustOutcome::from_result(&result)
                 .expect("apply_adjustment returns only storable outcomes");
             let wrote = result.is_ok();
@@ -79,6 +80,7 @@ impl StockStore for PgStore {
             known_locations(tx, [&command.location]).await?;
             let result = apply_count(tx, command).await?;
             let changed = matches!(&result, Ok(Count { moved: Some(_), .. }));
+            let mut filled = Vec::new();
             if let Ok(Count {
                 moved: Some(moved),
                 delta,
@@ -96,9 +98,9 @@ impl StockStore for PgStore {
                         Some(command.idempotency_key.as_str()),
                     ),
                 );
-                record_changes(tx, &[change]).await?;
+                filled = record_changes(tx, &[change]).await?;
             }
-            let result = result.map(|count| count.total);
+            let result = result.map(|count| super::fill::after_fills(count.total, &filled));
             let outcome = SetOutcome::from_result(&result)
                 .expect("apply_count returns only storable outcomes");
             Commit::storing(result, &outcome)?.wrote(changed).step()
@@ -585,11 +587,11 @@ async fn apply_counts(
             StockChange::new(MovementKind::Set, moved, *delta, count.state, cause)
         })
         .collect();
-    record_changes(tx, &recorded).await?;
+    let filled = record_changes(tx, &recorded).await?;
     Ok(Ok(command
         .counts
         .iter()
-        .map(|c| totals[&c.sku].clone())
+        .map(|c| super::fill::after_fills(totals[&c.sku].clone(), &filled))
         .collect()))
 }
 
@@ -676,6 +678,12 @@ async fn apply_transfer(
         })
         .collect();
     ledger::append(tx, &movements).await.map_err(from_db)?;
+    // Units that reached `to` go to the holds waiting there.
+    let filled = super::fill::fill(tx, &super::fill::location_levels(&moved), None, cause).await?;
+    let transferred = Transferred {
+        total: super::fill::after_fills(transferred.total, &filled),
+        ..transferred
+    };
     Ok(Ok(transferred))
 }
 
@@ -716,11 +724,13 @@ impl<'a> StockChange<'a> {
     }
 }
 
-/// Writes the events of `changes` (pipelined) and then their movements (one statement).
+/// Writes the events of `changes` (pipelined) and then their movements (one statement), then
+/// fills the holds waiting where units arrived: answers the totals the fills left (see
+/// [`super::fill::fill`]).
 async fn record_changes(
     tx: &deadpool_postgres::Transaction<'_>,
     changes: &[StockChange<'_>],
-) -> Result<(), Error> {
+) -> Result<Vec<StockLevel>, Error> {
     futures::future::try_join_all(changes.iter().map(|change| {
         let sku = &change.movement.level.sku;
         outbox::append_sku_event(tx, outbox::STOCK_ADJUSTED, sku, &change.payload)
@@ -728,7 +738,11 @@ async fn record_changes(
     .await
     .map_err(from_db)?;
     let movements: Vec<NewMovement<'_>> = changes.iter().map(|c| c.movement.clone()).collect();
-    ledger::append(tx, &movements).await.map_err(from_db)
+    ledger::append(tx, &movements).await.map_err(from_db)?;
+    // Units that arrived go to the holds waiting there.
+    let levels: Vec<StockLevel> = movements.iter().map(|m| m.level.clone()).collect();
+    let cause = movements.first().map(|m| m.cause).unwrap_or_default();
+    super::fill::fill(tx, &levels, None, cause).await
 }
 
 /// The stock change itself: the SKU's row is locked (or created), then its row at the

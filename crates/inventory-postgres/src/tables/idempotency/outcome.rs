@@ -11,7 +11,7 @@ use inventory_core::{
     Error,
     command::{AdjustStock, BatchSetStock, ReceiptChanged, SetStock, Transferred},
     domain::{
-        Allocation, Line, LocationId, MAX_ON_HAND, OrderId, Quantity, Receipt, ReceiptId,
+        Allocation, Line, LocationId, MAX_ON_HAND, OrderId, Peg, Quantity, Receipt, ReceiptId,
         ReceiptState, Reservation, ReservationId, ReservationLine, ReservationState, Sku, States,
         StockLevel,
     },
@@ -62,8 +62,25 @@ pub(crate) struct StoredReservation {
     /// Per line, `(location, units)`; absent before locations existed: all at `default`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     allocations: Option<Vec<Vec<(String, i64)>>>,
+    /// Per line and allocation, the units left waiting; absent when none wait (and before
+    /// stock states existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    waiting: Option<Vec<Vec<StoredWait>>>,
     created_at_micros: i64,
     expires_at_micros: i64,
+}
+
+/// Waiting units of an allocation: backordered, or pre-ordered against a receipt due then.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct StoredWait {
+    #[serde(default)]
+    backordered: i64,
+    #[serde(default)]
+    preordered: i64,
+    #[serde(default)]
+    receipt_id: Option<String>,
+    #[serde(default)]
+    expected_at_micros: i64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -123,6 +140,29 @@ impl ReserveOutcome {
                         })
                         .collect(),
                 ),
+                waiting: reservation.lines.iter().any(|l| l.waiting() > 0).then(|| {
+                    reservation
+                        .lines
+                        .iter()
+                        .map(|l| {
+                            l.allocations
+                                .iter()
+                                .map(|a| StoredWait {
+                                    backordered: a.backordered,
+                                    preordered: a.preordered,
+                                    receipt_id: a
+                                        .receipt
+                                        .as_ref()
+                                        .map(|p| p.receipt.as_str().to_owned()),
+                                    expected_at_micros: a
+                                        .receipt
+                                        .as_ref()
+                                        .map_or(0, |p| micros(p.expected_at)),
+                                })
+                                .collect()
+                        })
+                        .collect()
+                }),
                 created_at_micros: micros(reservation.created_at),
                 expires_at_micros: micros(reservation.expires_at),
             },
@@ -139,6 +179,7 @@ impl ReserveOutcome {
                 state: ReservationState::Held,
                 lines: {
                     let mut allocations = reservation.allocations.unwrap_or_default().into_iter();
+                    let mut waits = reservation.waiting.unwrap_or_default().into_iter();
                     reservation
                         .lines
                         .into_iter()
@@ -147,14 +188,32 @@ impl ReserveOutcome {
                                 sku(raw)?,
                                 Quantity::parse(quantity).map_err(Error::internal)?,
                             );
+                            let mut line_waits = waits.next().unwrap_or_default().into_iter();
                             let placed = match allocations.next() {
                                 Some(placed) => placed
                                     .into_iter()
                                     .map(|(location, units)| {
-                                        Ok(Allocation::new_hold(
-                                            LocationId::parse(&location)
-                                                .map_err(Error::internal)?,
-                                            units,
+                                        let location = LocationId::parse(&location)
+                                            .map_err(Error::internal)?;
+                                        let wait = line_waits.next().unwrap_or_default();
+                                        let receipt = wait
+                                            .receipt_id
+                                            .map(|id| {
+                                                Ok::<_, Error>(Peg {
+                                                    receipt: ReceiptId::parse(&id)
+                                                        .map_err(Error::internal)?,
+                                                    expected_at: from_micros(
+                                                        wait.expected_at_micros,
+                                                    ),
+                                                })
+                                            })
+                                            .transpose()?;
+                                        let waiting = wait.backordered + wait.preordered;
+                                        Ok(Allocation::new_waiting(
+                                            location,
+                                            units - waiting,
+                                            waiting,
+                                            receipt,
                                         ))
                                     })
                                     .collect::<Result<_, Error>>()?,

@@ -1,0 +1,473 @@
+//! Holds that wait for stock: backorders (within a location's backorder limit) and
+//! pre-orders (pegged to an incoming receipt), filled oldest first as units arrive, given up
+//! with their hold, and put at risk when their receipt is cancelled.
+
+use inventory_server::proto::{
+    CancelReceiptRequest, Event, EventType, ExpectStockRequest, ReceiptState, ReceiveStockRequest,
+    Reservation, ReservationState, ReserveRequest, SetStockPolicyRequest, SetStockRequest,
+    StockLevel, event,
+};
+
+use crate::{
+    events::{take, watch},
+    helpers::{TestApp, confirm, error_reason, get_stock, release, reserve, spawn_app, stock},
+};
+
+async fn total(app: &TestApp, sku: &str) -> StockLevel {
+    app.client
+        .clone()
+        .get_stock(get_stock(&[sku]))
+        .await
+        .unwrap()
+        .into_inner()
+        .levels
+        .remove(0)
+}
+
+async fn backorder_limit(app: &TestApp, sku: &str, limit: i64) {
+    app.client
+        .clone()
+        .set_stock_policy(SetStockPolicyRequest {
+            sku: sku.into(),
+            backorder_limit: Some(limit),
+            idempotency_key: format!("limit-{sku}-{limit}"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+fn backorder(key: &str, sku: &str, quantity: i64) -> ReserveRequest {
+    ReserveRequest {
+        allow_backorder: true,
+        ..reserve(key, &[(sku, quantity)])
+    }
+}
+
+fn preorder(key: &str, sku: &str, quantity: i64) -> ReserveRequest {
+    ReserveRequest {
+        allow_preorder: true,
+        ..reserve(key, &[(sku, quantity)])
+    }
+}
+
+/// Midnight UTC of a day of December 2030.
+fn december(day: u32) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: 1_922_313_600 + i64::from(day - 1) * 86_400,
+        nanos: 0,
+    }
+}
+
+async fn expect(app: &TestApp, receipt: &str, sku: &str, quantity: i64, day: u32) {
+    app.client
+        .clone()
+        .expect_stock(ExpectStockRequest {
+            receipt_id: receipt.into(),
+            sku: sku.into(),
+            quantity,
+            expected_at: Some(december(day)),
+            idempotency_key: format!("expect-{receipt}"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+async fn receive(app: &TestApp, receipt: &str, quantity: i64, key: &str) -> i64 {
+    app.client
+        .clone()
+        .receive_stock(ReceiveStockRequest {
+            receipt_id: receipt.into(),
+            quantity,
+            idempotency_key: key.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .preordered
+}
+
+/// `(held, backordered, preordered)` of a reservation's only line.
+fn units(reservation: &Reservation) -> (i64, i64, i64) {
+    let line = &reservation.lines[0];
+    (line.held, line.backordered, line.preordered)
+}
+
+/// The reservation ids of the events of `kind` among `events`.
+fn of_type(events: &[Event], kind: EventType) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.r#type() == kind)
+        .filter_map(|e| match &e.subject {
+            Some(event::Subject::ReservationId(id)) => Some(id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_backorder_waits_within_the_limit_and_is_filled_oldest_first_as_stock_arrives() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    stock(&app, "MUG", 2).await;
+    backorder_limit(&app, "MUG", 3).await;
+    let mut stream = watch(&app, app.positioned().await).await;
+
+    // Without asking, a short line is refused as ever.
+    let refused = client
+        .reserve(reserve("r0", &[("MUG", 4)]))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&refused), "INSUFFICIENT_STOCK");
+    let first = client
+        .reserve(backorder("r1", "MUG", 4))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&first), (2, 2, 0));
+    let level = total(&app, "MUG").await;
+    assert_eq!(
+        (level.reserved, level.backordered, level.available),
+        (2, 2, 0)
+    );
+    // One unit of the limit is left.
+    let over = client.reserve(backorder("r2", "MUG", 2)).await.unwrap_err();
+    assert_eq!(error_reason(&over), "INSUFFICIENT_STOCK");
+    let second = client
+        .reserve(backorder("r2b", "MUG", 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&second), (0, 1, 0));
+    // A retry answers the hold as it was made, waiting units and all.
+    let again = client
+        .reserve(backorder("r1", "MUG", 4))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&again), (2, 2, 0));
+
+    // Only held units ship: the first hold stays open for the rest.
+    let shipped = client
+        .confirm_reservation(confirm(&first.reservation_id))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(shipped.state(), ReservationState::Held);
+    assert_eq!(
+        (shipped.lines[0].confirmed, shipped.lines[0].backordered),
+        (2, 2)
+    );
+    // Nothing held yet: the second cannot be confirmed.
+    let nothing = client
+        .confirm_reservation(confirm(&second.reservation_id))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&nothing), "NOT_HELD");
+
+    // Two arrive: they go to the oldest hold.
+    stock(&app, "MUG", 2).await;
+    assert_eq!(
+        units(&app.reservation(&first.reservation_id).await),
+        (2, 0, 0)
+    );
+    assert_eq!(
+        units(&app.reservation(&second.reservation_id).await),
+        (0, 1, 0)
+    );
+    let level = total(&app, "MUG").await;
+    assert_eq!(
+        (level.on_hand, level.reserved, level.backordered),
+        (2, 2, 1)
+    );
+    stock(&app, "MUG", 1).await;
+    assert_eq!(
+        units(&app.reservation(&second.reservation_id).await),
+        (1, 0, 0)
+    );
+    let done = client
+        .confirm_reservation(confirm(&first.reservation_id))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (done.state(), done.lines[0].confirmed),
+        (ReservationState::Confirmed, 4)
+    );
+
+    let events = take(&mut stream, 11).await;
+    assert_eq!(
+        of_type(&events, EventType::ReservationFilled),
+        [
+            first.reservation_id.as_str(),
+            second.reservation_id.as_str()
+        ]
+    );
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
+#[tokio::test]
+async fn a_pre_order_is_pegged_to_a_receipt_and_filled_when_it_is_received() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    client
+        .set_stock(SetStockRequest {
+            sku: "BOOK".into(),
+            on_hand: 0,
+            idempotency_key: "new-book".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    expect(&app, "PO-1", "BOOK", 5, 14).await;
+    let first = client
+        .reserve(preorder("p1", "BOOK", 3))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&first), (0, 0, 3));
+    let line = &first.lines[0];
+    assert_eq!(
+        (
+            line.receipt_id.as_str(),
+            line.preorder_expected_at.as_ref().unwrap().seconds
+        ),
+        ("PO-1", december(14).seconds)
+    );
+    // Two of the five are left to promise.
+    let over = client.reserve(preorder("p2", "BOOK", 3)).await.unwrap_err();
+    assert_eq!(error_reason(&over), "INSUFFICIENT_STOCK");
+    let second = client
+        .reserve(preorder("p3", "BOOK", 2))
+        .await
+        .unwrap()
+        .into_inner();
+    let level = total(&app, "BOOK").await;
+    assert_eq!(
+        (level.incoming, level.preordered, level.available),
+        (5, 5, 0)
+    );
+    assert_eq!(
+        level
+            .available_to_promise
+            .iter()
+            .map(|s| s.quantity)
+            .collect::<Vec<_>>(),
+        [0]
+    );
+
+    // Three arrive: the oldest pre-order is filled; the receipt still owes two.
+    assert_eq!(receive(&app, "PO-1", 3, "in-1").await, 2);
+    assert_eq!(
+        units(&app.reservation(&first.reservation_id).await),
+        (3, 0, 0)
+    );
+    assert_eq!(
+        units(&app.reservation(&second.reservation_id).await),
+        (0, 0, 2)
+    );
+    assert_eq!(receive(&app, "PO-1", 2, "in-2").await, 0);
+    assert_eq!(
+        units(&app.reservation(&second.reservation_id).await),
+        (2, 0, 0)
+    );
+    let receipt = client
+        .list_receipts(inventory_server::proto::ListReceiptsRequest {
+            sku: "BOOK".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .receipts
+        .remove(0);
+    assert_eq!(
+        (receipt.state(), receipt.preordered),
+        (ReceiptState::Received, 0)
+    );
+    let level = total(&app, "BOOK").await;
+    assert_eq!(
+        (
+            level.on_hand,
+            level.reserved,
+            level.incoming,
+            level.preordered
+        ),
+        (5, 5, 0, 0)
+    );
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
+#[tokio::test]
+async fn a_cancelled_receipt_puts_its_pre_orders_at_risk_and_other_stock_fills_them() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    stock(&app, "LAMP", 1).await;
+    expect(&app, "PO-7", "LAMP", 4, 20).await;
+    let held = client
+        .reserve(preorder("p1", "LAMP", 3))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&held), (1, 0, 2));
+    let mut stream = watch(&app, app.positioned().await).await;
+    let cancelled = client
+        .cancel_receipt(CancelReceiptRequest {
+            receipt_id: "PO-7".into(),
+            idempotency_key: "cancel-7".into(),
+            reason: "supplier out".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (cancelled.state(), cancelled.preordered),
+        (ReceiptState::Cancelled, 2)
+    );
+    // The hold still waits for its two units: nothing is dropped.
+    assert_eq!(
+        units(&app.reservation(&held.reservation_id).await),
+        (1, 0, 2)
+    );
+    let events = take(&mut stream, 2).await;
+    assert_eq!(
+        of_type(&events, EventType::ReservationPreorderAtRisk),
+        [held.reservation_id.as_str()]
+    );
+    // Other stock arrives: it fills them.
+    stock(&app, "LAMP", 2).await;
+    assert_eq!(
+        units(&app.reservation(&held.reservation_id).await),
+        (3, 0, 0)
+    );
+    let level = total(&app, "LAMP").await;
+    assert_eq!(
+        (level.reserved, level.preordered, level.incoming),
+        (3, 0, 0)
+    );
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
+#[tokio::test]
+async fn a_released_hold_gives_up_its_waiting_units_and_its_held_ones_go_to_the_queue() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    stock(&app, "PEN", 2).await;
+    backorder_limit(&app, "PEN", 5).await;
+    expect(&app, "PO-2", "PEN", 3, 12).await;
+    let first = client
+        .reserve(backorder("b1", "PEN", 3))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&first), (2, 1, 0));
+    let second = client
+        .reserve(backorder("b2", "PEN", 2))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&second), (0, 2, 0));
+    let third = client
+        .reserve(preorder("p3", "PEN", 3))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&third), (0, 0, 3));
+
+    // The first is released: its waiting unit is given up, its two held ones fill the
+    // second, which waited longest.
+    client
+        .release_reservation(release(&first.reservation_id))
+        .await
+        .unwrap();
+    assert_eq!(
+        units(&app.reservation(&second.reservation_id).await),
+        (2, 0, 0)
+    );
+    let level = total(&app, "PEN").await;
+    assert_eq!(
+        (level.reserved, level.backordered, level.preordered),
+        (2, 0, 3)
+    );
+    // The pre-order released gives its units back to its receipt.
+    client
+        .release_reservation(release(&third.reservation_id))
+        .await
+        .unwrap();
+    let level = total(&app, "PEN").await;
+    assert_eq!((level.preordered, level.incoming), (0, 3));
+    let receipt = client
+        .list_receipts(inventory_server::proto::ListReceiptsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .receipts
+        .remove(0);
+    assert_eq!(receipt.preordered, 0);
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
+/// Forty one-unit orders race for a SKU with 5 on hand, a backorder limit of 5 and a
+/// receipt of 10 on its way, while the receipt arrives in two parts and 3 units are found:
+/// every order answered held is one promise (held, backordered or pre-ordered), none more,
+/// none lost, and no promise exceeds what the stock can keep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_arriving_while_reserves_race_promises_no_unit_twice() {
+    let app = spawn_app().await;
+    stock(&app, "HOT", 5).await;
+    backorder_limit(&app, "HOT", 5).await;
+    expect(&app, "PO-H", "HOT", 10, 15).await;
+    let orders = (0..40).map(|n| {
+        let mut client = app.client.clone();
+        async move {
+            let request = ReserveRequest {
+                allow_backorder: n % 3 != 0,
+                allow_preorder: n % 2 == 0,
+                ..reserve(&format!("race-{n}"), &[("HOT", 1)])
+            };
+            // The same key until the call is decided (a busy lease asks for a retry).
+            loop {
+                match client.reserve(request.clone()).await {
+                    Ok(held) => return Ok(held.into_inner()),
+                    Err(status) if error_reason(&status) == "INSUFFICIENT_STOCK" => {
+                        return Err(status);
+                    }
+                    Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+                }
+            }
+        }
+    });
+    let arrivals = async {
+        receive(&app, "PO-H", 4, "race-in-1").await;
+        stock(&app, "HOT", 3).await;
+        receive(&app, "PO-H", 6, "race-in-2").await;
+    };
+    let (answers, ()) = tokio::join!(futures::future::join_all(orders), arrivals);
+    let held: Vec<Reservation> = answers.into_iter().filter_map(Result::ok).collect();
+    // Each answer's single unit is somewhere, and the stored holds are the answered ones.
+    for r in &held {
+        let (h, b, p) = units(&app.reservation(&r.reservation_id).await);
+        assert_eq!(h + b + p, 1, "{}", r.reservation_id);
+    }
+    let level = total(&app, "HOT").await;
+    let promised = level.reserved + level.backordered + level.preordered;
+    assert_eq!(promised, held.len() as i64, "{level:?}");
+    // 5 + 3 found + 10 received are on hand; 5 more may be backordered.
+    assert_eq!(level.on_hand, 18);
+    assert!(
+        level.reserved + level.backordered <= level.on_hand + level.backorder_limit,
+        "{level:?}"
+    );
+    assert_eq!((level.incoming, level.preordered), (0, 0), "{level:?}");
+    assert!(held.len() <= 23, "{} held", held.len());
+    // Nothing is left free while a backorder waits.
+    assert!(level.backordered == 0 || level.available == 0, "{level:?}");
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}

@@ -4,15 +4,15 @@
 use inventory_server::proto::{
     AdjustStockRequest, CancelReceiptRequest, EventType, ExpectStockRequest, ListReceiptsRequest,
     ListStockMovementsRequest, MoveStockStateRequest, MovementKind, ReceiptState,
-    ReceiveStockRequest, SetStockPolicyRequest, SetStockRequest, StockLevel, StockState,
-    StockStateChanged, event,
+    ReceiveStockRequest, SetStockPolicyRequest, SetStockRequest, StockState, StockStateChanged,
+    event,
 };
 use tonic::Code;
 
 use crate::{
     events::{take, watch},
     helpers::{
-        TestApp, error_reason, get_stock, reserve, spawn_app, stock, stock_at, violated_fields,
+        TestApp, december, error_reason, reserve, spawn_app, stock, stock_at, violated_fields,
     },
 };
 
@@ -43,17 +43,6 @@ fn policy(sku: &str, safety: Option<i64>, limit: Option<i64>, key: &str) -> SetS
         reason: "store buffer".into(),
         ..Default::default()
     }
-}
-
-async fn total(app: &TestApp, sku: &str) -> StockLevel {
-    app.client
-        .clone()
-        .get_stock(get_stock(&[sku]))
-        .await
-        .unwrap()
-        .into_inner()
-        .levels
-        .remove(0)
 }
 
 /// `(kind, on_hand_delta, damaged_delta, quality_control_delta, safety_stock_delta)` of every
@@ -127,7 +116,7 @@ async fn a_damaged_unit_is_never_reserved_and_is_written_off_by_its_state() {
         .unwrap()
         .into_inner();
     assert_eq!(again, moved);
-    assert_eq!(total(&app, "MUG").await, moved);
+    assert_eq!(app.total("MUG").await, moved);
 
     // Only the two sound units can be held.
     let refused = client
@@ -448,7 +437,7 @@ async fn bad_state_and_policy_requests_are_refused_and_change_nothing() {
         .await
         .unwrap_err();
     assert_eq!(error_reason(&nowhere), "LOCATION_NOT_FOUND");
-    let level = total(&app, "PEN").await;
+    let level = app.total("PEN").await;
     assert_eq!((level.on_hand, level.unsellable, level.version), (2, 0, 1));
 }
 
@@ -478,14 +467,6 @@ fn cancel_receipt(receipt: &str, key: &str) -> CancelReceiptRequest {
         receipt_id: receipt.into(),
         idempotency_key: key.into(),
         reason: "supplier out".into(),
-    }
-}
-
-/// Midnight UTC of a day of December 2030.
-fn december(day: u32) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: 1_922_313_600 + i64::from(day - 1) * 86_400,
-        nanos: 0,
     }
 }
 
@@ -528,7 +509,7 @@ async fn receipts_are_incoming_until_received_and_promise_by_date() {
     assert_eq!(error_reason(&unknown), "SKU_NOT_FOUND");
 
     // Two on the shelf, five more by the 14th, three more by the 20th.
-    let level = total(&app, "BIKE").await;
+    let level = app.total("BIKE").await;
     assert_eq!((level.on_hand, level.incoming, level.available), (2, 8, 2));
     let steps: Vec<(i64, i64)> = level
         .available_to_promise
@@ -578,7 +559,7 @@ async fn receipts_are_incoming_until_received_and_promise_by_date() {
         .unwrap()
         .into_inner();
     assert_eq!(replay.received, 2);
-    assert_eq!(total(&app, "BIKE").await.on_hand, 8);
+    assert_eq!(app.total("BIKE").await.on_hand, 8);
 
     // Cancelled: what it had still to bring is no longer incoming; twice is the same.
     let cancelled = client
@@ -610,7 +591,7 @@ async fn receipts_are_incoming_until_received_and_promise_by_date() {
         (missing.code(), error_reason(&missing).as_str()),
         (Code::NotFound, "RECEIPT_NOT_FOUND")
     );
-    assert!(total(&app, "BIKE").await.available_to_promise.is_empty());
+    assert!(app.total("BIKE").await.available_to_promise.is_empty());
 
     let kinds: Vec<(MovementKind, i64)> = app
         .client

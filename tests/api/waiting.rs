@@ -4,25 +4,13 @@
 
 use inventory_server::proto::{
     CancelReceiptRequest, Event, EventType, ExpectStockRequest, ReceiptState, ReceiveStockRequest,
-    Reservation, ReservationState, ReserveRequest, SetStockPolicyRequest, SetStockRequest,
-    StockLevel, event,
+    Reservation, ReservationState, ReserveRequest, SetStockPolicyRequest, SetStockRequest, event,
 };
 
 use crate::{
     events::{take, watch},
-    helpers::{TestApp, confirm, error_reason, get_stock, release, reserve, spawn_app, stock},
+    helpers::{TestApp, confirm, december, error_reason, release, reserve, spawn_app, stock},
 };
-
-async fn total(app: &TestApp, sku: &str) -> StockLevel {
-    app.client
-        .clone()
-        .get_stock(get_stock(&[sku]))
-        .await
-        .unwrap()
-        .into_inner()
-        .levels
-        .remove(0)
-}
 
 async fn backorder_limit(app: &TestApp, sku: &str, limit: i64) {
     app.client
@@ -48,14 +36,6 @@ fn preorder(key: &str, sku: &str, quantity: i64) -> ReserveRequest {
     ReserveRequest {
         allow_preorder: true,
         ..reserve(key, &[(sku, quantity)])
-    }
-}
-
-/// Midnight UTC of a day of December 2030.
-fn december(day: u32) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: 1_922_313_600 + i64::from(day - 1) * 86_400,
-        nanos: 0,
     }
 }
 
@@ -127,7 +107,7 @@ async fn a_backorder_waits_within_the_limit_and_is_filled_oldest_first_as_stock_
         .unwrap()
         .into_inner();
     assert_eq!(units(&first), (2, 2, 0));
-    let level = total(&app, "MUG").await;
+    let level = app.total("MUG").await;
     assert_eq!(
         (level.reserved, level.backordered, level.available),
         (2, 2, 0)
@@ -177,7 +157,7 @@ async fn a_backorder_waits_within_the_limit_and_is_filled_oldest_first_as_stock_
         units(&app.reservation(&second.reservation_id).await),
         (0, 1, 0)
     );
-    let level = total(&app, "MUG").await;
+    let level = app.total("MUG").await;
     assert_eq!(
         (level.on_hand, level.reserved, level.backordered),
         (2, 2, 1)
@@ -245,7 +225,7 @@ async fn a_pre_order_is_pegged_to_a_receipt_and_filled_when_it_is_received() {
         .await
         .unwrap()
         .into_inner();
-    let level = total(&app, "BOOK").await;
+    let level = app.total("BOOK").await;
     assert_eq!(
         (level.incoming, level.preordered, level.available),
         (5, 5, 0)
@@ -288,7 +268,7 @@ async fn a_pre_order_is_pegged_to_a_receipt_and_filled_when_it_is_received() {
         (receipt.state(), receipt.preordered),
         (ReceiptState::Received, 0)
     );
-    let level = total(&app, "BOOK").await;
+    let level = app.total("BOOK").await;
     assert_eq!(
         (
             level.on_hand,
@@ -344,7 +324,7 @@ async fn a_cancelled_receipt_puts_its_pre_orders_at_risk_and_other_stock_fills_t
         units(&app.reservation(&held.reservation_id).await),
         (3, 0, 0)
     );
-    let level = total(&app, "LAMP").await;
+    let level = app.total("LAMP").await;
     assert_eq!(
         (level.reserved, level.preordered, level.incoming),
         (3, 0, 0)
@@ -389,7 +369,7 @@ async fn a_released_hold_gives_up_its_waiting_units_and_its_held_ones_go_to_the_
         units(&app.reservation(&second.reservation_id).await),
         (2, 0, 0)
     );
-    let level = total(&app, "PEN").await;
+    let level = app.total("PEN").await;
     assert_eq!(
         (level.reserved, level.backordered, level.preordered),
         (2, 0, 3)
@@ -399,7 +379,7 @@ async fn a_released_hold_gives_up_its_waiting_units_and_its_held_ones_go_to_the_
         .release_reservation(release(&third.reservation_id))
         .await
         .unwrap();
-    let level = total(&app, "PEN").await;
+    let level = app.total("PEN").await;
     assert_eq!((level.preordered, level.incoming), (0, 3));
     let receipt = client
         .list_receipts(inventory_server::proto::ListReceiptsRequest::default())
@@ -455,7 +435,7 @@ async fn a_receipt_arriving_while_reserves_race_promises_no_unit_twice() {
         let (h, b, p) = units(&app.reservation(&r.reservation_id).await);
         assert_eq!(h + b + p, 1, "{}", r.reservation_id);
     }
-    let level = total(&app, "HOT").await;
+    let level = app.total("HOT").await;
     let promised = level.reserved + level.backordered + level.preordered;
     assert_eq!(promised, held.len() as i64, "{level:?}");
     // 5 + 3 found + 10 received are on hand; 5 more may be backordered.

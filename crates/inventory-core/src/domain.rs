@@ -578,7 +578,8 @@ impl Allocation {
 }
 
 /// One line of a reservation: the units first reserved and where they are now.
-/// `quantity = held + confirmed + released` (expiry counts as released).
+/// `quantity = held + confirmed + released + backordered + preordered` (expiry counts as
+/// released; waiting units given up with their hold too).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReservationLine {
     pub sku: Sku,

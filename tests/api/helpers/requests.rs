@@ -236,3 +236,25 @@ impl TestClient {
             .unwrap();
     }
 }
+
+impl TestApp {
+    /// `sku`'s total, as `GetStock` reads it.
+    pub async fn total(&self, sku: &str) -> StockLevel {
+        self.client
+            .clone()
+            .get_stock(get_stock(&[sku]))
+            .await
+            .unwrap()
+            .into_inner()
+            .levels
+            .remove(0)
+    }
+}
+
+/// Midnight UTC of a day of December 2030.
+pub fn december(day: u32) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: 1_922_313_600 + i64::from(day - 1) * 86_400,
+        nanos: 0,
+    }
+}

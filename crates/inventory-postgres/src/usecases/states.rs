@@ -22,7 +22,7 @@ use crate::{
     plumbing::error::{from_db, from_pool},
     tables::idempotency::outcome::{
         CANCEL_RECEIPT, EXPECT_STOCK, MOVE_STOCK_STATE, RECEIVE_STOCK, ReceiptOutcome,
-        SET_STOCK_POLICY, StatesOutcome,
+        SET_STOCK_POLICY, StatesOutcome, Stored,
     },
     tables::ledger::{self, Cause, NewMovement},
     tables::outbox,
@@ -41,25 +41,17 @@ impl PgStore {
             SET_STOCK_POLICY,
             command.fingerprint(),
         );
-        let replay = async |stored: StatesOutcome, _: &Transaction<'_>| stored.into_result();
-        self.keyed(key, None, replay, async |tx| {
+        let cause = call_cause(&command.caller, &command.reason, &command.idempotency_key);
+        self.keyed_change::<StatesOutcome, _>(key, async |tx| {
             super::stock::known_locations(tx, [&command.location]).await?;
-            let cause = Cause::call(
-                command.caller.as_str(),
-                command.reason.as_str(),
-                Some(command.idempotency_key.as_str()),
-            );
-            let result = change_states(
+            change_states(
                 tx,
                 &command.sku,
                 &command.location,
                 |total, at| Ok(rules::set_policy(total, at, command)),
                 StateChange::new(MovementKind::PolicySet, cause),
             )
-            .await?;
-            let outcome = StatesOutcome::of(&result).expect("only final outcomes come back");
-            let wrote = result.is_ok();
-            Commit::storing(result, &outcome)?.wrote(wrote).step()
+            .await
         })
         .await
     }
@@ -72,33 +64,23 @@ impl PgStore {
             MOVE_STOCK_STATE,
             command.fingerprint(),
         );
-        let replay = async |stored: StatesOutcome, _: &Transaction<'_>| stored.into_result();
-        self.keyed(key, None, replay, async |tx| {
+        let cause = call_cause(&command.caller, &command.reason, &command.idempotency_key);
+        self.keyed_change::<StatesOutcome, _>(key, async |tx| {
             super::stock::known_locations(tx, [&command.location]).await?;
-            let cause = Cause::call(
-                command.caller.as_str(),
-                command.reason.as_str(),
-                Some(command.idempotency_key.as_str()),
-            );
             let mut change = StateChange::new(MovementKind::StateMoved, cause);
             change.moved = (command.quantity, Some(command.from), Some(command.to));
-            let result = change_states(
+            change_states(
                 tx,
                 &command.sku,
                 &command.location,
                 |total, at| rules::move_state(total, at, command).map(Some),
                 change,
             )
-            .await?;
-            let outcome = StatesOutcome::of(&result).expect("only final outcomes come back");
-            let wrote = result.is_ok();
-            Commit::storing(result, &outcome)?.wrote(wrote).step()
+            .await
         })
         .await
     }
-}
 
-impl PgStore {
     #[tracing::instrument(name = "sql.expect_stock", skip_all, fields(receipt_id = %command.receipt_id))]
     pub(crate) async fn expect(&self, command: &ExpectStock) -> Result<ReceiptChanged, Error> {
         let key = Key::new(
@@ -107,13 +89,9 @@ impl PgStore {
             EXPECT_STOCK,
             command.fingerprint(),
         );
-        let replay = async |stored: ReceiptOutcome, _: &Transaction<'_>| stored.into_result();
-        self.keyed(key, None, replay, async |tx| {
+        self.keyed_change::<ReceiptOutcome, _>(key, async |tx| {
             super::stock::known_locations(tx, [&command.location]).await?;
-            let result = expect_receipt(tx, command).await?;
-            let outcome = ReceiptOutcome::of(&result).expect("only final outcomes come back");
-            let wrote = result.is_ok();
-            Commit::storing(result, &outcome)?.wrote(wrote).step()
+            expect_receipt(tx, command).await
         })
         .await
     }
@@ -126,24 +104,16 @@ impl PgStore {
             RECEIVE_STOCK,
             command.fingerprint(),
         );
-        let replay = async |stored: ReceiptOutcome, _: &Transaction<'_>| stored.into_result();
-        self.keyed(key, None, replay, async |tx| {
-            let cause = Cause::call(
-                command.caller.as_str(),
-                command.reason.as_str(),
-                Some(command.idempotency_key.as_str()),
-            );
-            let result = change_receipt(
+        let cause = call_cause(&command.caller, &command.reason, &command.idempotency_key);
+        self.keyed_change::<ReceiptOutcome, _>(key, async |tx| {
+            change_receipt(
                 tx,
                 &command.receipt_id,
                 MovementKind::Received,
                 cause,
                 |total, at, receipt| rules::receive(total, at, receipt, command.quantity),
             )
-            .await?;
-            let outcome = ReceiptOutcome::of(&result).expect("only final outcomes come back");
-            let wrote = result.is_ok();
-            Commit::storing(result, &outcome)?.wrote(wrote).step()
+            .await
         })
         .await
     }
@@ -159,24 +129,16 @@ impl PgStore {
             CANCEL_RECEIPT,
             command.fingerprint(),
         );
-        let replay = async |stored: ReceiptOutcome, _: &Transaction<'_>| stored.into_result();
-        self.keyed(key, None, replay, async |tx| {
-            let cause = Cause::call(
-                command.caller.as_str(),
-                command.reason.as_str(),
-                Some(command.idempotency_key.as_str()),
-            );
-            let result = change_receipt(
+        let cause = call_cause(&command.caller, &command.reason, &command.idempotency_key);
+        self.keyed_change::<ReceiptOutcome, _>(key, async |tx| {
+            change_receipt(
                 tx,
                 &command.receipt_id,
                 MovementKind::ReceiptCancelled,
                 cause,
                 rules::cancel_receipt,
             )
-            .await?;
-            let outcome = ReceiptOutcome::of(&result).expect("only final outcomes come back");
-            let wrote = result.is_ok();
-            Commit::storing(result, &outcome)?.wrote(wrote).step()
+            .await
         })
         .await
     }
@@ -188,6 +150,35 @@ impl PgStore {
         })
         .await
     }
+
+    /// The shape of every write here: the key claimed (or its stored outcome replayed), the
+    /// body, and its final outcome stored with the key, a refusal included.
+    async fn keyed_change<O, T>(
+        &self,
+        key: Key<'_>,
+        body: impl AsyncFnOnce(&Transaction<'_>) -> Result<Result<T, Error>, Error>,
+    ) -> Result<T, Error>
+    where
+        O: Stored<T>,
+    {
+        let replay = async |stored: O, _: &Transaction<'_>| stored.into_result();
+        self.keyed(key, None, replay, async |tx| {
+            let result = body(tx).await?;
+            let outcome = O::of(&result).expect("only final outcomes come back");
+            let wrote = result.is_ok();
+            Commit::storing(result, &outcome)?.wrote(wrote).step()
+        })
+        .await
+    }
+}
+
+/// A call's caller, reason and key, as its movements record them.
+fn call_cause<'a>(
+    caller: &'a inventory_core::domain::Caller,
+    reason: &'a inventory_core::domain::Reason,
+    key: &'a inventory_core::domain::IdempotencyKey,
+) -> Cause<'a> {
+    Cause::call(caller.as_str(), reason.as_str(), Some(key.as_str()))
 }
 
 /// A new receipt: the SKU's row locked (it must exist), the id taken, its units incoming.
@@ -217,11 +208,7 @@ async fn expect_receipt(
         .await
         .map_err(from_db)?;
     let decided = rules::expect(&total, at.as_ref(), command);
-    let cause = Cause::call(
-        command.caller.as_str(),
-        command.reason.as_str(),
-        Some(command.idempotency_key.as_str()),
-    );
+    let cause = call_cause(&command.caller, &command.reason, &command.idempotency_key);
     let mut record = StateChange::new(MovementKind::ReceiptExpected, cause);
     record.receipt = Some(receipt.id.as_str());
     let moved = write_states(tx, sku, &command.location, at.as_ref(), &decided, &record).await?;

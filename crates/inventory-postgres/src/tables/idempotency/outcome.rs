@@ -646,6 +646,33 @@ impl SetOutcome {
     }
 }
 
+/// An outcome stored with a key: built from a final result (`None` for anything else), and
+/// read back as the result a retry gets.
+pub(crate) trait Stored<T>: Serialize + serde::de::DeserializeOwned + Sized {
+    fn of(result: &Result<T, Error>) -> Option<Self>;
+    fn into_result(self) -> Result<T, Error>;
+}
+
+impl Stored<StockLevel> for StatesOutcome {
+    fn of(result: &Result<StockLevel, Error>) -> Option<Self> {
+        StatesOutcome::of(result)
+    }
+
+    fn into_result(self) -> Result<StockLevel, Error> {
+        StatesOutcome::into_result(self)
+    }
+}
+
+impl Stored<ReceiptChanged> for ReceiptOutcome {
+    fn of(result: &Result<ReceiptChanged, Error>) -> Option<Self> {
+        ReceiptOutcome::of(result)
+    }
+
+    fn into_result(self) -> Result<ReceiptChanged, Error> {
+        ReceiptOutcome::into_result(self)
+    }
+}
+
 /// The stored outcome of a change of a (SKU, location)'s states (`SetStockPolicy`,
 /// `MoveStockState`): the SKU's total after it, or the refusal.
 #[derive(Debug, Serialize, Deserialize)]

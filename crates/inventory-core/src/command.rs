@@ -1,14 +1,14 @@
 //! Parsed requests. Each mutating command carries the fingerprint that idempotency compares:
 //! a key replayed with a request of a different fingerprint is refused, never executed.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
 use crate::domain::{
     AllocationPolicy, AllocationStrategy, Caller, IdempotencyKey, Line, LocationId, OrderId,
     Reason, Receipt, ReceiptId, Reservation, ReservationId, ReservationState, Scope, Sku,
-    StockDelta, StockLevel, StockState, Ttl,
+    StockDelta, StockLevel, StockState, Ttl, micros,
 };
 
 /// SHA-256 over a canonical encoding of a command (operation name and every field that
@@ -293,11 +293,6 @@ pub struct ReceiptList {
 pub struct ReceiptChanged {
     pub receipt: Receipt,
     pub level: StockLevel,
-}
-
-fn micros(time: SystemTime) -> i64 {
-    time.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 /// Move available units of a SKU between two distinct locations.
@@ -758,10 +753,7 @@ pub mod page_token {
     const LEN: usize = 1 + 8 + 16 + 8 + 8;
 
     pub fn encode(cursor: &Cursor, filter: &ReservationFilter, scope: &Scope) -> String {
-        let micros = cursor
-            .created_at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let micros = crate::domain::micros(cursor.created_at);
         let mut body = Vec::with_capacity(LEN - 8);
         body.push(VERSION);
         body.extend_from_slice(&micros.to_be_bytes());
@@ -783,7 +775,7 @@ pub mod page_token {
         let micros = i64::from_be_bytes(body[1..9].try_into().expect("8 bytes"));
         let id = uuid::Uuid::from_slice(&body[9..25]).map_err(|_| INVALID.to_string())?;
         Ok(Cursor {
-            created_at: UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64),
+            created_at: crate::domain::from_micros(micros),
             id: ReservationId::from_uuid(id),
         })
     }

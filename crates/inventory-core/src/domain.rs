@@ -1,9 +1,24 @@
 //! Domain values. Each newtype has a private field and a `parse`, so a value that exists past
 //! the gRPC boundary is valid by construction.
 
-use std::{fmt, time::Duration};
+use std::{
+    fmt,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
 use uuid::Uuid;
+
+/// A time as whole microseconds since the Unix epoch, the precision storage, fingerprints and
+/// page tokens keep (0 before the epoch, `i64::MAX` past what it can count).
+pub fn micros(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// The time [`micros`] counted (the epoch for a negative count).
+pub fn from_micros(micros: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64)
+}
 
 /// Longest SKU, in bytes. SKUs become part of Redis keys, so they are short and plain.
 pub const MAX_SKU_LEN: usize = 64;

@@ -80,7 +80,7 @@ pub(crate) fn reservation_payload<'a>(
         lines: Lines(&reservation.lines),
         levels: Levels(levels),
         expires_at_micros: (reservation.state == ReservationState::Held)
-            .then(|| crate::tables::idempotency::outcome::micros(reservation.expires_at)),
+            .then(|| inventory_core::domain::micros(reservation.expires_at)),
     })
 }
 
@@ -137,7 +137,7 @@ impl Serialize for Allocations<'_> {
                 expected_at_micros: a
                     .receipt
                     .as_ref()
-                    .map(|p| crate::tables::idempotency::outcome::micros(p.expected_at)),
+                    .map(|p| inventory_core::domain::micros(p.expected_at)),
             }
         }))
     }

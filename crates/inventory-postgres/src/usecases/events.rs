@@ -399,6 +399,19 @@ impl LevelPayload {
     }
 }
 
+/// A SKU's total as a stock event's payload carries it: `(on_hand, reserved, version)` and
+/// its states (absent while every state is 0, and before states existed).
+fn total_level(
+    sku: Sku,
+    (on_hand, reserved, version): (i64, i64, i64),
+    states: Option<[i64; 7]>,
+) -> StockLevel {
+    StockLevel {
+        states: states.map(States::from_array).unwrap_or_default(),
+        ..StockLevel::total(sku, on_hand, reserved, version)
+    }
+}
+
 fn event(row: &Row) -> Result<Event, Error> {
     let invalid = |problem: String| Error::internal(format!("stored event is invalid: {problem}"));
     let event_type: &str = row.try_get(2).map_err(Error::internal)?;
@@ -416,15 +429,11 @@ fn event(row: &Row) -> Result<Event, Error> {
             serde_json::from_value(payload).map_err(Error::internal)?;
         Change::Availability {
             out_of_stock: event_type == crate::tables::ledger::OUT_OF_STOCK,
-            level: StockLevel {
-                states: payload.states.map(States::from_array).unwrap_or_default(),
-                ..StockLevel::total(
-                    sku.clone(),
-                    payload.on_hand,
-                    payload.reserved,
-                    payload.version,
-                )
-            },
+            level: total_level(
+                sku.clone(),
+                (payload.on_hand, payload.reserved, payload.version),
+                payload.states,
+            ),
             sku,
         }
     } else if event_type == crate::tables::outbox::STOCK_TRANSFERRED {
@@ -453,15 +462,11 @@ fn event(row: &Row) -> Result<Event, Error> {
         Change::StockAdjusted {
             delta: payload.delta,
             reason: payload.reason,
-            level: StockLevel {
-                states: payload.states.map(States::from_array).unwrap_or_default(),
-                ..StockLevel::total(
-                    sku.clone(),
-                    payload.on_hand,
-                    payload.reserved,
-                    payload.version,
-                )
-            },
+            level: total_level(
+                sku.clone(),
+                (payload.on_hand, payload.reserved, payload.version),
+                payload.states,
+            ),
             location_level: payload
                 .location
                 .map(LevelPayload::level)
@@ -492,9 +497,7 @@ fn event(row: &Row) -> Result<Event, Error> {
                             let receipt = match (a.receipt_id, a.expected_at_micros) {
                                 (Some(id), Some(at)) => Some(Peg {
                                     receipt: ReceiptId::parse(&id)?,
-                                    expected_at: crate::tables::idempotency::outcome::from_micros(
-                                        at,
-                                    ),
+                                    expected_at: inventory_core::domain::from_micros(at),
                                 }),
                                 _ => None,
                             };
@@ -533,7 +536,7 @@ fn event(row: &Row) -> Result<Event, Error> {
             .collect::<Result<_, Error>>()?;
         let expires_at = payload
             .expires_at_micros
-            .map(crate::tables::idempotency::outcome::from_micros);
+            .map(inventory_core::domain::from_micros);
         if event_type == crate::tables::outbox::RESERVATION_EXTENDED {
             Change::ReservationExtended {
                 reservation_id,

@@ -5,15 +5,13 @@
 //! The encoding is read back by every later version of the service: fields are only ever
 //! added, with defaults.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
 use inventory_core::{
     Error,
     command::{AdjustStock, BatchSetStock, ReceiptChanged, SetStock, Transferred},
     domain::{
         Allocation, Line, LocationId, MAX_ON_HAND, OrderId, Peg, Quantity, Receipt, ReceiptId,
         ReceiptState, Reservation, ReservationId, ReservationLine, ReservationState, Sku, States,
-        StockLevel,
+        StockLevel, from_micros, micros,
     },
     error::Shortfall,
 };
@@ -386,15 +384,6 @@ impl TransferOutcome {
             }),
         }
     }
-}
-
-pub(crate) fn micros(time: SystemTime) -> i64 {
-    time.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
-
-pub(crate) fn from_micros(micros: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64)
 }
 
 /// The stored outcome of an `AdjustStock`. The SKU and delta are not stored: a replay has the

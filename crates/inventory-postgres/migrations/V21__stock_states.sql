@@ -77,8 +77,10 @@ ALTER TABLE reservation_lines
     ADD COLUMN receipt_id  text;
 ALTER TABLE reservation_lines ADD CONSTRAINT reservation_lines_waiting_within_quantity
     CHECK (confirmed + released + backordered + preordered <= quantity) NOT VALID;
--- The fill queue: waiting lines of a (SKU, location).
-CREATE INDEX reservation_lines_waiting ON reservation_lines (sku, location_id)
+-- The fill queue: waiting lines of a (SKU, location). `IF NOT EXISTS`: on a large table,
+-- build it first by hand with `CREATE INDEX CONCURRENTLY` (the same definition), and this
+-- migration finds it there.
+CREATE INDEX IF NOT EXISTS reservation_lines_waiting ON reservation_lines (sku, location_id)
     WHERE backordered > 0 OR preordered > 0;
 
 ALTER TABLE reservations ADD COLUMN waiting bigint NOT NULL DEFAULT 0 CHECK (waiting >= 0);

@@ -88,6 +88,24 @@ pub(crate) struct StoredShortfall {
     available: i64,
 }
 
+impl StoredShortfall {
+    fn of(shortfall: &Shortfall) -> Self {
+        Self {
+            sku: shortfall.sku.as_str().to_owned(),
+            requested: shortfall.requested,
+            available: shortfall.available,
+        }
+    }
+
+    fn shortfall(self) -> Result<Shortfall, Error> {
+        Ok(Shortfall {
+            sku: Sku::parse(&self.sku).map_err(Error::internal)?,
+            requested: self.requested,
+            available: self.available,
+        })
+    }
+}
+
 impl ReserveOutcome {
     pub(crate) fn of(result: &Result<Reservation, Error>) -> Self {
         match result {
@@ -96,14 +114,7 @@ impl ReserveOutcome {
                 skus: skus.iter().map(|s| s.as_str().to_owned()).collect(),
             },
             Err(Error::InsufficientStock(shortfalls)) => Self::InsufficientStock {
-                shortfalls: shortfalls
-                    .iter()
-                    .map(|s| StoredShortfall {
-                        sku: s.sku.as_str().to_owned(),
-                        requested: s.requested,
-                        available: s.available,
-                    })
-                    .collect(),
+                shortfalls: shortfalls.iter().map(StoredShortfall::of).collect(),
             },
             Err(Error::OrderCancelled { order_id }) => Self::OrderCancelled {
                 order_id: order_id.as_str().to_owned(),
@@ -239,13 +250,7 @@ impl ReserveOutcome {
             Self::InsufficientStock { shortfalls } => Err(Error::InsufficientStock(
                 shortfalls
                     .into_iter()
-                    .map(|s| {
-                        Ok(Shortfall {
-                            sku: sku(s.sku)?,
-                            requested: s.requested,
-                            available: s.available,
-                        })
-                    })
+                    .map(StoredShortfall::shortfall)
                     .collect::<Result<_, Error>>()?,
             )),
         })
@@ -344,11 +349,7 @@ impl TransferOutcome {
                 sku: skus[0].as_str().to_owned(),
             },
             Err(Error::InsufficientStock(shortfalls)) => Self::InsufficientStock {
-                shortfall: StoredShortfall {
-                    sku: shortfalls[0].sku.as_str().to_owned(),
-                    requested: shortfalls[0].requested,
-                    available: shortfalls[0].available,
-                },
+                shortfall: StoredShortfall::of(&shortfalls[0]),
             },
             Err(Error::StockLimit { sku, requested, .. }) => Self::StockLimit {
                 sku: sku.as_str().to_owned(),
@@ -368,11 +369,7 @@ impl TransferOutcome {
             }),
             Self::UnknownSku { sku: raw } => Err(Error::UnknownSkus(vec![sku(&raw)?])),
             Self::InsufficientStock { shortfall } => {
-                Err(Error::InsufficientStock(vec![Shortfall {
-                    sku: sku(&shortfall.sku)?,
-                    requested: shortfall.requested,
-                    available: shortfall.available,
-                }]))
+                Err(Error::InsufficientStock(vec![shortfall.shortfall()?]))
             }
             Self::StockLimit {
                 sku: raw,
@@ -682,16 +679,9 @@ impl StatesOutcome {
             Err(Error::UnknownSkus(skus)) => Self::UnknownSku {
                 sku: skus.first()?.as_str().to_owned(),
             },
-            Err(Error::InsufficientStock(shortfalls)) => {
-                let s = shortfalls.first()?;
-                Self::InsufficientStock {
-                    shortfall: StoredShortfall {
-                        sku: s.sku.as_str().to_owned(),
-                        requested: s.requested,
-                        available: s.available,
-                    },
-                }
-            }
+            Err(Error::InsufficientStock(shortfalls)) => Self::InsufficientStock {
+                shortfall: StoredShortfall::of(shortfalls.first()?),
+            },
             Err(_) => return None,
         })
     }
@@ -702,11 +692,7 @@ impl StatesOutcome {
             Self::Changed { level } => level.level(),
             Self::UnknownSku { sku: raw } => Err(Error::UnknownSkus(vec![sku(&raw)?])),
             Self::InsufficientStock { shortfall } => {
-                Err(Error::InsufficientStock(vec![Shortfall {
-                    sku: sku(&shortfall.sku)?,
-                    requested: shortfall.requested,
-                    available: shortfall.available,
-                }]))
+                Err(Error::InsufficientStock(vec![shortfall.shortfall()?]))
             }
         }
     }

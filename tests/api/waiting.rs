@@ -393,6 +393,35 @@ async fn a_released_hold_gives_up_its_waiting_units_and_its_held_ones_go_to_the_
     assert!(clean, "{report}");
 }
 
+/// A pre-order given up (released, or expired) answers as a read of it does afterwards: no
+/// unit waits for the receipt any more, so neither its line nor its allocation names one.
+/// (Found by the reference model: the release's answer named the receipt, a read did not.)
+#[tokio::test]
+async fn a_pre_order_given_up_names_no_receipt_in_the_answer_or_a_read() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    stock(&app, "CUP", 1).await;
+    expect(&app, "PO-9", "CUP", 4, 14).await;
+    let held = client
+        .reserve(preorder("p1", "CUP", 3))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&held), (1, 0, 2));
+    assert_eq!(held.lines[0].receipt_id, "PO-9");
+
+    let released = client
+        .release_reservation(release(&held.reservation_id))
+        .await
+        .unwrap()
+        .into_inner();
+    let read = app.reservation(&held.reservation_id).await;
+    assert_eq!(released.lines, read.lines);
+    assert_eq!(released.lines[0].receipt_id, "");
+    assert_eq!(released.lines[0].allocations[0].receipt_id, "");
+    assert_eq!(released.lines[0].released, 3);
+}
+
 /// Forty one-unit orders race for a SKU with 5 on hand, a backorder limit of 5 and a
 /// receipt of 10 on its way, while the receipt arrives in two parts and 3 units are found:
 /// every order answered held is one promise (held, backordered or pre-ordered), none more,

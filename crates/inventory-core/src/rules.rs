@@ -941,6 +941,8 @@ impl Settle {
                 allocation.held = 0;
                 allocation.backordered = 0;
                 allocation.preordered = 0;
+                // No unit waits for it any more: a read of the stored rows names none.
+                allocation.receipt = None;
             }
             line.recount();
         }
@@ -1045,6 +1047,8 @@ fn release_waiting(line: &mut ReservationLine, moves: &mut Vec<Move>) {
         allocation.released += allocation.waiting();
         allocation.backordered = 0;
         allocation.preordered = 0;
+        // No unit waits for it any more: a read of the stored rows names none.
+        allocation.receipt = None;
     }
     line.recount();
 }

@@ -4,7 +4,7 @@
 
 SERVICES := deploy/local/services.sh
 
-.PHONY: run test drill bench bench-compare lab chaos lint stop build clients
+.PHONY: run test drill model model-mutants bench bench-compare lab chaos lint stop build clients
 
 run: ## Start PostgreSQL and Redis, migrate, seed demo SKUs and serve (Ctrl-C stops all)
 	@$(SERVICES) run
@@ -14,6 +14,12 @@ test: ## Run the whole test suite against throwaway PostgreSQL and Redis
 
 drill: ## The restore drill alone: base backup and WAL archive under traffic, point-in-time recovery into a new cluster, the service on it (part of `make test` too)
 	@TEST_FILTER=drill:: $(SERVICES) test
+
+model: ## The reference model's long run: MODEL_RUNS=200 sequences of MODEL_CALLS=80 calls from a random MODEL_SEED (printed first; MODEL_STRICT=1 adds the stricter rules)
+	@$(SERVICES) model
+
+model-mutants: ## The mutation score: each hand-written defect of crates/inventory-model/mutants.txt in a scratch copy of HEAD, caught or missed by the model's short profile (~1 min a mutant)
+	@$(SERVICES) model-mutants
 
 bench: ## Benchmark suite: pgbench's raw-SQL ceiling against the service, as ratios, medians of BENCH_ROUNDS=3 rounds (~30 min)
 	@$(SERVICES) bench

@@ -406,6 +406,60 @@ cmd_test() {
   (cd "$ROOT" && "${runner[@]}")
 }
 
+# The reference model's long run: MODEL_RUNS sequences of MODEL_CALLS calls from MODEL_SEED
+# (a random one unless given, printed first so a failure can be replayed).
+cmd_model() {
+  export MODEL_SEED=${MODEL_SEED:-$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')}
+  export MODEL_RUNS=${MODEL_RUNS:-200} MODEL_CALLS=${MODEL_CALLS:-80}
+  log "model: seed $MODEL_SEED, $MODEL_RUNS runs of $MODEL_CALLS calls${MODEL_STRICT:+, stricter rules: $MODEL_STRICT} (replay: make model MODEL_SEED=$MODEL_SEED)"
+  TEST_FILTER=model:: cmd_test
+}
+
+# The mutation score: each mutant of crates/inventory-model/mutants.txt written into a
+# scratch copy of the committed tree (HEAD), one at a time, and the model's short profile (the
+# one `make test` runs) run against it. Caught: the profile fails; missed: it passes.
+cmd_model_mutants() {
+  PROFILE=test
+  profile_settings test
+  ensure_packages
+  start_services
+  trap stop_services EXIT
+  export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+  export REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+  local scratch="$ROOT/target/mutants/tree" target="$ROOT/target/mutants/target" bin
+  (cd "$ROOT" && cargo build --locked -q -p inventory-model --bin inventory-model)
+  bin="$ROOT/target/debug/inventory-model"
+  log "scratch copy of $(cd "$ROOT" && git rev-parse --short HEAD) in ${scratch#"$ROOT"/}"
+  rm -rf "$scratch"
+  mkdir -p "$scratch" "$target"
+  (cd "$ROOT" && git archive HEAD) | tar -x -C "$scratch"
+  local profile=(cargo test --locked -q --test api model::)
+  log "baseline: the short profile on the tree as it is"
+  if ! (cd "$scratch" && CARGO_TARGET_DIR="$target" "${profile[@]}" >"$target/baseline.log" 2>&1); then
+    log "the short profile fails with no mutant in: see $target/baseline.log"
+    exit 1
+  fi
+  local name file caught=0 missed=0 unbuilt=0 lines=()
+  for name in $("$bin" mutants); do
+    file=$("$bin" file "$name")
+    "$bin" mutate "$scratch" "$name"
+    if ! (cd "$scratch" && CARGO_TARGET_DIR="$target" cargo test --locked -q --test api --no-run >"$target/$name.log" 2>&1); then
+      unbuilt=$((unbuilt + 1)); lines+=("did not build  $("$bin" describe "$name")")
+    elif (cd "$scratch" && CARGO_TARGET_DIR="$target" "${profile[@]}" >>"$target/$name.log" 2>&1); then
+      missed=$((missed + 1)); lines+=("MISSED         $("$bin" describe "$name")")
+    else
+      caught=$((caught + 1)); lines+=("caught         $("$bin" describe "$name")")
+    fi
+    log "$name: ${lines[-1]%% *}"
+    # Restored with a new modification time, so the next build sees the change back.
+    (cd "$ROOT" && git show "HEAD:$file") >"$scratch/$file"
+  done
+  printf '\nmutants (logs in %s):\n' "${target#"$ROOT"/}"
+  printf '  %s\n' "${lines[@]}"
+  printf 'score: %d of %d caught (%d%%), %d did not build\n' "$caught" "$((caught + missed))" \
+    "$((100 * caught / (caught + missed > 0 ? caught + missed : 1)))" "$unbuilt"
+}
+
 cmd_bench() {
   PROFILE=bench
   profile_settings bench
@@ -585,6 +639,8 @@ case "${1:-}" in
   bench) cmd_bench ;;
   bench-compare) cmd_bench_compare "${2:-}" ;;
   lab) cmd_lab ;;
+  model) cmd_model ;;
+  model-mutants) cmd_model_mutants ;;
   chaos) cmd_chaos ;;
   stop) cmd_stop ;;
   start) PROFILE=${2:?profile}; profile_settings "$PROFILE"; start_services ;;

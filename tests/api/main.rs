@@ -31,6 +31,7 @@ mod ledger;
 mod list;
 mod locations;
 mod migrations;
+mod model;
 mod multihost;
 mod partial;
 mod pooler;

@@ -411,6 +411,7 @@ cmd_test() {
 cmd_model() {
   export MODEL_SEED=${MODEL_SEED:-$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')}
   export MODEL_RUNS=${MODEL_RUNS:-200} MODEL_CALLS=${MODEL_CALLS:-80}
+  export MODEL_CONCURRENT_RUNS=${MODEL_CONCURRENT_RUNS:-200}
   log "model: seed $MODEL_SEED, $MODEL_RUNS runs of $MODEL_CALLS calls${MODEL_STRICT:+, stricter rules: $MODEL_STRICT} (replay: make model MODEL_SEED=$MODEL_SEED)"
   TEST_FILTER=model:: cmd_test
 }
@@ -433,7 +434,7 @@ cmd_model_mutants() {
   rm -rf "$scratch"
   mkdir -p "$scratch" "$target"
   (cd "$ROOT" && git archive HEAD) | tar -x -C "$scratch"
-  local profile=(cargo test --locked -q --test api model::)
+  local profile=(cargo test --locked -q --test api model::the_model_and_the_server_agree)
   log "baseline: the short profile on the tree as it is"
   if ! (cd "$scratch" && CARGO_TARGET_DIR="$target" "${profile[@]}" >"$target/baseline.log" 2>&1); then
     log "the short profile fails with no mutant in: see $target/baseline.log"

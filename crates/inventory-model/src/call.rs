@@ -410,8 +410,14 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    /// `prefix`: 1 to 12 characters of `a-z 0-9`.
+    /// `prefix`: 1 to 20 characters of `a-z 0-9` that sort after `default`, so that a
+    /// run's locations keep their order against `default` (locations of equal priority are
+    /// allocated from in id order).
     pub fn new(prefix: &str) -> Self {
+        assert!(
+            prefix.is_empty() || prefix > "default",
+            "a namespace sorts after `default`: {prefix}"
+        );
         Self {
             prefix: prefix.to_owned(),
         }

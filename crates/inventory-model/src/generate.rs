@@ -19,8 +19,10 @@ const ORDERS: [&str; 5] = ["o1", "o2", "o3", "o4", "o5"];
 pub struct Profile {
     /// Calls per sequence.
     pub calls: usize,
-    /// Percent of holds let run out (each costs about a second of waiting).
+    /// Weight of holds let run out (each costs about a second of waiting).
     pub lapse_weight: u64,
+    /// Whether a Reserve may wait for stock (`allow_backorder`, `allow_preorder`).
+    pub waiting: bool,
 }
 
 impl Default for Profile {
@@ -28,6 +30,7 @@ impl Default for Profile {
         Profile {
             calls: 40,
             lapse_weight: 1,
+            waiting: true,
         }
     }
 }
@@ -36,6 +39,7 @@ impl Default for Profile {
 #[derive(Debug)]
 pub struct Generator {
     rng: Rng,
+    waiting: bool,
     weights: Vec<u64>,
     skus: Vec<&'static str>,
     locations: bool,
@@ -121,6 +125,7 @@ impl Generator {
         let locations = rng.chance(50);
         Generator {
             rng,
+            waiting: profile.waiting,
             weights,
             skus,
             locations,
@@ -144,6 +149,47 @@ impl Generator {
             }
         }
         calls
+    }
+
+    /// A sequential prefix of `profile.calls` calls, then `clients` lists of up to
+    /// `per_client` calls each, to be sent at once (one list per client, each in order). The
+    /// lists name only reservations the prefix made, never let a hold run out, and now and
+    /// then repeat another client's call under its key (two copies of one request racing).
+    pub fn concurrent(
+        seed: u64,
+        profile: Profile,
+        clients: usize,
+        per_client: usize,
+    ) -> (Vec<Call>, Vec<Vec<Call>>) {
+        let profile = Profile {
+            lapse_weight: 0,
+            ..profile
+        };
+        let mut generator = Generator::new(seed, profile);
+        generator.weights[8] = 0;
+        let mut model = Model::new(Default::default());
+        let mut prefix = Vec::new();
+        while prefix.len() < profile.calls {
+            let call = generator.next(&model);
+            if let Some(outcomes) = model.step(&call) {
+                model = outcomes.into_iter().next().expect("an outcome").next;
+                prefix.push(call);
+            }
+        }
+        let mut lists: Vec<Vec<Call>> = vec![Vec::new(); clients];
+        for _ in 0..per_client {
+            for c in 0..clients {
+                let copy = c > 0 && generator.rng.chance(15) && !lists[c - 1].is_empty();
+                let call = if copy {
+                    let earlier = &lists[c - 1];
+                    earlier[generator.rng.range(0, earlier.len() as i64 - 1) as usize].clone()
+                } else {
+                    generator.next(&model)
+                };
+                lists[c].push(call);
+            }
+        }
+        (prefix, lists)
     }
 
     fn key(&mut self) -> String {
@@ -274,7 +320,7 @@ impl Generator {
                         location,
                     });
                 }
-                let waits = self.rng.chance(55);
+                let waits = self.rng.chance(55) && self.waiting;
                 Call::Reserve {
                     key: self.key(),
                     order: (*self.rng.pick(&ORDERS)).to_owned(),

@@ -673,15 +673,35 @@ impl Model {
         {
             return None;
         }
+        // A malformed request is refused before anything is read, its key included.
+        if let Call::SetStockPolicy {
+            safety_stock: None,
+            backorder_limit: None,
+            ..
+        } = call
+        {
+            return Some(vec![
+                self.same(Answer::refused(Code::InvalidArgument, "INVALID_ARGUMENT")),
+            ]);
+        }
         // A key used before: its stored outcome, or ALREADY_EXISTS for another request.
         if let Some(key) = call.key()
             && let Some(stored) = self.keys.get(key)
         {
             if stored.fingerprint() != call.fingerprint() {
-                return Some(vec![self.same(Answer::refused(
+                let reused = self.same(Answer::refused(
                     Code::AlreadyExists,
                     "IDEMPOTENCY_KEY_REUSED",
-                ))]);
+                ));
+                if let Stored::Unsettled { .. } = stored {
+                    // The refusal may not have been kept: then the key is free.
+                    let mut fresh = self.clone();
+                    fresh.keys.remove(key);
+                    let mut outcomes = vec![reused];
+                    outcomes.extend(fresh.run(call));
+                    return Some(outcomes);
+                }
+                return Some(vec![reused]);
             }
             let answer = match stored {
                 Stored::Fixed { answer, .. } => answer.clone(),
@@ -966,10 +986,6 @@ impl Model {
         safety_stock: Option<i64>,
         backorder_limit: Option<i64>,
     ) -> Vec<Expected> {
-        if safety_stock.is_none() && backorder_limit.is_none() {
-            // A policy that sets nothing is malformed (never stored).
-            return self.refusals(call, &[(Code::InvalidArgument, "INVALID_ARGUMENT")], false);
-        }
         let unknown = self.unknown(Some(sku), location);
         if !unknown.is_empty() {
             return self.refusals(call, &unknown, true);

@@ -159,6 +159,33 @@ impl Call {
         call
     }
 
+    /// The same call with one field changed (a quantity, a count, a flag), under its key: a
+    /// retry that is not quite the request it retries. `None` for calls with nothing to
+    /// change that the generator varies.
+    pub fn variant(&self) -> Option<Call> {
+        let mut call = self.clone();
+        match &mut call {
+            Call::AdjustStock { delta, .. } => *delta += 1,
+            Call::SetStock { on_hand, .. } => *on_hand += 1,
+            Call::SetStockPolicy { safety_stock, .. } => {
+                *safety_stock = Some(safety_stock.unwrap_or(0) + 1);
+            }
+            Call::MoveStockState { quantity, .. }
+            | Call::ExpectStock { quantity, .. }
+            | Call::ReceiveStock { quantity, .. } => *quantity += 1,
+            Call::Reserve { lines, .. } => lines.first_mut()?.quantity += 1,
+            Call::Confirm { lines, .. } | Call::Release { lines, .. } => {
+                lines.first_mut()?.quantity += 1;
+            }
+            Call::CancelOrder { order, .. } => order.push('x'),
+            Call::CancelReceipt { receipt, .. } => receipt.push('x'),
+            Call::UpsertLocation { .. } | Call::Lapse { .. } | Call::GetReservation { .. } => {
+                return None;
+            }
+        }
+        Some(call)
+    }
+
     /// What the request is, without its key: two calls under one key are the same request
     /// exactly when these are equal.
     pub fn fingerprint(&self) -> String {

@@ -457,17 +457,25 @@ impl Generator {
             }
             Kind::Conflict => {
                 // Another request under a key used before: stored (ALREADY_EXISTS), or left
-                // free by a call that changed nothing (it runs).
-                let keys: Vec<String> = self
+                // free by a call that changed nothing (it runs). Mostly the earlier request
+                // with one field changed, else a stock change.
+                let keyed: Vec<Call> = self
                     .history
                     .iter()
-                    .filter_map(|c| c.key().map(str::to_owned))
+                    .filter(|c| c.key().is_some())
+                    .cloned()
                     .collect();
-                if keys.is_empty() {
+                if keyed.is_empty() {
                     return None;
                 }
-                let key = self.rng.pick(&keys).clone();
-                self.make(Kind::Adjust, model)?.with_key(&key)
+                let earlier = self.rng.pick(&keyed).clone();
+                match earlier.variant() {
+                    Some(variant) if self.rng.chance(70) => variant,
+                    _ => {
+                        let key = earlier.key().expect("a keyed call").to_owned();
+                        self.make(Kind::Adjust, model)?.with_key(&key)
+                    }
+                }
             }
         })
     }

@@ -673,13 +673,16 @@ impl Model {
         {
             return None;
         }
-        // A malformed request is refused before anything is read, its key included.
-        if let Call::SetStockPolicy {
-            safety_stock: None,
-            backorder_limit: None,
-            ..
-        } = call
-        {
+        // A malformed request is refused before anything is read, its key included: a
+        // policy that sets nothing, an adjustment of zero units.
+        if matches!(
+            call,
+            Call::SetStockPolicy {
+                safety_stock: None,
+                backorder_limit: None,
+                ..
+            } | Call::AdjustStock { delta: 0, .. }
+        ) {
             return Some(vec![
                 self.same(Answer::refused(Code::InvalidArgument, "INVALID_ARGUMENT")),
             ]);

@@ -46,6 +46,8 @@ pub struct Generator {
     next_key: u32,
     next_receipt: u32,
     history: Vec<Call>,
+    /// The rest of a story begun by an earlier `next` (see `Kind::Queue`).
+    pending: std::collections::VecDeque<Call>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -66,9 +68,10 @@ enum Kind {
     CancelReceipt,
     Replay,
     Conflict,
+    Queue,
 }
 
-const KINDS: [Kind; 16] = [
+const KINDS: [Kind; 17] = [
     Kind::Location,
     Kind::Adjust,
     Kind::Set,
@@ -85,13 +88,14 @@ const KINDS: [Kind; 16] = [
     Kind::CancelReceipt,
     Kind::Replay,
     Kind::Conflict,
+    Kind::Queue,
 ];
 
 impl Generator {
     pub fn new(seed: u64, profile: Profile) -> Generator {
         let mut rng = Rng::new(seed);
         // Swarm: each kind's weight is drawn per seed, some kinds switched off.
-        let base: [u64; 16] = [
+        let base: [u64; 17] = [
             2,
             12,
             4,
@@ -108,6 +112,7 @@ impl Generator {
             3,
             5,
             2,
+            3,
         ];
         let weights = base
             .iter()
@@ -132,6 +137,7 @@ impl Generator {
             next_key: 0,
             next_receipt: 0,
             history: Vec::new(),
+            pending: Default::default(),
         }
     }
 
@@ -227,6 +233,10 @@ impl Generator {
 
     /// The next call for a model in `model`'s state.
     pub fn next(&mut self, model: &Model) -> Call {
+        if let Some(call) = self.pending.pop_front() {
+            self.history.push(call.clone());
+            return call;
+        }
         loop {
             let kind = KINDS[self.rng.weighted(&self.weights)];
             if let Some(call) = self.make(kind, model) {
@@ -454,6 +464,75 @@ impl Generator {
                     return None;
                 }
                 (*self.rng.pick(&earlier)).clone()
+            }
+            Kind::Queue => {
+                // A story: a backorder waits at `default`, a receipt is expected, a younger
+                // pre-order pegs to it, and part of it arrives (whose units go first to its
+                // own pre-orders, then oldest first).
+                if !self.waiting {
+                    return None;
+                }
+                let sku = self.sku(model);
+                let free = model
+                    .levels()
+                    .get(&(sku.clone(), "default".to_owned()))
+                    .map_or(0, |level| level.available);
+                self.next_receipt += 1;
+                let receipt = format!("po{}", self.next_receipt);
+                let used = model.receipt_days();
+                let mut day = self.rng.range(1, 28) as u32;
+                while used.contains(&day) {
+                    day = day % 28 + 1;
+                }
+                let line = |quantity| {
+                    vec![LineSpec {
+                        sku: sku.clone(),
+                        quantity,
+                        location: None,
+                    }]
+                };
+                let story = [
+                    Call::SetStockPolicy {
+                        key: self.key(),
+                        sku: sku.clone(),
+                        location: "default".into(),
+                        safety_stock: None,
+                        backorder_limit: Some(self.rng.range(2, 5)),
+                    },
+                    Call::Reserve {
+                        key: self.key(),
+                        order: (*self.rng.pick(&ORDERS)).to_owned(),
+                        lines: line(free + self.rng.range(1, 2)),
+                        allow_split: false,
+                        allow_backorder: true,
+                        allow_preorder: false,
+                    },
+                    Call::ExpectStock {
+                        key: self.key(),
+                        receipt: receipt.clone(),
+                        sku: sku.clone(),
+                        location: "default".into(),
+                        quantity: self.rng.range(2, 5),
+                        day,
+                    },
+                    Call::Reserve {
+                        key: self.key(),
+                        order: (*self.rng.pick(&ORDERS)).to_owned(),
+                        lines: line(self.rng.range(1, 3)),
+                        allow_split: false,
+                        allow_backorder: false,
+                        allow_preorder: true,
+                    },
+                    Call::ReceiveStock {
+                        key: self.key(),
+                        receipt,
+                        quantity: self.rng.range(1, 4),
+                    },
+                ];
+                let mut story = story.into_iter();
+                let first = story.next().expect("a story has calls");
+                self.pending.extend(story);
+                first
             }
             Kind::Conflict => {
                 // Another request under a key used before: stored (ALREADY_EXISTS), or left

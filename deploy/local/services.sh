@@ -412,6 +412,8 @@ cmd_model() {
   export MODEL_SEED=${MODEL_SEED:-$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')}
   export MODEL_RUNS=${MODEL_RUNS:-200} MODEL_CALLS=${MODEL_CALLS:-80}
   export MODEL_CONCURRENT_RUNS=${MODEL_CONCURRENT_RUNS:-200}
+  # Minutes, not the suite's two: nextest's `model` profile (.config/nextest.toml).
+  export NEXTEST_PROFILE=model
   log "model: seed $MODEL_SEED, $MODEL_RUNS runs of $MODEL_CALLS calls${MODEL_STRICT:+, stricter rules: $MODEL_STRICT} (replay: make model MODEL_SEED=$MODEL_SEED)"
   TEST_FILTER=model:: cmd_test
 }

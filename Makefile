@@ -18,7 +18,7 @@ drill: ## The restore drill alone: base backup and WAL archive under traffic, po
 model: ## The reference model's long run: MODEL_RUNS=200 sequences of MODEL_CALLS=80 calls from a random MODEL_SEED (printed first; MODEL_STRICT=1 adds the stricter rules)
 	@$(SERVICES) model
 
-model-mutants: ## The mutation score: each hand-written defect of crates/inventory-model/mutants.txt in a scratch copy of HEAD, caught or missed by the model's short profile (~1 min a mutant)
+model-mutants: ## The mutation score: each hand-written defect of crates/inventory-model/mutants.txt in a scratch copy of HEAD, caught or missed by the model's sequential short profile (~30 s a mutant after the first build)
 	@$(SERVICES) model-mutants
 
 bench: ## Benchmark suite: pgbench's raw-SQL ceiling against the service, as ratios, medians of BENCH_ROUNDS=3 rounds (~30 min)

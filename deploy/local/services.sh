@@ -431,35 +431,38 @@ cmd_model_mutants() {
   export REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
   local scratch="$ROOT/target/mutants/tree" target="$ROOT/target/mutants/target" bin
   (cd "$ROOT" && cargo build --locked -q -p inventory-model --bin inventory-model)
-  bin="$ROOT/target/debug/inventory-model"
+  bin="${CARGO_TARGET_DIR:-$ROOT/target}/debug/inventory-model"
   log "scratch copy of $(cd "$ROOT" && git rev-parse --short HEAD) in ${scratch#"$ROOT"/}"
   rm -rf "$scratch"
   mkdir -p "$scratch" "$target"
   (cd "$ROOT" && git archive HEAD) | tar -x -C "$scratch"
-  local profile=(cargo test --locked -q --test api model::the_model_and_the_server_agree)
+  # The sequential profile; each run bounded, so a mutant that hangs the server is caught.
+  local profile=(timeout 900 cargo test --locked -q --test api model::the_model_and_the_server_agree)
   log "baseline: the short profile on the tree as it is"
   if ! (cd "$scratch" && CARGO_TARGET_DIR="$target" "${profile[@]}" >"$target/baseline.log" 2>&1); then
     log "the short profile fails with no mutant in: see $target/baseline.log"
     exit 1
   fi
-  local name file caught=0 missed=0 unbuilt=0 lines=()
+  local name file verdict caught=0 missed=0 unbuilt=0 lines=()
   for name in $("$bin" mutants); do
     file=$("$bin" file "$name")
-    "$bin" mutate "$scratch" "$name"
-    if ! (cd "$scratch" && CARGO_TARGET_DIR="$target" cargo test --locked -q --test api --no-run >"$target/$name.log" 2>&1); then
-      unbuilt=$((unbuilt + 1)); lines+=("did not build  $("$bin" describe "$name")")
+    if ! "$bin" mutate "$scratch" "$name" 2>"$target/$name.log"; then
+      verdict="did not apply"; unbuilt=$((unbuilt + 1))
+    elif ! (cd "$scratch" && CARGO_TARGET_DIR="$target" cargo test --locked -q --test api --no-run >>"$target/$name.log" 2>&1); then
+      verdict="did not build"; unbuilt=$((unbuilt + 1))
     elif (cd "$scratch" && CARGO_TARGET_DIR="$target" "${profile[@]}" >>"$target/$name.log" 2>&1); then
-      missed=$((missed + 1)); lines+=("MISSED         $("$bin" describe "$name")")
+      verdict="MISSED"; missed=$((missed + 1))
     else
-      caught=$((caught + 1)); lines+=("caught         $("$bin" describe "$name")")
+      verdict="caught"; caught=$((caught + 1))
     fi
-    log "$name: ${lines[-1]%% *}"
+    lines+=("$(printf '%-14s %s' "$verdict" "$("$bin" describe "$name")")")
+    log "$name: $verdict"
     # Restored with a new modification time, so the next build sees the change back.
     (cd "$ROOT" && git show "HEAD:$file") >"$scratch/$file"
   done
   printf '\nmutants (logs in %s):\n' "${target#"$ROOT"/}"
   printf '  %s\n' "${lines[@]}"
-  printf 'score: %d of %d caught (%d%%), %d did not build\n' "$caught" "$((caught + missed))" \
+  printf 'score: %d of %d caught (%d%%), %d did not apply or build\n' "$caught" "$((caught + missed))" \
     "$((100 * caught / (caught + missed > 0 ? caught + missed : 1)))" "$unbuilt"
 }
 

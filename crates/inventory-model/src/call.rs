@@ -108,7 +108,7 @@ pub enum Call {
         sku: String,
         location: String,
         quantity: i64,
-        /// Day of January 2030 the receipt is due.
+        /// Day of 2030 the receipt is due (1: 1 January).
         day: u32,
     },
     ReceiveStock {
@@ -398,7 +398,7 @@ impl fmt::Display for Call {
     }
 }
 
-/// When a receipt due on `day` (of January 2030) is due.
+/// When a receipt due on `day` of 2030 (1: 1 January) is due.
 pub fn due(day: u32) -> prost_types::Timestamp {
     // 2030-01-01T00:00:00Z.
     const FIRST: i64 = 1_893_456_000;

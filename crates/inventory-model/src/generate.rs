@@ -198,6 +198,16 @@ impl Generator {
         (prefix, lists)
     }
 
+    /// A day of 2030 no receipt of the run is due on (one receipt per day keeps "due
+    /// earliest" free of ties).
+    fn free_day(&mut self, used: &std::collections::BTreeSet<u32>) -> u32 {
+        let mut day = self.rng.range(1, 365) as u32;
+        while used.contains(&day) {
+            day = day % 365 + 1;
+        }
+        day
+    }
+
     fn key(&mut self) -> String {
         self.next_key += 1;
         format!("k{}", self.next_key)
@@ -412,10 +422,7 @@ impl Generator {
             Kind::Expect => {
                 self.next_receipt += 1;
                 let used = model.receipt_days();
-                let mut day = self.rng.range(1, 28) as u32;
-                while used.contains(&day) {
-                    day = day % 28 + 1;
-                }
+                let day = self.free_day(&used);
                 Call::ExpectStock {
                     key: self.key(),
                     receipt: format!("po{}", self.next_receipt),
@@ -480,10 +487,7 @@ impl Generator {
                 self.next_receipt += 1;
                 let receipt = format!("po{}", self.next_receipt);
                 let used = model.receipt_days();
-                let mut day = self.rng.range(1, 28) as u32;
-                while used.contains(&day) {
-                    day = day % 28 + 1;
-                }
+                let day = self.free_day(&used);
                 let line = |quantity| {
                     vec![LineSpec {
                         sku: sku.clone(),

@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// Rules where a stricter reading of the contract would answer otherwise than the
-/// documented one. Off: the documented rule. On: the stricter one (`make model STRICT=1`).
+/// documented one. Off: the documented rule. On: the stricter one (`make model MODEL_STRICT=1`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Rules {
     /// A SKU's total `available` is the sum of each active location's own, not the formula
@@ -128,6 +128,8 @@ struct Alloc {
     backordered: i64,
     preordered: i64,
     receipt: Option<String>,
+    /// When `receipt` is due (a day of 2030).
+    day: Option<u32>,
 }
 
 impl Alloc {
@@ -141,6 +143,7 @@ impl Alloc {
             backordered: 0,
             preordered: 0,
             receipt: None,
+            day: None,
         }
     }
 
@@ -224,7 +227,13 @@ impl Res {
                         .iter()
                         .find_map(|a| a.pegged().map(str::to_owned))
                         .unwrap_or_default();
+                    let expected_day = line
+                        .allocs
+                        .iter()
+                        .find_map(|a| a.pegged().and(a.day))
+                        .map(i64::from);
                     LineView {
+                        expected_day,
                         sku: line.sku.clone(),
                         quantity: line.quantity,
                         held: sum(|a| a.held),
@@ -250,6 +259,7 @@ impl Res {
                                 backordered: a.backordered,
                                 preordered: a.preordered,
                                 receipt: a.pegged().unwrap_or_default().to_owned(),
+                                expected_day: a.pegged().and(a.day).map(i64::from),
                             })
                             .collect(),
                     }
@@ -1105,6 +1115,7 @@ impl Model {
             alloc.held = held;
             if preorder && let Some(receipt) = self.peg(&line.sku, location, held, rest) {
                 alloc.preordered = rest;
+                alloc.day = Some(self.receipts[&receipt].day);
                 alloc.receipt = Some(receipt);
                 return Some(vec![alloc]);
             }
@@ -1387,6 +1398,7 @@ impl Model {
                 RecState::Received => "RECEIVED",
                 RecState::Cancelled => "CANCELLED",
             },
+            day: i64::from(r.day),
             level: level.then(|| self.total(&r.sku, false)),
         }
     }

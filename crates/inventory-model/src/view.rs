@@ -17,7 +17,11 @@ pub enum Code {
     AlreadyExists = 6,
     FailedPrecondition = 9,
     Aborted = 10,
-    /// Any code the model never predicts (it always diverges).
+    /// Transient: the call may be retried under its key (the model predicts none of these).
+    DeadlineExceeded = 4,
+    ResourceExhausted = 8,
+    Unavailable = 14,
+    /// Any other code (the model never predicts it: it always diverges).
     Other = 2,
 }
 
@@ -30,6 +34,9 @@ impl Code {
             6 => Code::AlreadyExists,
             9 => Code::FailedPrecondition,
             10 => Code::Aborted,
+            4 => Code::DeadlineExceeded,
+            8 => Code::ResourceExhausted,
+            14 => Code::Unavailable,
             _ => Code::Other,
         }
     }
@@ -62,6 +69,20 @@ impl Answer {
         match self {
             Answer::Refused { code, .. } => *code,
             _ => Code::Ok,
+        }
+    }
+
+    /// A failure that leaves nothing changed and asks for a retry under the same key: the
+    /// server unavailable or saturated, a lease not had in time. No rule of the model gives
+    /// one; the runner retries it.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Answer::Refused { code, reason } => match code {
+                Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded => true,
+                Code::Aborted => reason == "LEASE_BUSY" || reason == "LEASE_LOST",
+                _ => false,
+            },
+            _ => false,
         }
     }
 }
@@ -124,6 +145,8 @@ pub struct LineView {
     pub backordered: i64,
     pub preordered: i64,
     pub receipt: String,
+    /// The day of 2030 `receipt` is due (`preorder_expected_at`), while units wait for it.
+    pub expected_day: Option<i64>,
     /// Every unit's location, or empty when the line was split.
     pub location: String,
     pub allocations: Vec<AllocationView>,
@@ -139,6 +162,7 @@ pub struct AllocationView {
     pub backordered: i64,
     pub preordered: i64,
     pub receipt: String,
+    pub expected_day: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,6 +175,8 @@ pub struct ReceiptView {
     pub preordered: i64,
     pub remainder: i64,
     pub state: &'static str,
+    /// The day of 2030 it is due.
+    pub day: i64,
     /// The SKU's total after the call (in answers to the receipt calls).
     pub level: Option<Level>,
 }
@@ -162,7 +188,8 @@ pub struct LocationView {
     pub active: bool,
 }
 
-/// The day of January 2030 a timestamp falls on (the model's receipts are all due then).
+/// The day of 2030 a timestamp falls on (1: 1 January; the model's receipts are all due
+/// at midnight in 2030).
 pub fn day_of(at: &prost_types::Timestamp) -> i64 {
     (at.seconds - crate::call::due(1).seconds).div_euclid(86_400) + 1
 }
@@ -229,6 +256,7 @@ pub fn from_reservation(ns: &Namespace, reservation: &proto::Reservation) -> Res
                 backordered: line.backordered,
                 preordered: line.preordered,
                 receipt: ns.strip(&line.receipt_id).to_owned(),
+                expected_day: line.preorder_expected_at.as_ref().map(day_of),
                 location: if line.location_id.is_empty() {
                     String::new()
                 } else {
@@ -246,6 +274,7 @@ pub fn from_reservation(ns: &Namespace, reservation: &proto::Reservation) -> Res
                         backordered: a.backordered,
                         preordered: a.preordered,
                         receipt: ns.strip(&a.receipt_id).to_owned(),
+                        expected_day: a.expected_at.as_ref().map(day_of),
                     })
                     .collect(),
             })
@@ -263,6 +292,7 @@ pub fn from_receipt(ns: &Namespace, receipt: &proto::Receipt) -> ReceiptView {
         preordered: receipt.preordered,
         remainder: receipt.remainder,
         state: receipt_state_name(receipt.state),
+        day: receipt.expected_at.as_ref().map_or(0, day_of),
         level: receipt
             .level
             .as_ref()

@@ -807,10 +807,10 @@ impl Decode for proto::ExpectStockRequest {
         let sku = violations.check("sku", Sku::parse(&self.sku));
         let location = location_or_default(&mut violations, "location_id", &self.location_id);
         let quantity = units(&mut violations, "quantity", self.quantity);
-        let expected_at = match self.expected_at.map(SystemTime::try_from) {
+        let expected_at = match self.expected_at.map(expected_date) {
             Some(Ok(at)) => Some(at),
-            Some(Err(_)) => {
-                violations.add("expected_at", "must be a valid timestamp");
+            Some(Err(why)) => {
+                violations.add("expected_at", why);
                 None
             }
             None => {
@@ -837,6 +837,20 @@ impl Decode for proto::ExpectStockRequest {
             })
         })
     }
+}
+
+/// The latest date a receipt may be expected on: the end of year 9999, the last a protobuf
+/// `Timestamp` may carry.
+const LATEST_EXPECTED: i64 = 253_402_300_799;
+
+/// A receipt's expected date: a valid timestamp from the Unix epoch to the end of year 9999
+/// (before the epoch, two dates would be stored as one; after 9999, no timestamp reads it).
+fn expected_date(at: prost_types::Timestamp) -> Result<SystemTime, &'static str> {
+    const RANGE: &str = "must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z";
+    if !(0..=LATEST_EXPECTED).contains(&at.seconds) || !(0..1_000_000_000).contains(&at.nanos) {
+        return Err(RANGE);
+    }
+    SystemTime::try_from(at).map_err(|_| RANGE)
 }
 
 /// `time` to the microsecond below.

@@ -429,6 +429,25 @@ async fn bad_state_and_policy_requests_are_refused_and_change_nothing() {
         .await
         .unwrap_err();
     assert_eq!(error_reason(&unknown), "SKU_NOT_FOUND");
+    // A date before the epoch (stored as the epoch, so two dates would replay as one) or
+    // past the year 9999 (no timestamp reads it back) is refused as such.
+    for (n, seconds) in [
+        (0, -1),
+        (1, -86_400 * 365),
+        (2, 253_402_300_800),
+        (3, i64::MAX / 2),
+    ] {
+        let bad = client
+            .expect_stock(ExpectStockRequest {
+                expected_at: Some(prost_types::Timestamp { seconds, nanos: 0 }),
+                idempotency_key: format!("bad-date-{n}"),
+                ..expect(&format!("PO-D{n}"), "PEN", 1, 1)
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code(), Code::InvalidArgument, "{seconds}: {bad:?}");
+        assert!(bad.message().contains("expected_at"), "{bad:?}");
+    }
     let nowhere = client
         .move_stock_state(MoveStockStateRequest {
             location_id: "mars".into(),

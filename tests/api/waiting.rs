@@ -3,13 +3,16 @@
 //! with their hold, and put at risk when their receipt is cancelled.
 
 use inventory_server::proto::{
-    CancelReceiptRequest, Event, EventType, ExpectStockRequest, ReceiptState, ReceiveStockRequest,
-    Reservation, ReservationState, ReserveRequest, SetStockPolicyRequest, SetStockRequest, event,
+    CancelReceiptRequest, ConfirmReservationRequest, Event, EventType, ExpectStockRequest,
+    ReceiptState, ReceiveStockRequest, Reservation, ReservationState, ReserveRequest,
+    SetStockPolicyRequest, SetStockRequest, event,
 };
 
 use crate::{
     events::{take, watch},
-    helpers::{TestApp, confirm, december, error_reason, release, reserve, spawn_app, stock},
+    helpers::{
+        TestApp, confirm, confirm_part, december, error_reason, release, reserve, spawn_app, stock,
+    },
 };
 
 async fn backorder_limit(app: &TestApp, sku: &str, limit: i64) {
@@ -129,9 +132,10 @@ async fn a_backorder_waits_within_the_limit_and_is_filled_oldest_first_as_stock_
         .into_inner();
     assert_eq!(units(&again), (2, 2, 0));
 
-    // Only held units ship: the first hold stays open for the rest.
+    // Only held units ship: the first hold stays open for the rest (under a key, as it
+    // has units waiting).
     let shipped = client
-        .confirm_reservation(confirm(&first.reservation_id))
+        .confirm_reservation(confirm_part(&first.reservation_id, "ship-1", &[]))
         .await
         .unwrap()
         .into_inner();
@@ -142,7 +146,7 @@ async fn a_backorder_waits_within_the_limit_and_is_filled_oldest_first_as_stock_
     );
     // Nothing held yet: the second cannot be confirmed.
     let nothing = client
-        .confirm_reservation(confirm(&second.reservation_id))
+        .confirm_reservation(confirm_part(&second.reservation_id, "ship-2", &[]))
         .await
         .unwrap_err();
     assert_eq!(error_reason(&nothing), "NOT_HELD");
@@ -333,13 +337,208 @@ async fn a_cancelled_receipt_puts_its_pre_orders_at_risk_and_other_stock_fills_t
     assert!(clean, "{report}");
 }
 
+/// The pre-orders of a cancelled receipt still wait and count as backorders do: the next
+/// receipt is promised to them first (a younger pre-order of it is refused, and pegs to a
+/// later receipt instead), the backorder limit sees them, and the next receipt fills them.
+#[tokio::test]
+async fn a_cancelled_receipts_pre_orders_count_so_the_next_receipt_is_not_promised_twice() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    client
+        .set_stock(SetStockRequest {
+            sku: "KETTLE".into(),
+            on_hand: 0,
+            idempotency_key: "new-kettle".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    expect(&app, "PO-1", "KETTLE", 5, 10).await;
+    let older = client
+        .reserve(preorder("p", "KETTLE", 5))
+        .await
+        .unwrap()
+        .into_inner();
+    client
+        .cancel_receipt(CancelReceiptRequest {
+            receipt_id: "PO-1".into(),
+            idempotency_key: "cancel-1".into(),
+            reason: "supplier out".into(),
+        })
+        .await
+        .unwrap();
+    expect(&app, "PO-2", "KETTLE", 5, 12).await;
+    let level = app.total("KETTLE").await;
+    assert_eq!(
+        level
+            .available_to_promise
+            .iter()
+            .map(|s| s.quantity)
+            .collect::<Vec<_>>(),
+        [0],
+        "PO-2's five units are the older pre-order's"
+    );
+    let younger = client
+        .reserve(preorder("q", "KETTLE", 5))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&younger), "INSUFFICIENT_STOCK");
+    // The backorder limit is 0, and five units already wait with no open receipt.
+    backorder_limit(&app, "KETTLE", 4).await;
+    let over = client
+        .reserve(backorder("b", "KETTLE", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&over), "INSUFFICIENT_STOCK");
+    // A later receipt has units nobody waits for: the younger pre-order pegs to it.
+    expect(&app, "PO-3", "KETTLE", 5, 20).await;
+    let pegged = client
+        .reserve(preorder("q2", "KETTLE", 5))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(pegged.lines[0].receipt_id, "PO-3");
+
+    // PO-2 arrives: it fills the older pre-order, and the younger still waits for PO-3.
+    assert_eq!(receive(&app, "PO-2", 5, "in-2").await, 0);
+    assert_eq!(
+        units(&app.reservation(&older.reservation_id).await),
+        (5, 0, 0)
+    );
+    assert_eq!(
+        units(&app.reservation(&pegged.reservation_id).await),
+        (0, 0, 5)
+    );
+    let level = app.total("KETTLE").await;
+    assert_eq!(
+        (
+            level.on_hand,
+            level.reserved,
+            level.preordered,
+            level.incoming
+        ),
+        (5, 5, 5, 5)
+    );
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
+/// A pre-order is taken only where `available_to_promise` at its receipt's date covers it:
+/// a safety stock not met takes a receipt's units before any pre-order does.
+#[tokio::test]
+async fn a_pre_order_takes_no_more_than_available_to_promise_shows_by_its_date() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    stock(&app, "STOOL", 1).await;
+    expect(&app, "PO-9", "STOOL", 4, 8).await;
+    client
+        .set_stock_policy(SetStockPolicyRequest {
+            sku: "STOOL".into(),
+            safety_stock: Some(4),
+            idempotency_key: "buffer".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let level = app.total("STOOL").await;
+    let promised: Vec<i64> = level
+        .available_to_promise
+        .iter()
+        .map(|s| s.quantity)
+        .collect();
+    assert_eq!(promised, [1], "1 on hand - 4 kept back + 4 incoming");
+    let over = client
+        .reserve(preorder("p3", "STOOL", 3))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&over), "INSUFFICIENT_STOCK");
+    let one = client
+        .reserve(preorder("p1", "STOOL", 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&one), (0, 0, 1));
+    let level = app.total("STOOL").await;
+    assert_eq!(level.available_to_promise[0].quantity, 0);
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
+/// A hold with waiting units is confirmed only under a key: without one, a retry after a
+/// lost answer would ship the units filled in between. Under a key the retry answers the
+/// reservation as it is now and ships nothing more.
+#[tokio::test]
+async fn confirming_a_hold_with_waiting_units_needs_a_key_and_its_retry_ships_nothing_more() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    stock(&app, "CHAIR", 2).await;
+    backorder_limit(&app, "CHAIR", 2).await;
+    let hold = client
+        .reserve(backorder("b", "CHAIR", 4))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&hold), (2, 2, 0));
+    let keyless = client
+        .confirm_reservation(confirm(&hold.reservation_id))
+        .await
+        .unwrap_err();
+    assert_eq!(keyless.code(), tonic::Code::InvalidArgument);
+    assert!(keyless.message().contains("idempotency_key"), "{keyless:?}");
+    assert_eq!(
+        units(&app.reservation(&hold.reservation_id).await),
+        (2, 2, 0),
+        "refused: nothing moved"
+    );
+    let keyed = ConfirmReservationRequest {
+        idempotency_key: "pay-b".into(),
+        ..confirm(&hold.reservation_id)
+    };
+    let paid = client
+        .confirm_reservation(keyed.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (paid.state(), units(&paid), paid.lines[0].confirmed),
+        (ReservationState::Held, (0, 2, 0), 2)
+    );
+    // The answer is lost; stock arrives and fills the waiting units; the retry ships nothing.
+    stock(&app, "CHAIR", 2).await;
+    let retried = client
+        .confirm_reservation(keyed)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (units(&retried), retried.lines[0].confirmed),
+        ((2, 0, 0), 2)
+    );
+    let level = app.total("CHAIR").await;
+    assert_eq!((level.on_hand, level.reserved), (2, 2));
+    // A whole release needs no key: it ends the hold, and its retry answers the same.
+    let released = client
+        .release_reservation(release(&hold.reservation_id))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (released.lines[0].confirmed, released.lines[0].released),
+        (2, 2)
+    );
+    assert_ne!(released.state(), ReservationState::Held);
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
 #[tokio::test]
 async fn a_released_hold_gives_up_its_waiting_units_and_its_held_ones_go_to_the_queue() {
     let app = spawn_app().await;
     let mut client = app.client.clone();
     stock(&app, "PEN", 2).await;
     backorder_limit(&app, "PEN", 5).await;
-    expect(&app, "PO-2", "PEN", 3, 12).await;
+    // Six expected: the three backordered below are promised the first three of them.
+    expect(&app, "PO-2", "PEN", 6, 12).await;
     let first = client
         .reserve(backorder("b1", "PEN", 3))
         .await
@@ -380,7 +579,7 @@ async fn a_released_hold_gives_up_its_waiting_units_and_its_held_ones_go_to_the_
         .await
         .unwrap();
     let level = app.total("PEN").await;
-    assert_eq!((level.preordered, level.incoming), (0, 3));
+    assert_eq!((level.preordered, level.incoming), (0, 6));
     let receipt = client
         .list_receipts(inventory_server::proto::ListReceiptsRequest::default())
         .await

@@ -19,7 +19,7 @@ use std::time::SystemTime;
 use crate::{
     domain::{
         AllocationPolicy, AllocationStrategy, FenceToken, Line, Location, LocationId, Peg, Receipt,
-        States, StockLevel,
+        ReceiptState, States, StockLevel,
     },
     error::Shortfall,
 };
@@ -35,8 +35,9 @@ pub struct SkuStock {
     pub now: SystemTime,
     /// The SKU's level at each location it has a row at, by location id.
     pub at: Vec<StockLevel>,
-    /// Its open receipts (read only for a Reserve that may pre-order), by location and
-    /// expected date.
+    /// Its open receipts and the closed ones with pre-ordered units still pegged (read only
+    /// for a Reserve that may pre-order, or backorder where such units wait), by location
+    /// and expected date.
     pub receipts: Vec<Receipt>,
 }
 
@@ -172,8 +173,10 @@ impl SkuStock {
     /// Places a line [`SkuStock::place`] could not serve from available units, letting the
     /// rest of it wait: at the first location (in the policy's order, or the pinned one)
     /// where it fits, holding every unit available there and pegging the rest to the open
-    /// receipt expected earliest there with that many unpromised units (`allow_preorder`),
-    /// or else backordering it within the location's backorder limit (`allow_backorder`).
+    /// receipt expected earliest there with that many unpromised units whose date
+    /// `available_to_promise` there covers the whole line (`allow_preorder`: demand already
+    /// waiting is served first), or else backordering it within the location's backorder
+    /// limit (`allow_backorder`; pre-orders of closed receipts there count as backorders).
     /// Never split. `None`: nowhere fits, and nothing changes.
     pub fn place_waiting(
         &mut self,
@@ -188,12 +191,22 @@ impl SkuStock {
             let rest = units - held;
             let row = &self.at[index];
             let location = row.location.clone()?;
+            let here: Vec<&Receipt> = self
+                .receipts
+                .iter()
+                .filter(|r| r.location == location)
+                .collect();
+            let at_risk: i64 = here.iter().map(|r| r.at_risk()).sum();
+            let promise = crate::rules::available_to_promise(row, &here);
             let peg = policy
                 .allow_preorder
                 .then(|| {
-                    self.receipts
-                        .iter()
-                        .filter(|r| r.location == location && r.unpromised() >= rest)
+                    here.iter()
+                        .filter(|r| {
+                            r.state == ReceiptState::Open
+                                && r.unpromised() >= rest
+                                && crate::rules::promised_by(&promise, r.expected_at) >= units
+                        })
                         .min_by_key(|r| (r.expected_at, r.id.clone()))
                 })
                 .flatten()
@@ -210,10 +223,12 @@ impl SkuStock {
                     preordered: rest,
                     ..States::default()
                 },
-                None if policy.allow_backorder && after_hold.backorder_room() >= rest => States {
-                    backordered: rest,
-                    ..States::default()
-                },
+                None if policy.allow_backorder && after_hold.backorder_room(at_risk) >= rest => {
+                    States {
+                        backordered: rest,
+                        ..States::default()
+                    }
+                }
                 None => continue,
             };
             if let Some(peg) = &peg

@@ -765,8 +765,10 @@ impl StockLevel {
     /// Units promised against stock that is not there yet (backordered), a new line may
     /// still take: what `backorder_limit` allows beyond the sellable units, less what
     /// holds and waiting backorders have (0 when free units are left: those go first).
-    pub fn backorder_room(&self) -> i64 {
-        let room = self.states.backorder_limit - self.states.backordered + self.free().min(0);
+    /// `at_risk`: pre-ordered units of closed receipts here, which wait as backorders do.
+    pub fn backorder_room(&self, at_risk: i64) -> i64 {
+        let room =
+            self.states.backorder_limit - self.states.backordered - at_risk + self.free().min(0);
         room.max(0)
     }
 }
@@ -936,6 +938,15 @@ impl Receipt {
     /// What of the remainder no pre-order has taken yet.
     pub fn unpromised(&self) -> i64 {
         (self.remainder() - self.preordered).max(0)
+    }
+
+    /// Pre-ordered units still pegged to it once it is closed (cancelled, or received
+    /// without filling them): demand with no receipt behind it, counted as backorders are.
+    pub fn at_risk(&self) -> i64 {
+        match self.state {
+            ReceiptState::Open => 0,
+            _ => self.preordered,
+        }
     }
 }
 

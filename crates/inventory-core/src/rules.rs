@@ -341,16 +341,23 @@ pub fn cancel_receipt(
 
 /// What may be promised of a (SKU, location) or a SKU's total by a date: one step per
 /// date open receipts are expected on, each the units promisable by then (what is free now,
-/// less what backorders wait for, plus the unpromised remainder of every receipt due by
-/// then), never below 0. Receipts only add, so no step promises what a later one takes
-/// back. `receipts`: those the level counts (of the location, or of every location).
+/// less what waits with no open receipt behind it: backorders, and pre-orders of closed
+/// receipts; plus the unpromised remainder of every receipt due by then), never below 0.
+/// Receipts only add, so no step promises what a later one takes back. `receipts`: those
+/// the level counts (of the location, or of every location), closed ones with pre-ordered
+/// units still pegged included.
+///
+/// A pre-order follows the same rule (see `SkuStock::place_waiting`): it is taken only where
+/// the step at its receipt's date covers it, so what GetStock promises by a date bounds what
+/// Reserve gives by that date.
 pub fn available_to_promise(level: &StockLevel, receipts: &[&Receipt]) -> Vec<(SystemTime, i64)> {
     let mut open: Vec<&&Receipt> = receipts
         .iter()
         .filter(|r| r.state == ReceiptState::Open)
         .collect();
     open.sort_by_key(|r| r.expected_at);
-    let mut balance = level.free() - level.states.backordered;
+    let at_risk: i64 = receipts.iter().map(|r| r.at_risk()).sum();
+    let mut balance = level.free() - level.states.backordered - at_risk;
     let mut steps: Vec<(SystemTime, i64)> = Vec::new();
     for receipt in open {
         balance += receipt.unpromised();
@@ -360,6 +367,16 @@ pub fn available_to_promise(level: &StockLevel, receipts: &[&Receipt]) -> Vec<(S
         }
     }
     steps
+}
+
+/// The units `steps` (of [`available_to_promise`]) promise by `at`: the last step due by
+/// then, 0 before the first.
+pub fn promised_by(steps: &[(SystemTime, i64)], at: SystemTime) -> i64 {
+    steps
+        .iter()
+        .rev()
+        .find(|(date, _)| *date <= at)
+        .map_or(0, |(_, units)| *units)
 }
 
 /// Units moved between states at one location: the source must have them, and sellable
@@ -783,9 +800,29 @@ impl Settle {
     }
 
     /// The step `requested` (empty: every unit still held) takes from `reservation` as read,
-    /// in its effective state.
-    pub fn step(self, reservation: &Reservation, requested: &[Line]) -> Result<SettleStep, Error> {
+    /// in its effective state. `keyed`: the call carries an idempotency key. A whole confirm
+    /// of a hold with waiting units needs one: without it, a retry after a lost answer would
+    /// ship the units filled in between too (a whole release ends the hold, and its retry
+    /// answers the same, so it needs none).
+    pub fn step(
+        self,
+        reservation: &Reservation,
+        requested: &[Line],
+        keyed: bool,
+    ) -> Result<SettleStep, Error> {
         let id = reservation.id;
+        if self == Self::Confirm
+            && requested.is_empty()
+            && !keyed
+            && reservation.state == ReservationState::Held
+            && reservation.lines.iter().any(|line| line.waiting() > 0)
+        {
+            return Err(Error::InvalidArgument(vec![crate::FieldViolation::new(
+                "idempotency_key",
+                "required to confirm a reservation with units waiting for stock (a retry \
+                 without one could ship units filled since)",
+            )]));
+        }
         if reservation.state != ReservationState::Held {
             if requested.is_empty() && self.repeats(reservation) {
                 return Ok(SettleStep::Repeat);

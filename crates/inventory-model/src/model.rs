@@ -27,13 +27,6 @@ pub struct Rules {
     /// A SKU's total `available` is the sum of each active location's own, not the formula
     /// applied to summed rows (a location short of its safety stock hides nothing elsewhere).
     pub totals_per_location: bool,
-    /// Pre-ordered units of a receipt that closed (cancelled, or received without filling
-    /// them) wait with no receipt: they count as backorders, in the backorder room of new
-    /// demand and in `available_to_promise`.
-    pub closed_preorders_are_backorders: bool,
-    /// A pre-order is taken only when `available_to_promise` at its receipt's date covers it:
-    /// one rule for what GetStock promises and what Reserve gets.
-    pub one_promise_rule: bool,
     /// Waiting units are a commitment, not part of the checkout hold: when the hold runs
     /// out its held units go back, and its waiting units keep waiting (the reservation stays
     /// HELD with them).
@@ -42,7 +35,7 @@ pub struct Rules {
 
 impl Rules {
     /// The stricter rules named in `names` (comma separated: `totals_per_location`,
-    /// `closed_preorders_are_backorders`, `one_promise_rule`, `waiting_outlives_hold`, or
+    /// `waiting_outlives_hold`, or
     /// `1`/`all` for every one); `Err` names one it does not know.
     pub fn parse(names: &str) -> Result<Rules, String> {
         let mut rules = Rules::default();
@@ -51,8 +44,6 @@ impl Rules {
                 "1" | "all" => rules = Rules::strict(),
                 "0" | "none" => {}
                 "totals_per_location" => rules.totals_per_location = true,
-                "closed_preorders_are_backorders" => rules.closed_preorders_are_backorders = true,
-                "one_promise_rule" => rules.one_promise_rule = true,
                 "waiting_outlives_hold" => rules.waiting_outlives_hold = true,
                 other => return Err(format!("no stricter rule `{other}`")),
             }
@@ -63,8 +54,6 @@ impl Rules {
     pub fn strict() -> Rules {
         Rules {
             totals_per_location: true,
-            closed_preorders_are_backorders: true,
-            one_promise_rule: true,
             waiting_outlives_hold: true,
         }
     }
@@ -509,14 +498,15 @@ impl Model {
         })
     }
 
-    /// Units waiting with no open receipt at a location: backorders, and (with
-    /// `closed_preorders_are_backorders`) pre-orders of closed receipts.
+    /// Units waiting with no open receipt at a location: backorders, and pre-orders of
+    /// closed receipts (cancelled, or received without filling them), which count as
+    /// backorders do: in the backorder room of new demand and in `available_to_promise`.
     fn backorder_demand(&self, sku: &str, location: &str) -> i64 {
         self.held_allocs()
             .filter(|(s, a)| *s == sku && a.location == location)
             .map(|(_, a)| {
                 a.backordered
-                    + if self.rules.closed_preorders_are_backorders && self.closed(&a.receipt) {
+                    + if self.closed(&a.receipt) {
                         a.preordered
                     } else {
                         0
@@ -1133,7 +1123,10 @@ impl Model {
         None
     }
 
-    /// The open receipt at `location`, due earliest, with `rest` units no pre-order took.
+    /// The open receipt at `location`, due earliest, with `rest` units no pre-order took,
+    /// by whose date `available_to_promise` there covers the whole line (`held + rest`): one
+    /// rule for what GetStock promises and what Reserve gives, and demand already waiting
+    /// served first.
     fn peg(&self, sku: &str, location: &str, held: i64, rest: i64) -> Option<String> {
         let mut open: Vec<(&String, &Rec)> = self
             .receipts
@@ -1141,21 +1134,19 @@ impl Model {
             .filter(|(_, r)| r.sku == sku && r.location == location && r.state == RecState::Open)
             .collect();
         open.sort_by_key(|(id, r)| (r.day, (*id).clone()));
-        let (id, receipt) = open
-            .into_iter()
-            .find(|(id, r)| r.remainder() - self.preordered_to(id) >= rest)?;
-        if self.rules.one_promise_rule {
-            let promised = self
-                .total(sku, true)
-                .promise
-                .into_iter()
-                .find(|(day, _)| *day == i64::from(receipt.day))
-                .map_or(0, |(_, q)| q);
-            if held + rest > promised {
-                return None;
-            }
-        }
-        Some(id.clone())
+        let promise = self.location_promise(sku, location);
+        let promised = |day: u32| {
+            promise
+                .iter()
+                .rev()
+                .find(|(d, _)| *d <= i64::from(day))
+                .map_or(0, |(_, q)| *q)
+        };
+        open.into_iter()
+            .find(|(id, r)| {
+                r.remainder() - self.preordered_to(id) >= rest && promised(r.day) >= held + rest
+            })
+            .map(|(id, _)| id.clone())
     }
 
     fn reserve(mut self, call: &Call) -> Vec<Expected> {
@@ -1242,6 +1233,14 @@ impl Model {
         if lines.is_empty() {
             match res.state {
                 ResState::Held => {
+                    // Without a key, a retry after a lost answer would ship units filled
+                    // since: a hold with waiting units is confirmed only under a key.
+                    if call.key().is_none() && res.waiting() > 0 {
+                        return self.settle_refused(Answer::refused(
+                            Code::InvalidArgument,
+                            "INVALID_ARGUMENT",
+                        ));
+                    }
                     if res.held() == 0 {
                         return self
                             .settle_refused(Answer::refused(Code::FailedPrecondition, "NOT_HELD"));

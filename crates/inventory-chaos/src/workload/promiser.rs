@@ -164,13 +164,15 @@ pub(super) async fn promiser(
                 );
             }
             7 if !holds.is_empty() => {
-                // Ships what is held; a hold that still waits stays open.
+                // Ships what is held; a hold that still waits stays open (and is confirmed
+                // only under a key, which a retry of the call reuses).
                 let id = holds[rng.random_range(0..holds.len())].clone();
                 let _ = call!(
                     replica,
                     confirm_reservation,
                     ConfirmReservationRequest {
                         reservation_id: id,
+                        idempotency_key: key,
                         ..Default::default()
                     }
                 );

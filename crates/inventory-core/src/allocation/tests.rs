@@ -278,7 +278,7 @@ mod waiting {
         let mut stock = with_limit(stock(&[("east", 5, 4)]), 3);
         stock.at[0].states.safety_stock = 3;
         // Free is 5 - 4 - 3 = -2: two of the three backorders are spoken for already.
-        assert_eq!(stock.at[0].backorder_room(), 1);
+        assert_eq!(stock.at[0].backorder_room(0), 1);
         assert!(
             stock
                 .place_waiting(

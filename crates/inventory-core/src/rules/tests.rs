@@ -363,13 +363,13 @@ fn units(lines: &[(&str, i64)]) -> Vec<Line> {
 fn settling_a_whole_hold_moves_every_held_unit_and_writes_no_line() {
     use ReservationState::*;
     let hold = hold_of(&[("A", 5), ("B", 3)]);
-    let confirm = applied(Settle::Confirm.step(&hold, &[]));
+    let confirm = applied(Settle::Confirm.step(&hold, &[], true));
     assert_eq!(pairs(&confirm.moves), vec![(sku("A"), 5), (sku("B"), 3)]);
     assert_eq!(confirm.after.state, Confirmed);
     assert_eq!(confirm.event, ReservationEvent::Confirmed);
     assert_eq!(counts(&confirm.after), vec![(0, 5, 0), (0, 3, 0)]);
     assert!(!confirm.write_lines, "read back by its state alone");
-    let release = applied(Settle::Release.step(&hold, &[]));
+    let release = applied(Settle::Release.step(&hold, &[], true));
     assert_eq!(release.after.state, Released);
     assert_eq!(release.event, ReservationEvent::Released);
     assert_eq!(counts(&release.after), vec![(0, 0, 5), (0, 0, 3)]);
@@ -396,7 +396,7 @@ fn repeats_of_whole_calls_are_no_ops_and_other_states_refuse() {
         (Settle::Release, at(Confirmed, 1, 1)),
     ] {
         assert_eq!(
-            settle.step(&reservation, &[]).unwrap(),
+            settle.step(&reservation, &[], true).unwrap(),
             SettleStep::Repeat,
             "{settle:?} {reservation:?}"
         );
@@ -408,14 +408,14 @@ fn repeats_of_whole_calls_are_no_ops_and_other_states_refuse() {
     ] {
         let state = reservation.state;
         assert!(matches!(
-            settle.step(&reservation, &[]),
+            settle.step(&reservation, &[], true),
             Err(Error::WrongState { state: s, action, .. }) if s == state && action == settle.action()
         ));
     }
     // A whole confirm of a reservation whose rest went back to stock is no repeat: it says
     // what became of each line.
     let partly = at(Confirmed, 1, 1);
-    match Settle::Confirm.step(&partly, &[]) {
+    match Settle::Confirm.step(&partly, &[], true) {
         Err(Error::PartlyReleased { id, lines }) => {
             assert_eq!(id, partly.id);
             assert_eq!(
@@ -442,7 +442,7 @@ fn repeats_of_whole_calls_are_no_ops_and_other_states_refuse() {
     ));
     // A call with lines is never a repeat: only its key makes it one.
     assert!(matches!(
-        Settle::Confirm.step(&at(Confirmed, 2, 0), &units(&[("A", 1)])),
+        Settle::Confirm.step(&at(Confirmed, 2, 0), &units(&[("A", 1)]), true),
         Err(Error::WrongState { .. })
     ));
 }
@@ -452,7 +452,7 @@ fn partial_calls_move_only_their_units_and_the_last_one_ends_the_hold() {
     use ReservationState::*;
     let hold = hold_of(&[("A", 5), ("B", 3)]);
 
-    let first = applied(Settle::Confirm.step(&hold, &units(&[("A", 2)])));
+    let first = applied(Settle::Confirm.step(&hold, &units(&[("A", 2)]), true));
     assert_eq!(pairs(&first.moves), vec![(sku("A"), 2)]);
     assert_eq!(first.after.state, Held);
     assert_eq!(first.event, ReservationEvent::PartiallyConfirmed);
@@ -460,13 +460,13 @@ fn partial_calls_move_only_their_units_and_the_last_one_ends_the_hold() {
     assert!(first.write_lines);
 
     // Lines in any order; moves come out in SKU order.
-    let second = applied(Settle::Release.step(&first.after, &units(&[("B", 3), ("A", 1)])));
+    let second = applied(Settle::Release.step(&first.after, &units(&[("B", 3), ("A", 1)]), true));
     assert_eq!(pairs(&second.moves), vec![(sku("A"), 1), (sku("B"), 3)]);
     assert_eq!(second.after.state, Held);
     assert_eq!(second.event, ReservationEvent::PartiallyReleased);
     assert_eq!(counts(&second.after), vec![(2, 2, 1), (0, 0, 3)]);
 
-    let last = applied(Settle::Confirm.step(&second.after, &units(&[("A", 2)])));
+    let last = applied(Settle::Confirm.step(&second.after, &units(&[("A", 2)]), true));
     assert_eq!(last.after.state, Confirmed);
     assert_eq!(last.event, ReservationEvent::Confirmed);
     assert_eq!(counts(&last.after), vec![(0, 4, 1), (0, 0, 3)]);
@@ -476,8 +476,8 @@ fn partial_calls_move_only_their_units_and_the_last_one_ends_the_hold() {
 #[test]
 fn releasing_the_rest_of_a_partly_confirmed_hold_leaves_it_confirmed() {
     let hold = hold_of(&[("A", 5)]);
-    let part = applied(Settle::Confirm.step(&hold, &units(&[("A", 2)]))).after;
-    let rest = applied(Settle::Release.step(&part, &[]));
+    let part = applied(Settle::Confirm.step(&hold, &units(&[("A", 2)]), true)).after;
+    let rest = applied(Settle::Release.step(&part, &[], true));
     assert_eq!(pairs(&rest.moves), vec![(sku("A"), 3)]);
     assert_eq!(rest.after.state, ReservationState::Confirmed);
     assert_eq!(rest.event, ReservationEvent::Released);
@@ -487,8 +487,8 @@ fn releasing_the_rest_of_a_partly_confirmed_hold_leaves_it_confirmed() {
         "the state alone would read the rest as confirmed"
     );
     // Only released units: the reservation ends RELEASED.
-    let part = applied(Settle::Release.step(&hold, &units(&[("A", 2)]))).after;
-    let rest = applied(Settle::Release.step(&part, &[]));
+    let part = applied(Settle::Release.step(&hold, &units(&[("A", 2)]), true)).after;
+    let rest = applied(Settle::Release.step(&part, &[], true));
     assert_eq!(rest.after.state, ReservationState::Released);
     assert_eq!(counts(&rest.after), vec![(0, 0, 5)]);
 }
@@ -496,8 +496,8 @@ fn releasing_the_rest_of_a_partly_confirmed_hold_leaves_it_confirmed() {
 #[test]
 fn lines_asking_for_more_than_is_held_are_all_named_and_nothing_moves() {
     let hold = hold_of(&[("A", 5), ("B", 3)]);
-    let part = applied(Settle::Confirm.step(&hold, &units(&[("B", 2)]))).after;
-    match Settle::Release.step(&part, &units(&[("A", 5), ("B", 2), ("C", 1)])) {
+    let part = applied(Settle::Confirm.step(&hold, &units(&[("B", 2)]), true)).after;
+    match Settle::Release.step(&part, &units(&[("A", 5), ("B", 2), ("C", 1)]), true) {
         Err(Error::NotHeld { id, lines }) => {
             assert_eq!(id, hold.id);
             assert_eq!(
@@ -532,7 +532,7 @@ fn expiry_and_cancel_return_only_what_is_still_held() {
     assert_eq!(pairs(&untouched.moves), vec![(sku("A"), 5), (sku("B"), 3)]);
     assert!(!untouched.write_lines);
 
-    let part = applied(Settle::Confirm.step(&hold, &units(&[("A", 5), ("B", 1)]))).after;
+    let part = applied(Settle::Confirm.step(&hold, &units(&[("A", 5), ("B", 1)]), true)).after;
     let expired = end_hold(&part, Expired);
     assert_eq!(pairs(&expired.moves), vec![(sku("B"), 2)]);
     assert_eq!(expired.after.state, Confirmed, "some units were confirmed");
@@ -540,7 +540,7 @@ fn expiry_and_cancel_return_only_what_is_still_held() {
     assert_eq!(counts(&expired.after), vec![(0, 5, 0), (0, 1, 2)]);
     assert!(expired.write_lines);
 
-    let part = applied(Settle::Release.step(&hold, &units(&[("A", 1)]))).after;
+    let part = applied(Settle::Release.step(&hold, &units(&[("A", 1)]), true)).after;
     let cancelled = end_hold(&part, Released);
     assert_eq!(cancelled.after.state, Released);
     assert_eq!(cancelled.event, ReservationEvent::Released);

@@ -136,13 +136,14 @@ pub(crate) async fn peg(
     unpeg(client, &negated).await
 }
 
-/// The open receipts of `skus`, by SKU, location and expected date.
-pub(crate) async fn open_of(
+/// The receipts of `skus` that count in what may be promised: the open ones, and the closed
+/// ones with pre-ordered units still pegged (at risk); by SKU, location and expected date.
+pub(crate) async fn counted_of(
     client: &impl GenericClient,
     skus: &[Sku],
 ) -> Result<Vec<Receipt>, Error> {
     let sql = format!(
-        "SELECT {COLUMNS} FROM receipts WHERE sku = ANY($1) AND state = 'OPEN'
+        "SELECT {COLUMNS} FROM receipts WHERE sku = ANY($1) AND (state = 'OPEN' OR preordered > 0)
          ORDER BY sku COLLATE \"C\", location_id COLLATE \"C\", expected_at, receipt_id"
     );
     let statement = client.prepare_cached(&sql).await.map_err(from_db)?;

@@ -84,11 +84,15 @@ impl ReservationStore for PgStore {
                 stock::lock_many(tx, &skus),
                 locations::all(tx),
             )?;
-            // What a line that may pre-order may be pegged to: the open receipts, read under
-            // the SKU rows' locks (every writer of a receipt holds its SKU's).
-            if command.allocation.allow_preorder {
+            // What a line that may pre-order may be pegged to: the open receipts, and the
+            // closed ones whose pre-orders still wait (they count as backorders), read under
+            // the SKU rows' locks (every writer of a receipt holds its SKU's). A backorder
+            // needs them only where pre-ordered units wait.
+            let at_risk_possible = command.allocation.allow_backorder
+                && stock.values().any(|s| s.total.states.preordered > 0);
+            if command.allocation.allow_preorder || at_risk_possible {
                 let wanted: Vec<Sku> = stock.keys().cloned().collect();
-                for receipt in receipts::open_of(tx, &wanted).await? {
+                for receipt in receipts::counted_of(tx, &wanted).await? {
                     if let Some(sku) = stock.get_mut(&receipt.sku) {
                         sku.receipts.push(receipt);
                     }
@@ -290,7 +294,8 @@ impl PgStore {
         };
         let stored_lines = reservations::lines(tx, target.id).await?;
         let reservation = header.with_lines(stored_lines);
-        let change = match command.settle.step(&reservation, &command.lines) {
+        let keyed = command.idempotency_key.is_some();
+        let change = match command.settle.step(&reservation, &command.lines, keyed) {
             Ok(SettleStep::Apply(change)) => change,
             // Decided by what was read: a repeat, or a refusal.
             Ok(SettleStep::Repeat) => return Ok(Step::Read(Ok(reservation))),

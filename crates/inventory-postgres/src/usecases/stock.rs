@@ -199,7 +199,7 @@ impl StockStore for PgStore {
             let open = if incoming.is_empty() {
                 Vec::new()
             } else {
-                crate::tables::receipts::open_of(&client, &incoming).await?
+                crate::tables::receipts::counted_of(&client, &incoming).await?
             };
             let promise = |level: &StockLevel| {
                 let counted: Vec<&inventory_core::domain::Receipt> = open

@@ -378,6 +378,12 @@ pub struct InventoryArgs {
     #[arg(long, env = "MAX_HOLD", default_value = "24h", value_parser = humantime::parse_duration)]
     pub max_hold: Duration,
 
+    /// Longest a reservation's waiting units (backordered, pre-ordered) may wait from when it
+    /// was made (1h to 3650d): its checkout expiry never cuts them short, and no pre-order is
+    /// pegged to a receipt due later.
+    #[arg(long, env = "WAIT_HORIZON", default_value = "365d", value_parser = humantime::parse_duration)]
+    pub wait_horizon: Duration,
+
     #[command(flatten)]
     pub coalesce: CoalesceArgs,
 }
@@ -1033,11 +1039,17 @@ impl InventoryArgs {
         } else if self.max_hold < self.reservation_default_ttl {
             problems.push("MAX_HOLD must be at least RESERVATION_DEFAULT_TTL".into());
         }
+        if !(Duration::from_secs(3_600)..=inventory_core::domain::MAX_WAIT_HORIZON)
+            .contains(&self.wait_horizon)
+        {
+            problems.push("WAIT_HORIZON must be between 1h and 3650d".into());
+        }
         Some(InventoryConfig {
             default_ttl: default_ttl?,
             coalesce: self.coalesce.settings(leases, problems),
             lease_wait: leases.lease_wait,
             max_hold: self.max_hold,
+            wait_horizon: self.wait_horizon,
             tenant_caps: None,
         })
     }

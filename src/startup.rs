@@ -562,7 +562,8 @@ impl Core {
             .with_context(|| format!("cannot build the PostgreSQL pool of tenant {tenant}"))?;
             let store = PgStore::new(pool, database.pool.operation_bound())
                 .for_tenant(tenant)
-                .with_pause_points(pauses.clone());
+                .with_pause_points(pauses.clone())
+                .with_wait_horizon(config.wait_horizon);
             let mut config = config.clone();
             config.tenant_caps = Some((tenant.clone(), tenants.limits.caps));
             let leases = RedisLeases::new(redis.for_tenant(tenant), leases.clone());

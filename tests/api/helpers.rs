@@ -197,6 +197,8 @@ pub fn test_settings_with_redis(database: PgConfig, redis_url: &str) -> Settings
             // in lease timeouts, even on a loaded two-core machine.
             lease_wait: Duration::from_secs(20),
             max_hold: Duration::from_secs(24 * 3600),
+            // The longest: the tests' receipts are due in 2030.
+            wait_horizon: inventory_core::domain::MAX_WAIT_HORIZON,
             tenant_caps: None,
         },
         upkeep: Upkeep {

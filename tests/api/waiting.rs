@@ -531,6 +531,181 @@ async fn confirming_a_hold_with_waiting_units_needs_a_key_and_its_retry_ships_no
     assert!(clean, "{report}");
 }
 
+/// Sweeps (the test's app runs no sweeper of its own) until every one of `ids` reads as past
+/// its checkout expiry and handled: ended, or waiting on with an expiry more than a day after
+/// it was made. PostgreSQL's clock decides when a hold is due, so it sweeps until it is.
+async fn sweep_until_handled(app: &TestApp, ids: &[&str]) -> Vec<Reservation> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        app.inventory.expire_due(100).await.unwrap();
+        let mut read = Vec::new();
+        for id in ids {
+            read.push(app.reservation(id).await);
+        }
+        let handled = |r: &Reservation| {
+            r.state() != ReservationState::Held
+                || r.expires_at.as_ref().unwrap().seconds
+                    > r.created_at.as_ref().unwrap().seconds + 86_400
+        };
+        if read.iter().all(handled) {
+            return read;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never swept: {read:#?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+fn ttl_of_a_second(request: ReserveRequest) -> ReserveRequest {
+    ReserveRequest {
+        ttl: Some(prost_types::Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
+        ..request
+    }
+}
+
+/// Waiting demand is a commitment, not a checkout hold: past its checkout expiry, a hold
+/// with units waiting keeps every unit (held ones too) until the wait horizon, counted from
+/// when it was made; stock that arrives later fills it, and it ships by the same calls.
+#[tokio::test]
+async fn a_backorder_and_a_pre_order_outlive_their_checkout_hold_and_are_filled_later() {
+    let app = crate::helpers::spawn_app_without_sweeper().await;
+    let mut client = app.client.clone();
+    stock(&app, "DESK", 2).await;
+    backorder_limit(&app, "DESK", 5).await;
+    expect(&app, "PO-5", "DESK", 10, 14).await;
+    let backordered = client
+        .reserve(ttl_of_a_second(backorder("b", "DESK", 4)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&backordered), (2, 2, 0));
+    let preordered = client
+        .reserve(ttl_of_a_second(preorder("p", "DESK", 3)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&preordered), (0, 0, 3));
+
+    let read = sweep_until_handled(
+        &app,
+        &[&backordered.reservation_id, &preordered.reservation_id],
+    )
+    .await;
+    // Both still held, every unit kept, until the horizon (ten years in the tests).
+    for (reservation, expected) in read.iter().zip([(2, 2, 0), (0, 0, 3)]) {
+        assert_eq!(
+            reservation.state(),
+            ReservationState::Held,
+            "{reservation:?}"
+        );
+        assert_eq!(units(reservation), expected);
+        let made = reservation.created_at.as_ref().unwrap().seconds;
+        let until = reservation.expires_at.as_ref().unwrap().seconds;
+        assert!(
+            (until - made - 3_650 * 86_400).abs() <= 1,
+            "waits until the horizon: {reservation:?}"
+        );
+    }
+    let level = app.total("DESK").await;
+    assert_eq!(
+        (level.reserved, level.backordered, level.preordered),
+        (2, 2, 3)
+    );
+
+    // The receipt arrives: the pre-order first, then the backorder.
+    receive(&app, "PO-5", 10, "in-5").await;
+    assert_eq!(
+        units(&app.reservation(&preordered.reservation_id).await),
+        (3, 0, 0)
+    );
+    assert_eq!(
+        units(&app.reservation(&backordered.reservation_id).await),
+        (4, 0, 0)
+    );
+    let shipped = client
+        .confirm_reservation(confirm(&backordered.reservation_id))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (shipped.state(), shipped.lines[0].confirmed),
+        (ReservationState::Confirmed, 4)
+    );
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
+/// At the wait horizon, a hold still waiting ends like any expired hold: its held units go
+/// back and its waiting units are given up.
+#[tokio::test]
+async fn a_hold_still_waiting_at_the_wait_horizon_expires() {
+    let mut settings = crate::helpers::test_settings(crate::helpers::fresh_database().await);
+    settings.upkeep.interval = std::time::Duration::from_secs(3600);
+    // Long enough after the one-second checkout hold for a sweep to see it wait, even on a
+    // busy machine.
+    settings.inventory.wait_horizon = std::time::Duration::from_secs(8);
+    let app = crate::helpers::spawn_app_with(settings).await;
+    let mut client = app.client.clone();
+    stock(&app, "LAMP", 1).await;
+    backorder_limit(&app, "LAMP", 5).await;
+    let hold = client
+        .reserve(ttl_of_a_second(backorder("b", "LAMP", 3)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&hold), (1, 2, 0));
+    // Past the checkout expiry: it waits on, until eight seconds after it was made.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let waiting = loop {
+        app.inventory.expire_due(100).await.unwrap();
+        let read = app.reservation(&hold.reservation_id).await;
+        if read.expires_at != hold.expires_at {
+            break read;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never swept: {read:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        (waiting.state(), units(&waiting)),
+        (ReservationState::Held, (1, 2, 0))
+    );
+    let made = waiting.created_at.as_ref().unwrap();
+    let until = waiting.expires_at.as_ref().unwrap();
+    assert_eq!(
+        (until.seconds - made.seconds) * 1_000_000_000 + i64::from(until.nanos - made.nanos),
+        8_000_000_000
+    );
+    // Past the horizon: it expires, and nothing waits any more.
+    let ended = loop {
+        app.inventory.expire_due(100).await.unwrap();
+        let read = app.reservation(&hold.reservation_id).await;
+        if read.state() != ReservationState::Held {
+            break read;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never expired: {read:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(ended.state(), ReservationState::Expired);
+    let level = app.total("LAMP").await;
+    assert_eq!(
+        (level.reserved, level.backordered, level.available),
+        (0, 0, 1)
+    );
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
 #[tokio::test]
 async fn a_released_hold_gives_up_its_waiting_units_and_its_held_ones_go_to_the_queue() {
     let app = spawn_app().await;

@@ -39,6 +39,9 @@ pub struct SkuStock {
     /// for a Reserve that may pre-order, or backorder where such units wait), by location
     /// and expected date.
     pub receipts: Vec<Receipt>,
+    /// How long waiting units may wait, from now: a pre-order is never pegged to a receipt
+    /// due after that. `None`: no bound.
+    pub waits_until: Option<SystemTime>,
 }
 
 /// Units of a line placed at one location, and the levels right after (each placement is one
@@ -173,9 +176,9 @@ impl SkuStock {
     /// Places a line [`SkuStock::place`] could not serve from available units, letting the
     /// rest of it wait: at the first location (in the policy's order, or the pinned one)
     /// where it fits, holding every unit available there and pegging the rest to the open
-    /// receipt expected earliest there with that many unpromised units whose date
-    /// `available_to_promise` there covers the whole line (`allow_preorder`: demand already
-    /// waiting is served first), or else backordering it within the location's backorder
+    /// receipt expected earliest there (by [`SkuStock::waits_until`]) with that many
+    /// unpromised units whose date `available_to_promise` there covers the whole line
+    /// (`allow_preorder`: demand already waiting is served first), or else backordering it within the location's backorder
     /// limit (`allow_backorder`; pre-orders of closed receipts there count as backorders).
     /// Never split. `None`: nowhere fits, and nothing changes.
     pub fn place_waiting(
@@ -204,6 +207,7 @@ impl SkuStock {
                     here.iter()
                         .filter(|r| {
                             r.state == ReceiptState::Open
+                                && self.waits_until.is_none_or(|end| r.expected_at <= end)
                                 && r.unpromised() >= rest
                                 && crate::rules::promised_by(&promise, r.expected_at) >= units
                         })

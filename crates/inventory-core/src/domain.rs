@@ -38,6 +38,11 @@ pub const MAX_LINES: usize = 100;
 pub const MAX_QUANTITY: i64 = 1_000_000;
 /// Shortest hold a reservation may ask for.
 pub const MIN_TTL: Duration = Duration::from_secs(1);
+/// How long waiting demand (backorders, pre-orders) may wait from when its reservation was
+/// made, unless configured otherwise (`WAIT_HORIZON`): a year.
+pub const DEFAULT_WAIT_HORIZON: Duration = Duration::from_secs(365 * 86_400);
+/// The longest wait horizon a deployment may configure: ten years.
+pub const MAX_WAIT_HORIZON: Duration = Duration::from_secs(3_650 * 86_400);
 /// Longest hold a reservation may ask for.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -685,7 +690,9 @@ impl ReservationLine {
 }
 
 /// A reservation as stored; `state` is already `Expired` (or `Confirmed`, if units were
-/// confirmed in part) for a hold past `expires_at`.
+/// confirmed in part) for a hold past `expires_at` with no units waiting. One with waiting
+/// units stays `HELD` past it: waiting demand is a commitment, not a checkout hold, and the
+/// sweeper moves its expiry to the wait horizon (from when it was made), where it ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reservation {
     pub id: ReservationId,
@@ -694,6 +701,13 @@ pub struct Reservation {
     pub lines: Vec<ReservationLine>,
     pub created_at: std::time::SystemTime,
     pub expires_at: std::time::SystemTime,
+}
+
+impl Reservation {
+    /// Units of its lines waiting for stock (backordered or pre-ordered).
+    pub fn waiting(&self) -> i64 {
+        self.lines.iter().map(ReservationLine::waiting).sum()
+    }
 }
 
 /// A fencing token: handed out with each lease, strictly increasing per SKU while Redis keeps

@@ -731,7 +731,9 @@ pub fn extend(
     max_hold: Duration,
 ) -> Result<SystemTime, Error> {
     let state = match reservation.state {
-        ReservationState::Held if reservation.expires_at <= now => ReservationState::Expired,
+        ReservationState::Held if reservation.expires_at <= now && reservation.waiting() == 0 => {
+            ReservationState::Expired
+        }
         state => state,
     };
     if state != ReservationState::Held {

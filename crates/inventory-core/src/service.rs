@@ -82,6 +82,9 @@ pub struct InventoryConfig {
     pub lease_wait: Duration,
     /// Longest a hold may last from when it was made, extensions included.
     pub max_hold: Duration,
+    /// Longest waiting demand (backorders, pre-orders) may wait from when its reservation
+    /// was made: the store keeps such a hold past its checkout expiry until then.
+    pub wait_horizon: Duration,
     /// The tenant this instance serves and its caps on what all its callers hold together
     /// (checked by [`Inventory::reserve_capped`]); `None`: no tenant caps.
     pub tenant_caps: Option<(Tenant, HoldCaps)>,

@@ -27,15 +27,10 @@ pub struct Rules {
     /// A SKU's total `available` is the sum of each active location's own, not the formula
     /// applied to summed rows (a location short of its safety stock hides nothing elsewhere).
     pub totals_per_location: bool,
-    /// Waiting units are a commitment, not part of the checkout hold: when the hold runs
-    /// out its held units go back, and its waiting units keep waiting (the reservation stays
-    /// HELD with them).
-    pub waiting_outlives_hold: bool,
 }
 
 impl Rules {
-    /// The stricter rules named in `names` (comma separated: `totals_per_location`,
-    /// `waiting_outlives_hold`, or
+    /// The stricter rules named in `names` (comma separated: `totals_per_location`, or
     /// `1`/`all` for every one); `Err` names one it does not know.
     pub fn parse(names: &str) -> Result<Rules, String> {
         let mut rules = Rules::default();
@@ -44,7 +39,6 @@ impl Rules {
                 "1" | "all" => rules = Rules::strict(),
                 "0" | "none" => {}
                 "totals_per_location" => rules.totals_per_location = true,
-                "waiting_outlives_hold" => rules.waiting_outlives_hold = true,
                 other => return Err(format!("no stricter rule `{other}`")),
             }
         }
@@ -54,7 +48,6 @@ impl Rules {
     pub fn strict() -> Rules {
         Rules {
             totals_per_location: true,
-            waiting_outlives_hold: true,
         }
     }
 }
@@ -804,9 +797,10 @@ impl Model {
                     return vec![next.done(answer)];
                 }
                 let answer = Answer::Reservation(next.reservations[index].view());
-                if next.rules.waiting_outlives_hold && next.reservations[index].waiting() > 0 {
-                    next.lapse_keeping_waiting(index);
-                } else {
+                // Waiting units are a commitment, not a checkout hold: a hold with units
+                // waiting keeps every unit past its checkout expiry (until the wait horizon,
+                // which no run reaches).
+                if next.reservations[index].waiting() == 0 {
                     next.end_hold(index, ResState::Expired);
                 }
                 vec![Expected {
@@ -1479,23 +1473,6 @@ impl Model {
 
     /// The checkout hold of a reservation that waits runs out: its held units go back, its
     /// waiting units go on waiting.
-    fn lapse_keeping_waiting(&mut self, index: usize) {
-        let mut freed = Vec::new();
-        for line in &mut self.reservations[index].lines {
-            for alloc in &mut line.allocs {
-                if alloc.held > 0 {
-                    freed.push((line.sku.clone(), alloc.location.clone(), alloc.held));
-                    alloc.released += alloc.held;
-                    alloc.held = 0;
-                }
-            }
-        }
-        for (sku, location, n) in &freed {
-            self.cell_mut(sku, location).reserved -= n;
-        }
-        self.fill_freed(&freed);
-    }
-
     fn fill_freed(&mut self, freed: &[(String, String, i64)]) {
         let places: BTreeSet<(String, String)> = freed
             .iter()

@@ -65,6 +65,9 @@ pub struct PgStore {
     tenant: Arc<[opentelemetry::KeyValue; 1]>,
     /// A named tenant's name, which its order locks are keyed under; `None` for `default`.
     order_locks: Option<Arc<str>>,
+    /// How long waiting demand may wait from when its reservation was made (see
+    /// `expiry.rs`, `wait_on`); no pre-order is pegged to a receipt due later.
+    pub(crate) wait_horizon: Duration,
 }
 
 impl PgStore {
@@ -84,7 +87,14 @@ impl PgStore {
                 inventory_core::domain::Tenant::DEFAULT,
             )]),
             order_locks: None,
+            wait_horizon: inventory_core::domain::DEFAULT_WAIT_HORIZON,
         }
+    }
+
+    /// The same store, with waiting demand kept `horizon` from when its reservation was made.
+    pub fn with_wait_horizon(mut self, horizon: Duration) -> Self {
+        self.wait_horizon = horizon;
+        self
     }
 
     /// The same store, for `tenant`'s pool (one whose connections work in its schema,

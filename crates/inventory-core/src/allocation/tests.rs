@@ -50,6 +50,7 @@ fn stock(rows: &[(&str, i64, i64)]) -> SkuStock {
         now: SystemTime::UNIX_EPOCH,
         at,
         receipts: Vec::new(),
+        waits_until: None,
     }
 }
 

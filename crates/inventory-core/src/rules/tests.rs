@@ -108,6 +108,7 @@ fn stock_of(raw: &str, on_hand: i64, reserved: i64, fence: i64) -> SkuStock {
         fence: FenceToken::new(fence),
         now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000),
         receipts: Vec::new(),
+        waits_until: None,
     }
 }
 

@@ -33,13 +33,15 @@ macro_rules! any_confirmed {
     };
 }
 
-/// The state every reader sees: a hold past its expiry is expired, swept or not (confirmed,
-/// if some of its units were). A macro so that constant statements can include it
-/// (`concat!`).
+/// The state every reader sees: a hold past its expiry with nothing waiting is expired, swept
+/// or not (confirmed, if some of its units were). One with waiting units stays held past it:
+/// the sweeper lets its held units lapse, and it waits on up to the wait horizon. A macro so
+/// that constant statements can include it (`concat!`).
 macro_rules! effective_state {
     () => {
         concat!(
-            "CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp() THEN (CASE WHEN ",
+            "CASE WHEN state = 'HELD' AND expires_at <= clock_timestamp() AND waiting = 0 \
+             THEN (CASE WHEN ",
             any_confirmed!(),
             " THEN 'CONFIRMED' ELSE 'EXPIRED' END) ELSE state END"
         )
@@ -86,12 +88,14 @@ const UPDATE_LINES: &str = "
 /// Moves a hold on, only while it is still a hold at this very moment: judged by its row count.
 const SETTLE_HOLD: &str = "
     UPDATE reservations SET state = $2, waiting = $3, updated_at = clock_timestamp()
-    WHERE reservation_id = $1 AND state = 'HELD' AND expires_at > clock_timestamp()";
+    WHERE reservation_id = $1 AND state = 'HELD'
+      AND (expires_at > clock_timestamp() OR waiting > 0)";
 
 /// Moves a live hold's expiry; judged by its row count, like `SETTLE_HOLD`.
 const EXTEND_HOLD: &str = "
     UPDATE reservations SET expires_at = $2, updated_at = clock_timestamp()
-    WHERE reservation_id = $1 AND state = 'HELD' AND expires_at > clock_timestamp()";
+    WHERE reservation_id = $1 AND state = 'HELD'
+      AND (expires_at > clock_timestamp() OR waiting > 0)";
 
 /// Holds past their expiry, oldest first. `SKIP LOCKED` lets several sweepers (one per
 /// replica) take disjoint batches at the same moment instead of queueing on each other.
@@ -127,7 +131,7 @@ const END_MANY: &str = "
 const LOCK_LIVE_OF_ORDER: &str = "
     SELECT reservation_id, order_id, 'HELD', 'HELD', created_at, expires_at FROM reservations
     WHERE order_id = $1 AND caller = ANY($2) AND state = 'HELD'
-      AND expires_at > clock_timestamp()
+      AND (expires_at > clock_timestamp() OR waiting > 0)
     ORDER BY reservation_id
     FOR UPDATE";
 
@@ -367,6 +371,28 @@ pub(crate) async fn lock_due_among(
     read_reservations(tx, LOCK_DUE_AMONG, &[&ids]).await
 }
 
+/// Locked holds past their expiry with units waiting: they wait on, each until its
+/// `expires_at` as given (the wait horizon).
+pub(crate) async fn wait_on_many(
+    tx: &Transaction<'_>,
+    waiting: &[Reservation],
+) -> Result<(), tokio_postgres::Error> {
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    let statement = tx
+        .prepare_cached(
+            "UPDATE reservations r SET expires_at = u.expires_at, updated_at = clock_timestamp()
+             FROM unnest($1::uuid[], $2::timestamptz[]) AS u(reservation_id, expires_at)
+             WHERE r.reservation_id = u.reservation_id AND r.state = 'HELD'",
+        )
+        .await?;
+    let ids: Vec<uuid::Uuid> = waiting.iter().map(|r| r.id.as_uuid()).collect();
+    let until: Vec<SystemTime> = waiting.iter().map(|r| r.expires_at).collect();
+    tx.execute(&statement, &[&ids, &until]).await?;
+    Ok(())
+}
+
 /// Ends locked holds, each in the state it ended in.
 pub(crate) async fn end_many(
     tx: &Transaction<'_>,
@@ -392,7 +418,7 @@ pub(crate) async fn lock_waiting(
              FROM reservations r JOIN reservation_lines l USING (reservation_id)
              WHERE (l.sku, l.location_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))
                AND (l.backordered > 0 OR l.preordered > 0)
-               AND r.state = 'HELD' AND r.expires_at > clock_timestamp()
+               AND r.state = 'HELD' AND (r.expires_at > clock_timestamp() OR r.waiting > 0)
              ORDER BY r.created_at, r.reservation_id, l.sku COLLATE \"C\",
                       l.location_id COLLATE \"C\"
              FOR UPDATE OF r SKIP LOCKED",
@@ -484,7 +510,7 @@ const PEGGED_TO: &str = concat!(
     "SELECT reservation_id, order_id, state, ",
     effective_state!(),
     ", created_at, expires_at
-     FROM reservations WHERE state = 'HELD' AND expires_at > clock_timestamp()
+     FROM reservations WHERE state = 'HELD' AND (expires_at > clock_timestamp() OR waiting > 0)
        AND reservation_id IN (SELECT reservation_id FROM reservation_lines
                               WHERE receipt_id = $1 AND preordered > 0)
      ORDER BY created_at, reservation_id"
@@ -703,17 +729,16 @@ pub(crate) async fn list(
     // them (a hold past its expiry is EXPIRED, swept or not).
     match query.filter.state {
         None => {}
-        Some(ReservationState::Held) => {
-            conditions.push("state = 'HELD' AND expires_at > clock_timestamp()".into())
-        }
+        Some(ReservationState::Held) => conditions
+            .push("state = 'HELD' AND (expires_at > clock_timestamp() OR waiting > 0)".into()),
         Some(ReservationState::Expired) => conditions.push(format!(
             "(state = 'EXPIRED' OR (state = 'HELD' AND expires_at <= clock_timestamp() \
-             AND NOT {}))",
+             AND waiting = 0 AND NOT {}))",
             any_confirmed!()
         )),
         Some(ReservationState::Confirmed) => conditions.push(format!(
             "(state = 'CONFIRMED' OR (state = 'HELD' AND expires_at <= clock_timestamp() \
-             AND {}))",
+             AND waiting = 0 AND {}))",
             any_confirmed!()
         )),
         Some(settled) => {
@@ -805,18 +830,18 @@ pub(crate) async fn holdings(
 
 const HOLDINGS_OF_CALLER: &str = "SELECT
      (SELECT count(*) FROM reservations
-       WHERE caller = $1 AND state = 'HELD' AND expires_at > now()),
+       WHERE caller = $1 AND state = 'HELD' AND (expires_at > now() OR waiting > 0)),
      (SELECT coalesce(sum(l.quantity - l.confirmed - l.released), 0)::bigint
         FROM reservations r JOIN reservation_lines l USING (reservation_id)
-       WHERE r.caller = $1 AND r.state = 'HELD' AND r.expires_at > now()),
+       WHERE r.caller = $1 AND r.state = 'HELD' AND (r.expires_at > now() OR r.waiting > 0)),
      EXISTS (SELECT 1 FROM idempotency_keys WHERE caller = $1 AND key = $2)";
 
 /// Every caller's holds: the tenant's, as a store serves one tenant. (`$1` is unused: the
 /// key's caller is asked separately.)
 const HOLDINGS_OF_TENANT: &str = "SELECT
      (SELECT count(*) FROM reservations
-       WHERE state = 'HELD' AND expires_at > now()),
+       WHERE state = 'HELD' AND (expires_at > now() OR waiting > 0)),
      (SELECT coalesce(sum(l.quantity - l.confirmed - l.released), 0)::bigint
         FROM reservations r JOIN reservation_lines l USING (reservation_id)
-       WHERE r.state = 'HELD' AND r.expires_at > now()),
+       WHERE r.state = 'HELD' AND (r.expires_at > now() OR r.waiting > 0)),
      EXISTS (SELECT 1 FROM idempotency_keys WHERE caller = $1 AND key = $2)";

@@ -256,6 +256,7 @@ pub(crate) async fn lock_many(
             fence: FenceToken::new(row.try_get(5).map_err(Error::internal)?),
             at: Vec::new(),
             receipts: Vec::new(),
+            waits_until: None,
         };
         locked.insert(sku, entry);
     }

@@ -3,7 +3,9 @@
 //! holds expire), one event per reservation.
 //!
 //! Readers never wait for this: a hold past `expires_at` already reads as expired (see
-//! `reservations`); sweeping only settles the stock and records the event.
+//! `reservations`); sweeping only settles the stock and records the event. A hold with units
+//! waiting for stock is the exception: it reads as held past its checkout expiry, and the
+//! sweeper moves that expiry to the wait horizon instead of ending it (`wait_on`).
 
 use std::{
     collections::HashSet,
@@ -143,6 +145,12 @@ impl PgStore {
         if due.is_empty() {
             return Ok((0, Vec::new()));
         }
+        let (due, waited) = self.wait_on(&tx, due).await?;
+        if due.is_empty() {
+            tx.commit().await.map_err(from_db)?;
+            self.outbox_written();
+            return Ok((waited, Vec::new()));
+        }
         let mut skus: Vec<&str> = due.iter().flat_map(skus_of).collect();
         skus.sort_unstable();
         skus.dedup();
@@ -155,8 +163,13 @@ impl PgStore {
             // Awaited, not left to the drop (which sends the rollback without waiting for it):
             // the due holds' row locks must be gone before step 2, or before another
             // replica's sweep, which skips locked holds, looks for them.
-            tx.rollback().await.map_err(from_db)?;
-            return Ok((0, busy));
+            if waited > 0 {
+                tx.commit().await.map_err(from_db)?;
+                self.outbox_written();
+            } else {
+                tx.rollback().await.map_err(from_db)?;
+            }
+            return Ok((waited, busy));
         }
         end_holds(
             &tx,
@@ -168,7 +181,7 @@ impl PgStore {
         .await?;
         tx.commit().await.map_err(from_db)?;
         self.expired(&ready);
-        Ok((ready.len(), busy))
+        Ok((ready.len() + waited, busy))
     }
 
     /// Step 2 of [`expire`](Self::expire): ends those of `ids` still due, waiting for their
@@ -176,9 +189,15 @@ impl PgStore {
     async fn expire_among(&self, ids: Vec<uuid::Uuid>) -> Result<usize, Error> {
         let mut client = self.pool().get().await.map_err(from_pool)?;
         let tx = client.transaction().await.map_err(from_db)?;
-        let mut due = reservations::lock_due_among(&tx, &ids).await?;
+        let due = reservations::lock_due_among(&tx, &ids).await?;
         if due.is_empty() {
             return Ok(0);
+        }
+        let (mut due, waited) = self.wait_on(&tx, due).await?;
+        if due.is_empty() {
+            tx.commit().await.map_err(from_db)?;
+            self.outbox_written();
+            return Ok(waited);
         }
         end_holds(
             &tx,
@@ -190,7 +209,39 @@ impl PgStore {
         .await?;
         tx.commit().await.map_err(from_db)?;
         self.expired(&due);
-        Ok(due.len())
+        Ok(due.len() + waited)
+    }
+
+    /// Of `due` (locked, past their expiry), each hold with units waiting made less than the
+    /// wait horizon ago waits on: waiting demand is a commitment, not a checkout hold. Its
+    /// expiry moves to the horizon (a `RESERVATION_EXTENDED` event each), and it keeps every
+    /// unit, held ones included, until then, or until it is confirmed, released or cancelled;
+    /// at the horizon it expires like any hold. Answers the others, and how many waited on.
+    async fn wait_on(
+        &self,
+        tx: &Transaction<'_>,
+        due: Vec<Reservation>,
+    ) -> Result<(Vec<Reservation>, usize), Error> {
+        let now = SystemTime::now();
+        let horizon = |r: &Reservation| r.created_at + self.wait_horizon;
+        let (mut waiting, rest): (Vec<Reservation>, Vec<Reservation>) = due
+            .into_iter()
+            .partition(|r| r.waiting() > 0 && horizon(r) > now);
+        if waiting.is_empty() {
+            return Ok((rest, 0));
+        }
+        for hold in &mut waiting {
+            hold.expires_at = horizon(hold);
+        }
+        reservations::wait_on_many(tx, &waiting)
+            .await
+            .map_err(from_db)?;
+        for hold in &waiting {
+            outbox::append_extended_event(tx, hold)
+                .await
+                .map_err(from_db)?;
+        }
+        Ok((rest, waiting.len()))
     }
 
     /// After a sweep's commit: wakes the sequencer and counts the holds it expired.

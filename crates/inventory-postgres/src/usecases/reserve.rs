@@ -90,6 +90,10 @@ impl ReservationStore for PgStore {
             // needs them only where pre-ordered units wait.
             let at_risk_possible = command.allocation.allow_backorder
                 && stock.values().any(|s| s.total.states.preordered > 0);
+            // A pre-order waits no longer than the horizon: no receipt due after it.
+            for sku in stock.values_mut() {
+                sku.waits_until = Some(sku.now + self.wait_horizon);
+            }
             if command.allocation.allow_preorder || at_risk_possible {
                 let wanted: Vec<Sku> = stock.keys().cloned().collect();
                 for receipt in receipts::counted_of(tx, &wanted).await? {

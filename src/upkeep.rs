@@ -1,5 +1,6 @@
 //! Upkeep, one loop per replica: every interval it notes how long the oldest overdue hold has
-//! waited, expires overdue holds (their stock goes back to `available`), then prunes events, idempotency keys and final reservations past
+//! waited, expires overdue holds (their stock goes back to `available`), fills holds waiting
+//! where units are free (a fill skipped), then prunes events, idempotency keys and final reservations past
 //! their retention; every 30 s it counts what is held, for the held gauges. Several replicas run it at once without waiting on each other.
 
 use std::{
@@ -61,6 +62,13 @@ pub async fn run(
                     break;
                 }
             }
+        }
+        // Units free where holds wait (a fill skipped a hold another transaction had
+        // locked): filled now, not at the next arrival.
+        match inventory.refill_waiting(batch).await {
+            Ok(0) => {}
+            Ok(units) => tracing::info!(units, "refilled holds a fill had skipped"),
+            Err(error) => tracing::warn!(%error, "refill pass failed; retrying next interval"),
         }
         // The held gauges, after the sweep: a count over the holds and the stock rows, so
         // not every round.

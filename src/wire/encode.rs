@@ -90,6 +90,7 @@ impl Encode for Receipt {
             ReceiptState::Cancelled => proto::ReceiptState::Cancelled,
         };
         proto::Receipt {
+            late: self.late(SystemTime::now()),
             remainder: self.remainder(),
             receipt_id: self.id.as_str().to_owned(),
             sku: self.sku.as_str().to_owned(),

@@ -739,6 +739,7 @@ async fn every_metric_the_dashboard_and_the_alerts_read_is_exported_and_document
     }
     let _watching = crate::events::watch(&app, 0).await;
     app.inventory.expire_due(100).await.unwrap();
+    app.inventory.refill_waiting(100).await.unwrap();
     app.store.refresh_held_gauges().await.unwrap();
     app.client
         .clone()

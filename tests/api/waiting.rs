@@ -706,6 +706,138 @@ async fn a_hold_still_waiting_at_the_wait_horizon_expires() {
     assert!(clean, "{report}");
 }
 
+/// A fill skips a waiting hold another transaction has locked (it cannot wait for it under
+/// the SKU's row lock), so units arrive free while that hold waits; the sweeper's refill pass
+/// finds them and fills it, without waiting for more stock.
+#[tokio::test]
+async fn a_fill_skipped_because_the_hold_was_locked_is_made_up_by_the_refill_pass() {
+    let app = crate::helpers::spawn_app_without_sweeper().await;
+    let mut client = app.client.clone();
+    client
+        .set_stock(SetStockRequest {
+            sku: "VASE".into(),
+            on_hand: 0,
+            idempotency_key: "new-vase".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    backorder_limit(&app, "VASE", 5).await;
+    let hold = client
+        .reserve(backorder("b", "VASE", 3))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&hold), (0, 3, 0));
+    assert_eq!(app.inventory.refill_waiting(100).await.unwrap(), 0);
+
+    // Another transaction has the hold locked (as a confirm in flight would) while three
+    // units arrive: the arrival's fill skips it.
+    app.db.batch_execute("BEGIN").await.unwrap();
+    let id = uuid::Uuid::parse_str(&hold.reservation_id).unwrap();
+    app.db
+        .execute(
+            "SELECT 1 FROM reservations WHERE reservation_id = $1 FOR UPDATE",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    stock(&app, "VASE", 3).await;
+    app.db.batch_execute("ROLLBACK").await.unwrap();
+    let level = app.total("VASE").await;
+    assert_eq!(
+        (level.available, level.backordered),
+        (3, 3),
+        "free while a hold waits"
+    );
+    assert_eq!(
+        units(&app.reservation(&hold.reservation_id).await),
+        (0, 3, 0)
+    );
+
+    // The refill pass fills it.
+    assert_eq!(app.inventory.refill_waiting(100).await.unwrap(), 3);
+    assert_eq!(
+        units(&app.reservation(&hold.reservation_id).await),
+        (3, 0, 0)
+    );
+    let level = app.total("VASE").await;
+    assert_eq!(
+        (level.available, level.reserved, level.backordered),
+        (0, 3, 0)
+    );
+    assert_eq!(app.inventory.refill_waiting(100).await.unwrap(), 0);
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
+/// A receipt still open past its date is reported late, and `available_to_promise` never
+/// shows a date in the past: its units are promised from now.
+#[tokio::test]
+async fn a_late_receipt_is_reported_and_promised_from_now_on() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    stock(&app, "RUG", 1).await;
+    let past = prost_types::Timestamp {
+        seconds: 1_577_836_800, // 2020-01-01
+        nanos: 0,
+    };
+    let late = client
+        .expect_stock(ExpectStockRequest {
+            receipt_id: "PO-OLD".into(),
+            sku: "RUG".into(),
+            quantity: 4,
+            expected_at: Some(past),
+            idempotency_key: "expect-old".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(late.late, "{late:?}");
+    expect(&app, "PO-NEW", "RUG", 2, 14).await;
+    let listed = client
+        .list_receipts(inventory_server::proto::ListReceiptsRequest {
+            sku: "RUG".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .receipts;
+    let lateness: Vec<(&str, bool)> = listed
+        .iter()
+        .map(|r| (r.receipt_id.as_str(), r.late))
+        .collect();
+    assert_eq!(lateness, [("PO-NEW", false), ("PO-OLD", true)]);
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let level = app.total("RUG").await;
+    let steps: Vec<(i64, i64)> = level
+        .available_to_promise
+        .iter()
+        .map(|s| (s.at.as_ref().unwrap().seconds, s.quantity))
+        .collect();
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    assert!(steps[0].0 >= before, "a step in the past: {steps:?}");
+    assert_eq!(steps[0].1, 5, "one on hand and the late four, from now");
+    assert_eq!(steps[1], (december(14).seconds, 7));
+    // Received: no longer late.
+    let received = client
+        .receive_stock(ReceiveStockRequest {
+            receipt_id: "PO-OLD".into(),
+            quantity: 4,
+            idempotency_key: "in-old".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!received.late);
+}
+
 #[tokio::test]
 async fn a_released_hold_gives_up_its_waiting_units_and_its_held_ones_go_to_the_queue() {
     let app = spawn_app().await;

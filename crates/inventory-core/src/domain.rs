@@ -954,6 +954,11 @@ impl Receipt {
         (self.remainder() - self.preordered).max(0)
     }
 
+    /// Open and past its expected date at `now`.
+    pub fn late(&self, now: std::time::SystemTime) -> bool {
+        self.state == ReceiptState::Open && self.expected_at < now
+    }
+
     /// Pre-ordered units still pegged to it once it is closed (cancelled, or received
     /// without filling them): demand with no receipt behind it, counted as backorders are.
     pub fn at_risk(&self) -> i64 {

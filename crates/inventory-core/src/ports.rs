@@ -245,6 +245,11 @@ pub trait ReservationStore: Send + Sync + 'static {
     /// from many replicas at once. Returns how many it expired.
     fn expire_due(&self, batch: usize) -> impl Future<Output = Result<usize, Error>> + Send;
 
+    /// Fills waiting holds where units are free (up to `batch` places): what a write's own
+    /// fill skipped because another transaction had the hold locked. Returns the units it
+    /// filled.
+    fn refill_waiting(&self, batch: usize) -> impl Future<Output = Result<u64, Error>> + Send;
+
     /// What `caller` holds now (live, unexpired holds and their units still held), and
     /// whether `key` is already claimed by it: what a cap is checked against.
     fn holdings(

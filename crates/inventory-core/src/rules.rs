@@ -369,6 +369,20 @@ pub fn available_to_promise(level: &StockLevel, receipts: &[&Receipt]) -> Vec<(S
     steps
 }
 
+/// `steps` (of [`available_to_promise`]) as a reader is told them at `now`: a step dated
+/// in the past (a late receipt's) is promised from now, merged with the others due by then.
+pub fn promised_from(steps: Vec<(SystemTime, i64)>, now: SystemTime) -> Vec<(SystemTime, i64)> {
+    let mut shown: Vec<(SystemTime, i64)> = Vec::with_capacity(steps.len());
+    for (date, units) in steps {
+        let date = date.max(now);
+        match shown.last_mut() {
+            Some(last) if last.0 == date => last.1 = units,
+            _ => shown.push((date, units)),
+        }
+    }
+    shown
+}
+
 /// The units `steps` (of [`available_to_promise`]) promise by `at`: the last step due by
 /// then, 0 before the first.
 pub fn promised_by(steps: &[(SystemTime, i64)], at: SystemTime) -> i64 {

@@ -919,6 +919,11 @@ where
         self.store.expire_due(batch).await
     }
 
+    /// One refill pass: fills holds waiting where units are free, at up to `batch` places.
+    pub async fn refill_waiting(&self, batch: usize) -> Result<u64, Error> {
+        self.store.refill_waiting(batch).await
+    }
+
     /// The first fenced SKU whose lease we no longer hold: we stalled and another holder
     /// took over, so our write is the stale one. `None`: we still hold every fenced lease, so
     /// the fences are ahead of Redis's counters instead.

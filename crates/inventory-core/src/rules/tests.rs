@@ -741,3 +741,20 @@ mod fill {
         assert!(fill_plan(&[level], &[wait(1, 2, 0, None)], None).is_empty());
     }
 }
+
+#[test]
+fn promises_dated_in_the_past_are_shown_from_now_merged() {
+    use std::time::{Duration, UNIX_EPOCH};
+    let day = |n: u64| UNIX_EPOCH + Duration::from_secs(n * 86_400);
+    let now = day(10);
+    let steps = vec![(day(3), 2), (day(7), 5), (day(10), 6), (day(12), 9)];
+    assert_eq!(
+        crate::rules::promised_from(steps, now),
+        [(day(10), 6), (day(12), 9)]
+    );
+    assert_eq!(
+        crate::rules::promised_from(vec![(day(11), 1)], now),
+        [(day(11), 1)]
+    );
+    assert!(crate::rules::promised_from(Vec::new(), now).is_empty());
+}

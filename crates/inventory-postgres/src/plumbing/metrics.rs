@@ -36,6 +36,13 @@ pub(crate) struct StoreMetrics {
     /// How long the oldest hold past its expiry has waited for a sweep (seconds; 0: none).
     pub oldest_overdue: Gauge<f64>,
     pub held_units: Gauge<u64>,
+    /// Units free where holds wait for stock, as the last refill pass found them (it then
+    /// fills them): above 0 pass after pass, fills keep failing.
+    pub free_while_waiting: Gauge<u64>,
+    /// Waiting units the refill pass filled (a fill an earlier write skipped).
+    pub refilled: Counter<u64>,
+    /// Open receipts past their expected date, as the sweeper last counted them.
+    pub late_receipts: Gauge<u64>,
 }
 
 pub(crate) fn store() -> &'static StoreMetrics {
@@ -111,6 +118,18 @@ pub(crate) fn store() -> &'static StoreMetrics {
                 .u64_gauge("inventory.stock.reserved.units")
                 .with_description("Units reserved across every SKU, as the sweeper last counted them")
                 .build(),
+            free_while_waiting: meter
+                .u64_gauge("inventory.stock.free_while_waiting.units")
+                .with_description("Units free at a (SKU, location) where holds wait for stock, as the sweeper's last refill pass found them before filling them")
+                .build(),
+            refilled: meter
+                .u64_counter("inventory.stock.refilled.units")
+                .with_description("Waiting units the sweeper's refill pass filled, which the write that freed them had skipped")
+                .build(),
+            late_receipts: meter
+                .u64_gauge("inventory.receipts.late")
+                .with_description("Open receipts past their expected date, as the sweeper last counted them")
+                .build(),
         }
     })
 }
@@ -123,6 +142,7 @@ pub fn init() {
         &metrics.fence_rejected,
         &metrics.insufficient,
         &metrics.swept,
+        &metrics.refilled,
     ] {
         counter.add(0, &[]);
     }

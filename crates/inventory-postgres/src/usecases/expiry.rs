@@ -39,7 +39,8 @@ const OLDEST_OVERDUE: &str = "
 
 impl PgStore {
     /// Counts what is held now and records it as `inventory_reservations_held`,
-    /// `inventory_reservations_overdue` and `inventory_stock_reserved_units`. Two scans (the HELD index, the stock table): the
+    /// `inventory_reservations_overdue` and `inventory_stock_reserved_units` (and the open
+    /// receipts past their date as `inventory_receipts_late`). Two scans (the HELD index, the stock table): the
     /// sweeper calls it now and then, not per call.
     pub async fn refresh_held_gauges(&self) -> Result<HeldTotals, Error> {
         let totals = self
@@ -50,12 +51,18 @@ impl PgStore {
                         "SELECT count(*),
                                 count(*) FILTER (
                                     WHERE expires_at <= now() - make_interval(secs => $1)),
-                                (SELECT coalesce(sum(reserved), 0)::bigint FROM stock)
+                                (SELECT coalesce(sum(reserved), 0)::bigint FROM stock),
+                                (SELECT count(*) FROM receipts
+                                 WHERE state = 'OPEN' AND expected_at < now())
                          FROM reservations WHERE state = 'HELD'",
                         &[&OVERDUE_GRACE.as_secs_f64()],
                     )
                     .await
                     .map_err(from_db)?;
+                let late: i64 = row.get(3);
+                crate::plumbing::metrics::store()
+                    .late_receipts
+                    .record(u64::try_from(late).unwrap_or(0), self.tenant_attribute());
                 Ok(HeldTotals {
                     reservations: row.get(0),
                     overdue: row.get(1),

@@ -7,20 +7,23 @@
 //! the waiting lines there, oldest reservation first, locking their reservations but skipping
 //! one another transaction holds (a confirm or release in flight, which locks its reservation
 //! first and the SKU rows after: waiting for it here could deadlock). Such a hold is filled
-//! by the next arrival, or by its own transaction's fill (a settle ends with one too).
+//! by its own transaction's fill (a settle ends with one too), by the next write that frees
+//! units there, or else by the sweeper's refill pass ([`PgStore::refill`]), which looks for
+//! units free where holds wait and fills them: no skipped fill waits for new stock.
 
 use std::collections::HashMap;
 
 use deadpool_postgres::Transaction;
 use inventory_core::{
     Error,
-    domain::{MovementKind, ReceiptId, ReservationId, States, StockLevel},
+    domain::{LocationId, MovementKind, ReceiptId, ReservationId, Sku, States, StockLevel},
     events::ReservationEvent,
     rules::{self, Waiting},
 };
 
 use crate::{
-    plumbing::error::from_db,
+    PgStore,
+    plumbing::error::{from_db, from_pool},
     tables::ledger::{self, Cause, NewMovement},
     tables::outbox,
     tables::receipts,
@@ -191,4 +194,92 @@ pub(crate) fn settled<'a>(
 /// The location levels among what a write moved.
 pub(crate) fn location_levels(moved: &[stock::Moved]) -> Vec<StockLevel> {
     moved.iter().map(|m| m.level.clone()).collect()
+}
+
+/// Where units are free while holds wait there: each (SKU, location) with a waiting line
+/// (the partial index of waiting lines finds them) whose row has units free, with how many
+/// are free and how many wait.
+const FREE_WHILE_WAITING: &str = "
+    SELECT s.sku, s.location_id,
+           s.on_hand - s.reserved - s.damaged - s.quality_control - s.safety_stock,
+           s.backordered + s.preordered
+    FROM (SELECT DISTINCT sku, location_id FROM reservation_lines
+          WHERE backordered > 0 OR preordered > 0) w
+    JOIN stock_locations s USING (sku, location_id)
+    WHERE s.on_hand - s.reserved - s.damaged - s.quality_control - s.safety_stock > 0
+      AND s.backordered + s.preordered > 0
+    ORDER BY s.sku COLLATE \"C\", s.location_id COLLATE \"C\"
+    LIMIT $1";
+
+impl PgStore {
+    /// The sweeper's refill pass: up to `batch` places (SKU, location) where units are free
+    /// while holds wait, each filled in a transaction of its own under its SKU's row lock, as
+    /// the write that freed them would have (a fill skips a hold another transaction has
+    /// locked, and nothing else comes back for it). Records what it found as
+    /// `inventory_stock_free_while_waiting_units`; answers how many units it filled.
+    pub async fn refill(&self, batch: usize) -> Result<u64, Error> {
+        let places = self
+            .bounded(async {
+                let client = self.pool().get().await.map_err(from_pool)?;
+                let statement = client
+                    .prepare_cached(FREE_WHILE_WAITING)
+                    .await
+                    .map_err(from_db)?;
+                let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+                let rows = client.query(&statement, &[&limit]).await.map_err(from_db)?;
+                rows.iter()
+                    .map(|row| {
+                        let invalid =
+                            |problem: String| Error::internal(format!("stored value: {problem}"));
+                        let sku = Sku::parse(row.try_get(0).map_err(Error::internal)?)
+                            .map_err(invalid)?;
+                        let location = LocationId::parse(row.try_get(1).map_err(Error::internal)?)
+                            .map_err(invalid)?;
+                        let free: i64 = row.try_get(2).map_err(Error::internal)?;
+                        let waiting: i64 = row.try_get(3).map_err(Error::internal)?;
+                        Ok((sku, location, free.min(waiting)))
+                    })
+                    .collect::<Result<Vec<_>, Error>>()
+            })
+            .await?;
+        let found: i64 = places.iter().map(|(.., units)| units).sum();
+        crate::plumbing::metrics::store()
+            .free_while_waiting
+            .record(u64::try_from(found).unwrap_or(0), self.tenant_attribute());
+        let mut filled = 0;
+        for (sku, location, _) in &places {
+            filled += self.bounded(self.refill_at(sku, location)).await?;
+        }
+        if filled > 0 {
+            crate::plumbing::metrics::store()
+                .refilled
+                .add(filled, self.tenant_attribute());
+            self.outbox_written();
+        }
+        Ok(filled)
+    }
+
+    /// One place of [`refill`](Self::refill): its SKU's row locked, its row read, and the
+    /// fill every writer ends with.
+    async fn refill_at(&self, sku: &Sku, location: &LocationId) -> Result<u64, Error> {
+        let mut client = self.pool().get().await.map_err(from_pool)?;
+        let tx = client.transaction().await.map_err(from_db)?;
+        if stock::lock(&tx, sku).await.map_err(from_db)?.is_none() {
+            return Ok(0);
+        }
+        let Some(level) = stock::read_at(&tx, sku, location).await.map_err(from_db)? else {
+            return Ok(0);
+        };
+        let before = level.states.waiting();
+        let after = fill(&tx, std::slice::from_ref(&level), None, Cause::default()).await?;
+        if after.is_empty() {
+            return Ok(0);
+        }
+        let now = stock::read_at(&tx, sku, location)
+            .await
+            .map_err(from_db)?
+            .map_or(before, |l| l.states.waiting());
+        tx.commit().await.map_err(from_db)?;
+        Ok(u64::try_from(before - now).unwrap_or(0))
+    }
 }

@@ -251,6 +251,10 @@ impl ReservationStore for PgStore {
         self.expire(batch).await
     }
 
+    async fn refill_waiting(&self, batch: usize) -> Result<u64, Error> {
+        self.refill(batch).await
+    }
+
     async fn holdings(&self, caller: &Caller, key: &IdempotencyKey) -> Result<Holdings, Error> {
         self.bounded(async {
             let client = self.pool().get().await.map_err(from_pool)?;

@@ -201,6 +201,7 @@ impl StockStore for PgStore {
             } else {
                 crate::tables::receipts::counted_of(&client, &incoming).await?
             };
+            let now = std::time::SystemTime::now();
             let promise = |level: &StockLevel| {
                 let counted: Vec<&inventory_core::domain::Receipt> = open
                     .iter()
@@ -209,7 +210,8 @@ impl StockStore for PgStore {
                             && level.location.as_ref().is_none_or(|l| *l == r.location)
                     })
                     .collect();
-                rules::available_to_promise(level, &counted)
+                // Never a date in the past: a late receipt's units are promised from now.
+                rules::promised_from(rules::available_to_promise(level, &counted), now)
             };
             Ok(StockLevels {
                 promises: totals.iter().map(promise).collect(),

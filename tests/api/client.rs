@@ -184,6 +184,97 @@ async fn a_request_without_a_key_is_sent_with_a_uuid_v7_key() {
     assert_eq!(uuid::Uuid::parse_str(&key).unwrap().get_version_num(), 7);
 }
 
+/// The stock-state calls through the client kit: a policy, a state move, a receipt expected,
+/// a pre-order pegged to it, received (filling the pre-order), listed; keys generated when
+/// none is given, so a retried receive never counts twice.
+#[tokio::test]
+async fn the_client_drives_stock_states_and_receipts_with_generated_keys() {
+    use inventory_server::proto::{
+        CancelReceiptRequest, ExpectStockRequest, ListReceiptsRequest, MoveStockStateRequest,
+        ReceiptState, ReceiveStockRequest, SetStockPolicyRequest, StockState,
+    };
+    let app = spawn_app().await;
+    stock(&app, "KIT", 3).await;
+    let client = client(&app, Duration::from_secs(10));
+    let level = client
+        .set_stock_policy(SetStockPolicyRequest {
+            sku: "KIT".into(),
+            backorder_limit: Some(2),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(level.backorder_limit, 2);
+    let level = client
+        .move_stock_state(MoveStockStateRequest {
+            sku: "KIT".into(),
+            quantity: 1,
+            from_state: StockState::Sellable.into(),
+            to_state: StockState::Damaged.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!((level.damaged, level.available), (1, 2));
+    let receipt = client
+        .expect_stock(ExpectStockRequest {
+            receipt_id: "PO-K1".into(),
+            sku: "KIT".into(),
+            quantity: 4,
+            expected_at: Some(crate::helpers::december(14)),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (receipt.state(), receipt.remainder),
+        (ReceiptState::Open, 4)
+    );
+    let preorder = client
+        .reserve(ReserveRequest {
+            allow_preorder: true,
+            ..order("", "o-k", "KIT", 5)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (preorder.lines[0].held, preorder.lines[0].preordered),
+        (2, 3)
+    );
+    let received = client
+        .receive_stock(ReceiveStockRequest {
+            receipt_id: "PO-K1".into(),
+            quantity: 4,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (received.state(), received.preordered),
+        (ReceiptState::Received, 0)
+    );
+    let refused = client
+        .cancel_receipt(CancelReceiptRequest {
+            receipt_id: "PO-K1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, Error::Refused { .. }), "{refused:?}");
+    let listed = client
+        .list_receipts(ListReceiptsRequest {
+            sku: "KIT".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.receipts.len(), 1);
+    let held = app.reservation(&preorder.reservation_id).await;
+    assert_eq!((held.lines[0].held, held.lines[0].preordered), (5, 0));
+    let level = app.total("KIT").await;
+    assert_eq!((level.on_hand, level.reserved, level.incoming), (7, 5, 0));
+}
+
 #[tokio::test]
 async fn the_order_saga_confirms_a_paid_order_and_compensates_the_others() {
     use order_saga::{Payment, SagaOutcome, run_saga};

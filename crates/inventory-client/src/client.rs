@@ -8,14 +8,16 @@ use std::{
 
 use inventory_proto::{
     AckEventsRequest, AdjustStockRequest, BatchSetStockRequest, BatchSetStockResponse,
-    CancelOrderRequest, CancelOrderResponse, ConfirmReservationRequest, CreateSubscriptionRequest,
-    DeleteSubscriptionRequest, DeleteSubscriptionResponse, Event, EventFilter,
-    ExtendReservationRequest, GetReservationRequest, GetStockRequest, GetStockResponse,
-    ListLocationsRequest, ListLocationsResponse, ListReservationsRequest, ListReservationsResponse,
+    CancelOrderRequest, CancelOrderResponse, CancelReceiptRequest, ConfirmReservationRequest,
+    CreateSubscriptionRequest, DeleteSubscriptionRequest, DeleteSubscriptionResponse, Event,
+    EventFilter, ExpectStockRequest, ExtendReservationRequest, GetReservationRequest,
+    GetStockRequest, GetStockResponse, ListLocationsRequest, ListLocationsResponse,
+    ListReceiptsRequest, ListReceiptsResponse, ListReservationsRequest, ListReservationsResponse,
     ListStockMovementsRequest, ListStockMovementsResponse, ListSubscriptionsRequest,
-    ListSubscriptionsResponse, Location, ReleaseReservationRequest, Reservation, ReserveRequest,
-    SetStockRequest, StockLevel, Subscription, TransferStockRequest, TransferStockResponse,
-    UpsertLocationRequest, WatchEventsRequest, inventory_service_client::InventoryServiceClient,
+    ListSubscriptionsResponse, Location, MoveStockStateRequest, Receipt, ReceiveStockRequest,
+    ReleaseReservationRequest, Reservation, ReserveRequest, SetStockPolicyRequest, SetStockRequest,
+    StockLevel, Subscription, TransferStockRequest, TransferStockResponse, UpsertLocationRequest,
+    WatchEventsRequest, inventory_service_client::InventoryServiceClient,
 };
 use opentelemetry::trace::TraceContextExt as _;
 use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
@@ -253,6 +255,76 @@ impl InventoryClient {
         let key = ensure_key(&mut request.idempotency_key);
         self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
             grpc.transfer_stock(r).await
+        })
+        .await
+    }
+
+    /// Sets a (SKU, location)'s safety stock and backorder limit (an unset one stays). A key
+    /// is generated when none is given.
+    pub async fn set_stock_policy(
+        &self,
+        mut request: SetStockPolicyRequest,
+    ) -> Result<StockLevel, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.set_stock_policy(r).await
+        })
+        .await
+    }
+
+    /// Moves units between states at one location (sellable, damaged, quality control). A
+    /// key is generated when none is given.
+    pub async fn move_stock_state(
+        &self,
+        mut request: MoveStockStateRequest,
+    ) -> Result<StockLevel, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.move_stock_state(r).await
+        })
+        .await
+    }
+
+    /// Records an incoming receipt (a purchase order line). A key is generated when none is
+    /// given.
+    pub async fn expect_stock(&self, mut request: ExpectStockRequest) -> Result<Receipt, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.expect_stock(r).await
+        })
+        .await
+    }
+
+    /// Units of an open receipt arrived (they fill its pre-orders first). A key is generated
+    /// when none is given: with it, a retry after a lost answer never receives twice.
+    pub async fn receive_stock(&self, mut request: ReceiveStockRequest) -> Result<Receipt, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.receive_stock(r).await
+        })
+        .await
+    }
+
+    /// An open receipt will not come (its pre-orders wait on, at risk). A key is generated
+    /// when none is given.
+    pub async fn cancel_receipt(
+        &self,
+        mut request: CancelReceiptRequest,
+    ) -> Result<Receipt, Error> {
+        let key = ensure_key(&mut request.idempotency_key);
+        self.call(Kind::Write, Some(key), request, |mut grpc, r| async move {
+            grpc.cancel_receipt(r).await
+        })
+        .await
+    }
+
+    /// Receipts (of one SKU, or every one), by id, a page at a time.
+    pub async fn list_receipts(
+        &self,
+        request: ListReceiptsRequest,
+    ) -> Result<ListReceiptsResponse, Error> {
+        self.call(Kind::Read, None, request, |mut grpc, r| async move {
+            grpc.list_receipts(r).await
         })
         .await
     }

@@ -113,6 +113,23 @@ pub struct Facts {
     /// The receipts (the stock-states load's).
     #[serde(default)]
     pub receipts: Vec<ReceiptRow>,
+    /// Per SKU with waiting demand or incoming units, every unit promised at the end.
+    #[serde(default)]
+    pub demand: Vec<DemandRow>,
+}
+
+/// A SKU's promises at the end of a run: what holds have, what backorders wait for and what
+/// pre-orders wait for from open receipts, against what is on hand, the backorder limit and
+/// what open receipts bring.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DemandRow {
+    pub sku: String,
+    pub held: i64,
+    pub backordered: i64,
+    pub preordered_open: i64,
+    pub on_hand: i64,
+    pub backorder_limit: i64,
+    pub incoming: i64,
 }
 
 /// Whether an event is about the stock-states load's SKU (its holds wait, which the

@@ -1032,6 +1032,32 @@ async fn read_rows(client: &tokio_postgres::Client) -> anyhow::Result<Facts> {
             pegged: row.get(4),
         });
     }
+    for row in client
+        .query(
+            "SELECT s.sku, s.reserved, s.backordered,
+                    coalesce((SELECT sum(l.preordered)
+                              FROM reservation_lines l
+                              JOIN reservations r USING (reservation_id)
+                              JOIN receipts e ON e.receipt_id = l.receipt_id
+                              WHERE r.state = 'HELD' AND l.sku = s.sku
+                                AND e.state = 'OPEN'), 0)::bigint,
+                    s.on_hand, s.backorder_limit, s.incoming
+             FROM stock s WHERE s.backordered > 0 OR s.preordered > 0 OR s.incoming > 0
+             ORDER BY s.sku",
+            &[],
+        )
+        .await?
+    {
+        facts.demand.push(crate::checker::DemandRow {
+            sku: row.get(0),
+            held: row.get(1),
+            backordered: row.get(2),
+            preordered_open: row.get(3),
+            on_hand: row.get(4),
+            backorder_limit: row.get(5),
+            incoming: row.get(6),
+        });
+    }
     Ok(facts)
 }
 

@@ -2,8 +2,10 @@
 //! committed (the SKU's total and each location's), what holds have plus what backorders
 //! wait for never exceeds what is on hand plus the backorder limit, and held units never
 //! include unsellable ones; no receipt is ever pre-ordered beyond its quantity, in every
-//! read of the receipts during the run and in the rows at the end; and at the end each
-//! receipt's pre-ordered units are exactly those its live holds wait for.
+//! read of the receipts during the run and in the rows at the end; at the end each
+//! receipt's pre-ordered units are exactly those its live holds wait for; and at the end every
+//! unit of waiting demand is covered: held + backordered + pre-ordered against open receipts
+//! <= on hand + backorder limit + what open receipts bring.
 
 use super::{Check, Facts, Verdict};
 use crate::history::{History, SeenEvent};
@@ -50,6 +52,26 @@ pub(super) fn never_overpromised(history: &History, stream: &[SeenEvent], facts:
             v.fail(format!(
                 "receipt {} at the end: {} pre-ordered of {}, live holds wait for {}",
                 r.receipt_id, r.preordered, r.quantity, r.pegged
+            ));
+        }
+    }
+    for d in &facts.demand {
+        if !waits(&d.sku) {
+            continue;
+        }
+        v.examined += 1;
+        let promised = d.held + d.backordered + d.preordered_open;
+        if promised > d.on_hand + d.backorder_limit + d.incoming {
+            v.fail(format!(
+                "{} at the end: held {} + backordered {} + pre-ordered {} > on hand {} + limit \
+                 {} + incoming {}",
+                d.sku,
+                d.held,
+                d.backordered,
+                d.preordered_open,
+                d.on_hand,
+                d.backorder_limit,
+                d.incoming
             ));
         }
     }

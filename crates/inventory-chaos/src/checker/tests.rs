@@ -267,6 +267,7 @@ fn world() -> World {
         cancelled_orders: vec!["order-k6".into()],
         callers: vec!["shopper".into()],
         receipts: Vec::new(),
+        demand: Vec::new(),
     };
     World {
         history: History {
@@ -1082,7 +1083,30 @@ fn never_overpromised_names_a_promise_beyond_the_stock_or_a_receipt() {
     let mut pegged_twice = facts.clone();
     pegged_twice.receipts[0].pegged = 2;
     assert!(!verdict(&stream, &pegged_twice, &history).passed);
-    let mut beyond = history;
+    let mut beyond = history.of_tenant("default");
     beyond.receipts[0].preordered = 6;
     assert!(!verdict(&stream, &facts, &beyond).passed);
+
+    // At the end: 2 held + 1 backordered + 3 pre-ordered from open receipts against 2 on
+    // hand, a limit of 6 and 4 incoming is covered; 10 pre-ordered is not.
+    let mut demand = facts.clone();
+    demand.demand.push(crate::checker::DemandRow {
+        sku: WAITING_SKU.into(),
+        held: 2,
+        backordered: 1,
+        preordered_open: 3,
+        on_hand: 2,
+        backorder_limit: 6,
+        incoming: 4,
+    });
+    let covered = verdict(&stream, &demand, &history);
+    assert!(covered.passed, "{}", covered.detail);
+    assert_eq!(covered.examined, 4);
+    demand.demand[0].preordered_open = 10;
+    let uncovered = verdict(&stream, &demand, &history);
+    assert!(
+        !uncovered.passed && uncovered.detail.contains("pre-ordered 10"),
+        "{}",
+        uncovered.detail
+    );
 }

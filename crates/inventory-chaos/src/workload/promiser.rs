@@ -1,16 +1,16 @@
 //! The stock-states load: one SKU of the first tenant ([`WAITING_SKU`]) sold beyond what is
 //! on hand. Holds that wait (backorders within a limit, pre-orders pegged to receipts),
-//! receipts expected and received (in parts), stock added, holds confirmed and released,
-//! all under the run's faults; every few steps the receipts are read back and recorded. Its
+//! receipts expected, received (in parts, and by two docks at once) and cancelled, stock
+//! added, holds confirmed and released, all under the run's faults; every few steps the receipts are read back and recorded. Its
 //! calls are not in the history's operations (the reservation checks replay units that
 //! never wait): `never_overpromised` judges it, from the stream and the rows.
 
 use std::time::Duration;
 
 use inventory_proto::{
-    AdjustStockRequest, ConfirmReservationRequest, ExpectStockRequest, ListReceiptsRequest,
-    ReceiveStockRequest, ReleaseReservationRequest, ReserveRequest, SetStockPolicyRequest,
-    SetStockRequest,
+    AdjustStockRequest, CancelReceiptRequest, ConfirmReservationRequest, ExpectStockRequest,
+    ListReceiptsRequest, ReceiveStockRequest, ReleaseReservationRequest, ReserveRequest,
+    SetStockPolicyRequest, SetStockRequest,
 };
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
 use tokio::sync::watch;
@@ -96,7 +96,7 @@ pub(super) async fn promiser(
         }
         let replica = rng.random_range(0..endpoints.len().max(1));
         let key = format!("{run}-wait-{step}");
-        match rng.random_range(0..8) {
+        match rng.random_range(0..10) {
             0..=2 => {
                 let quantity = rng.random_range(1..=3);
                 let request = ReserveRequest {
@@ -176,6 +176,33 @@ pub(super) async fn promiser(
                         ..Default::default()
                     }
                 );
+            }
+            8 if !receipts.is_empty() => {
+                // A supplier drops a purchase order: its pre-orders wait on, at risk, and
+                // count as backorders.
+                let id = receipts.swap_remove(rng.random_range(0..receipts.len()));
+                let request = CancelReceiptRequest {
+                    receipt_id: id,
+                    idempotency_key: key,
+                    reason: "supplier out".into(),
+                };
+                let _ = call!(replica, cancel_receipt, request);
+            }
+            9 if !receipts.is_empty() => {
+                // Two docks receive one purchase order at once, through two replicas: each
+                // fill runs under the SKU's lock, and what one skips the refill pass fills.
+                let id = receipts[rng.random_range(0..receipts.len())].clone();
+                let other = (replica + 1) % endpoints.len().max(1);
+                let mut receive = |dock: u8| ReceiveStockRequest {
+                    receipt_id: id.clone(),
+                    quantity: rng.random_range(1..=2),
+                    idempotency_key: format!("{key}-dock{dock}"),
+                    reason: "dock".into(),
+                };
+                let (first, second) = (receive(1), receive(2));
+                let _ = tokio::join!(async { call!(replica, receive_stock, first) }, async {
+                    call!(other, receive_stock, second)
+                },);
             }
             _ => {}
         }

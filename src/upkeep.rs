@@ -16,6 +16,9 @@ use crate::Service;
 /// `inventory_stock_reserved_units`).
 pub const HELD_GAUGES_EVERY: Duration = Duration::from_secs(30);
 
+/// How often the sweeper's refill pass looks for units free where holds wait.
+pub const REFILL_EVERY: Duration = Duration::from_secs(5);
+
 /// What the loop does each round.
 #[derive(Clone, Copy, Debug)]
 pub struct Upkeep {
@@ -39,6 +42,7 @@ pub async fn run(
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut counted: Option<Instant> = None;
+    let mut refilled: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
@@ -64,11 +68,15 @@ pub async fn run(
             }
         }
         // Units free where holds wait (a fill skipped a hold another transaction had
-        // locked): filled now, not at the next arrival.
-        match inventory.refill_waiting(batch).await {
-            Ok(0) => {}
-            Ok(units) => tracing::info!(units, "refilled holds a fill had skipped"),
-            Err(error) => tracing::warn!(%error, "refill pass failed; retrying next interval"),
+        // locked): filled within seconds, not at the next arrival. Not every round: the pass
+        // reads every place where holds wait.
+        if refilled.is_none_or(|at| at.elapsed() >= REFILL_EVERY) {
+            refilled = Some(Instant::now());
+            match inventory.refill_waiting(batch).await {
+                Ok(0) => {}
+                Ok(units) => tracing::info!(units, "refilled holds a fill had skipped"),
+                Err(error) => tracing::warn!(%error, "refill pass failed; retrying next round"),
+            }
         }
         // The held gauges, after the sweep: a count over the holds and the stock rows, so
         // not every round.

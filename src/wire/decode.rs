@@ -876,6 +876,7 @@ impl Decode for proto::ReceiveStockRequest {
             IdempotencyKey::parse(&self.idempotency_key),
         );
         let reason = violations.check("reason", Reason::parse(&self.reason));
+        let state = stock_state(&mut violations, "state", self.state, true);
         violations.finish(|| {
             Some(ReceiveStock {
                 caller: who.caller().clone(),
@@ -883,6 +884,7 @@ impl Decode for proto::ReceiveStockRequest {
                 quantity: quantity?,
                 idempotency_key: idempotency_key?,
                 reason: reason?,
+                state: state?.filter(|s| *s != StockState::Sellable),
             })
         })
     }

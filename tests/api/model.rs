@@ -10,7 +10,9 @@
 //! Time: every hold lasts an hour unless a `Lapse` call ends it: `ExtendReservation` to one
 //! second, a wait until PostgreSQL's clock (the machine's) is past the new expiry, and a sweep
 //! by hand. So expiry is a transition the sequence takes at a point it chooses, and the
-//! answer of every other call is decided before any hold could run out by itself.
+//! answer of every other call is decided before any hold could run out by itself. A hold
+//! with units waiting lasts until the wait horizon: its `Lapse` is an `ExtendReservation`
+//! that changes nothing, and nothing runs out.
 
 use std::{
     collections::BTreeMap,
@@ -722,6 +724,7 @@ async fn the_stricter_rules_find_the_open_stock_state_defects() {
                     key: key(7),
                     receipt: "po2".into(),
                     quantity: 5,
+                    state: None,
                 },
             ],
         ),

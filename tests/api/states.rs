@@ -478,6 +478,7 @@ fn receive(receipt: &str, quantity: i64, key: &str) -> ReceiveStockRequest {
         quantity,
         idempotency_key: key.into(),
         reason: "dock 3".into(),
+        ..Default::default()
     }
 }
 

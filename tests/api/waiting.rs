@@ -531,31 +531,21 @@ async fn confirming_a_hold_with_waiting_units_needs_a_key_and_its_retry_ships_no
     assert!(clean, "{report}");
 }
 
-/// Sweeps (the test's app runs no sweeper of its own) until every one of `ids` reads as past
-/// its checkout expiry and handled: ended, or waiting on with an expiry more than a day after
-/// it was made. PostgreSQL's clock decides when a hold is due, so it sweeps until it is.
-async fn sweep_until_handled(app: &TestApp, ids: &[&str]) -> Vec<Reservation> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        app.inventory.expire_due(100).await.unwrap();
-        let mut read = Vec::new();
-        for id in ids {
-            read.push(app.reservation(id).await);
-        }
-        let handled = |r: &Reservation| {
-            r.state() != ReservationState::Held
-                || r.expires_at.as_ref().unwrap().seconds
-                    > r.created_at.as_ref().unwrap().seconds + 86_400
-        };
-        if read.iter().all(handled) {
-            return read;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never swept: {read:#?}"
-        );
+/// Waits until `at` (a reservation's `created_at`) is more than `seconds` ago by this
+/// machine's clock, which PostgreSQL's shares, and a moment more.
+async fn wait_past(at: &prost_types::Timestamp, seconds: u64) {
+    let at = std::time::UNIX_EPOCH
+        + std::time::Duration::new(at.seconds as u64, at.nanos as u32)
+        + std::time::Duration::from_millis(seconds * 1_000 + 200);
+    while std::time::SystemTime::now() <= at {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// `expires_at - created_at` of a reservation, in seconds.
+fn lasts(reservation: &Reservation) -> i64 {
+    reservation.expires_at.as_ref().unwrap().seconds
+        - reservation.created_at.as_ref().unwrap().seconds
 }
 
 fn ttl_of_a_second(request: ReserveRequest) -> ReserveRequest {
@@ -591,12 +581,31 @@ async fn a_backorder_and_a_pre_order_outlive_their_checkout_hold_and_are_filled_
         .into_inner();
     assert_eq!(units(&preordered), (0, 0, 3));
 
-    let read = sweep_until_handled(
-        &app,
-        &[&backordered.reservation_id, &preordered.reservation_id],
-    )
-    .await;
-    // Both still held, every unit kept, until the horizon (ten years in the tests).
+    // Made to last until the wait horizon (ten years in the tests), not the one-second ttl.
+    for made in [&backordered, &preordered] {
+        assert_eq!(lasts(made), 3_650 * 86_400, "{made:?}");
+    }
+    // Past the ttl, swept: nothing is due, both still hold every unit.
+    wait_past(backordered.created_at.as_ref().unwrap(), 1).await;
+    wait_past(preordered.created_at.as_ref().unwrap(), 1).await;
+    assert_eq!(app.inventory.expire_due(100).await.unwrap(), 0);
+    // Extending one changes nothing: no ttl moves the horizon.
+    let extended = client
+        .extend_reservation(inventory_server::proto::ExtendReservationRequest {
+            reservation_id: backordered.reservation_id.clone(),
+            ttl: Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(extended.expires_at, backordered.expires_at);
+    let read = [
+        app.reservation(&backordered.reservation_id).await,
+        app.reservation(&preordered.reservation_id).await,
+    ];
     for (reservation, expected) in read.iter().zip([(2, 2, 0), (0, 0, 3)]) {
         assert_eq!(
             reservation.state(),
@@ -604,12 +613,7 @@ async fn a_backorder_and_a_pre_order_outlive_their_checkout_hold_and_are_filled_
             "{reservation:?}"
         );
         assert_eq!(units(reservation), expected);
-        let made = reservation.created_at.as_ref().unwrap().seconds;
-        let until = reservation.expires_at.as_ref().unwrap().seconds;
-        assert!(
-            (until - made - 3_650 * 86_400).abs() <= 1,
-            "waits until the horizon: {reservation:?}"
-        );
+        assert_eq!(lasts(reservation), 3_650 * 86_400);
     }
     let level = app.total("DESK").await;
     assert_eq!(
@@ -640,15 +644,54 @@ async fn a_backorder_and_a_pre_order_outlive_their_checkout_hold_and_are_filled_
     assert!(clean, "{report}");
 }
 
+/// A waiting hold a release before this one made with its checkout ttl reads as held past
+/// it, and the sweeper moves its expiry to the wait horizon instead of ending it.
+#[tokio::test]
+async fn a_waiting_hold_made_with_its_ttl_by_an_older_release_is_moved_to_the_horizon() {
+    let app = crate::helpers::spawn_app_without_sweeper().await;
+    let mut client = app.client.clone();
+    stock(&app, "BOWL", 1).await;
+    backorder_limit(&app, "BOWL", 5).await;
+    let hold = client
+        .reserve(ttl_of_a_second(backorder("b", "BOWL", 3)))
+        .await
+        .unwrap()
+        .into_inner();
+    // As the release before stored it: ending with its one-second ttl. Past it:
+    let id = uuid::Uuid::parse_str(&hold.reservation_id).unwrap();
+    app.db
+        .execute(
+            "UPDATE reservations SET expires_at = created_at + interval '1 second'
+             WHERE reservation_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    wait_past(hold.created_at.as_ref().unwrap(), 1).await;
+    let read = app.reservation(&hold.reservation_id).await;
+    assert_eq!(
+        (read.state(), units(&read)),
+        (ReservationState::Held, (1, 2, 0))
+    );
+    assert!(lasts(&read) < 3_650 * 86_400);
+    assert_eq!(app.inventory.expire_due(100).await.unwrap(), 1);
+    let moved = app.reservation(&hold.reservation_id).await;
+    assert_eq!(
+        (moved.state(), units(&moved), lasts(&moved)),
+        (ReservationState::Held, (1, 2, 0), 3_650 * 86_400)
+    );
+    assert_eq!(app.inventory.expire_due(100).await.unwrap(), 0);
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
+}
+
 /// At the wait horizon, a hold still waiting ends like any expired hold: its held units go
 /// back and its waiting units are given up.
 #[tokio::test]
 async fn a_hold_still_waiting_at_the_wait_horizon_expires() {
     let mut settings = crate::helpers::test_settings(crate::helpers::fresh_database().await);
     settings.upkeep.interval = std::time::Duration::from_secs(3600);
-    // Long enough after the one-second checkout hold for a sweep to see it wait, even on a
-    // busy machine.
-    settings.inventory.wait_horizon = std::time::Duration::from_secs(8);
+    settings.inventory.wait_horizon = std::time::Duration::from_secs(2);
     let app = crate::helpers::spawn_app_with(settings).await;
     let mut client = app.client.clone();
     stock(&app, "LAMP", 1).await;
@@ -659,30 +702,15 @@ async fn a_hold_still_waiting_at_the_wait_horizon_expires() {
         .unwrap()
         .into_inner();
     assert_eq!(units(&hold), (1, 2, 0));
-    // Past the checkout expiry: it waits on, until eight seconds after it was made.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let waiting = loop {
-        app.inventory.expire_due(100).await.unwrap();
-        let read = app.reservation(&hold.reservation_id).await;
-        if read.expires_at != hold.expires_at {
-            break read;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never swept: {read:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
-    assert_eq!(
-        (waiting.state(), units(&waiting)),
-        (ReservationState::Held, (1, 2, 0))
-    );
-    let made = waiting.created_at.as_ref().unwrap();
-    let until = waiting.expires_at.as_ref().unwrap();
+    // It lasts until two seconds after it was made (the horizon), not one (its ttl): that
+    // it still holds past its ttl is the test above's, with a horizon nothing reaches.
+    let made = hold.created_at.as_ref().unwrap();
+    let until = hold.expires_at.as_ref().unwrap();
     assert_eq!(
         (until.seconds - made.seconds) * 1_000_000_000 + i64::from(until.nanos - made.nanos),
-        8_000_000_000
+        2_000_000_000
     );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     // Past the horizon: it expires, and nothing waits any more.
     let ended = loop {
         app.inventory.expire_due(100).await.unwrap();
@@ -836,6 +864,99 @@ async fn a_late_receipt_is_reported_and_promised_from_now_on() {
         .unwrap()
         .into_inner();
     assert!(!received.late);
+}
+
+/// Units received into quality control are on hand but unsellable: they fill nothing, not
+/// even the receipt's own pre-orders, until MoveStockState passes them; then they fill the
+/// waiting holds oldest first. A retry of the receive with its key receives nothing more, and
+/// the same key for a sellable receive is another request.
+#[tokio::test]
+async fn units_received_into_quality_control_fill_pre_orders_only_once_they_pass() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    client
+        .set_stock(SetStockRequest {
+            sku: "OVEN".into(),
+            on_hand: 0,
+            idempotency_key: "new-oven".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    expect(&app, "PO-Q", "OVEN", 4, 14).await;
+    let pre = client
+        .reserve(preorder("p", "OVEN", 3))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&pre), (0, 0, 3));
+    let into_qc = ReceiveStockRequest {
+        receipt_id: "PO-Q".into(),
+        quantity: 4,
+        idempotency_key: "in-q".into(),
+        state: inventory_server::proto::StockState::QualityControl.into(),
+        ..Default::default()
+    };
+    let received = client
+        .receive_stock(into_qc.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(received.state(), ReceiptState::Received);
+    let level = received.level.unwrap();
+    assert_eq!(
+        (
+            level.on_hand,
+            level.quality_control,
+            level.available,
+            level.reserved
+        ),
+        (4, 4, 0, 0)
+    );
+    assert_eq!(
+        units(&app.reservation(&pre.reservation_id).await),
+        (0, 0, 3)
+    );
+    // A retry receives nothing more; the same key for sellable units is another request.
+    client.receive_stock(into_qc.clone()).await.unwrap();
+    let other = client
+        .receive_stock(ReceiveStockRequest {
+            state: 0,
+            ..into_qc
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), tonic::Code::AlreadyExists);
+    assert_eq!(app.total("OVEN").await.on_hand, 4);
+
+    // Quality control passes them: the waiting pre-order is filled.
+    client
+        .move_stock_state(inventory_server::proto::MoveStockStateRequest {
+            sku: "OVEN".into(),
+            quantity: 4,
+            from_state: inventory_server::proto::StockState::QualityControl.into(),
+            to_state: inventory_server::proto::StockState::Sellable.into(),
+            idempotency_key: "qc-pass".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        units(&app.reservation(&pre.reservation_id).await),
+        (3, 0, 0)
+    );
+    let level = app.total("OVEN").await;
+    assert_eq!(
+        (
+            level.on_hand,
+            level.reserved,
+            level.available,
+            level.preordered
+        ),
+        (4, 3, 1, 0)
+    );
+    let (clean, report) = app.verify().await;
+    assert!(clean, "{report}");
 }
 
 #[tokio::test]

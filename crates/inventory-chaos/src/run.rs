@@ -901,10 +901,10 @@ async fn resolve_key(caller: &Caller<'_>, op: &Op, deadline: Instant) {
 }
 
 /// Waits for the quiet end of a run in the schema `client` works in (one tenant's): every hold
-/// (all last a few seconds) swept, or, for one with units waiting for stock, moved on to the
-/// wait horizon (at least an hour after it was made, where no run reaches); no units free
-/// where holds wait (the refill pass fills them); and every event positioned. Nothing changes
-/// after that, so rows and stream can be read in turn.
+/// of a few seconds swept (one that waited for stock lasts until the wait horizon, at least an
+/// hour after it was made, where no run reaches); no units free where holds wait (the refill
+/// pass fills them); and every event positioned. Nothing changes after that, so rows and
+/// stream can be read in turn.
 async fn wait_quiet(client: &tokio_postgres::Client) -> anyhow::Result<()> {
     eventually_ok(
         "holds still unswept or events unpositioned",
@@ -913,8 +913,7 @@ async fn wait_quiet(client: &tokio_postgres::Client) -> anyhow::Result<()> {
             let row = client
                 .query_one(
                     "SELECT (SELECT count(*) FROM reservations WHERE state = 'HELD'
-                               AND NOT (waiting > 0
-                                        AND expires_at >= created_at + interval '1 hour'))
+                               AND expires_at < created_at + interval '1 hour')
                           + (SELECT count(*) FROM stock_locations
                              WHERE (backordered > 0 OR preordered > 0)
                                AND on_hand - reserved - damaged - quality_control

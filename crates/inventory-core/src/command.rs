@@ -232,15 +232,22 @@ pub struct ReceiveStock {
     pub quantity: i64,
     pub idempotency_key: IdempotencyKey,
     pub reason: Reason,
+    /// The state the units arrive in (`None`: sellable).
+    pub state: Option<crate::domain::StockState>,
 }
 
 impl ReceiveStock {
+    /// Covers the receipt, the units, the reason and (when not sellable) their state: a
+    /// receive stored before states could be named keeps its fingerprint.
     pub fn fingerprint(&self) -> Fingerprint {
         let mut builder = FingerprintBuilder::new("ReceiveStock");
         builder
             .field(self.receipt_id.as_str().as_bytes())
             .field(&self.quantity.to_be_bytes())
             .field(self.reason.as_str().as_bytes());
+        if let Some(state) = self.state {
+            builder.field(state.as_str().as_bytes());
+        }
         builder.finish()
     }
 }

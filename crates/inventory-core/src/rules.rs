@@ -292,6 +292,7 @@ pub fn receive(
     at: Option<&StockLevel>,
     receipt: &Receipt,
     quantity: i64,
+    state: Option<crate::domain::StockState>,
 ) -> Result<(StatesChange, Receipt), Error> {
     if receipt.state != ReceiptState::Open {
         return Err(Error::ReceiptClosed {
@@ -304,7 +305,8 @@ pub fn receive(
     let delta = States {
         incoming: -quantity.min(receipt.remainder()),
         ..States::default()
-    };
+    }
+    .plus(&state.map_or(States::default(), |s| s.delta(quantity)));
     let mut after = receipt.clone();
     after.received += quantity;
     if after.received >= after.quantity {
@@ -737,7 +739,8 @@ pub fn within_max_hold(ttl: Ttl, max_hold: Duration) -> Result<(), Error> {
 /// The new expiry of `reservation` (as read, in its effective state) extended at `now` by
 /// `ttl`: only a live hold may be extended, and never to end more than `max_hold` after it
 /// was made. The new expiry may be earlier than the old one: the caller says how long from
-/// now, not how much longer.
+/// now, not how much longer. A hold with units waiting keeps its expiry (the wait horizon,
+/// see [`committed`]): the answer is its expiry as it is.
 pub fn extend(
     reservation: &Reservation,
     now: SystemTime,
@@ -757,6 +760,10 @@ pub fn extend(
             action: "extend",
         });
     }
+    // Units of it wait for stock: it lasts until the wait horizon, which no ttl moves.
+    if reservation.waiting() > 0 {
+        return Ok(reservation.expires_at);
+    }
     let expires_at = now + to_micros(ttl.get());
     let latest = reservation.created_at + max_hold;
     if expires_at > latest {
@@ -766,6 +773,17 @@ pub fn extend(
         });
     }
     Ok(expires_at)
+}
+
+/// A new hold with units waiting for stock is a commitment, not a checkout hold: it lasts
+/// until the wait horizon, `horizon` after it was made, whatever its `ttl` (it ends sooner
+/// when it is confirmed whole, released or cancelled). One with nothing waiting keeps its
+/// `ttl`.
+pub fn committed(mut hold: Reservation, horizon: Duration) -> Reservation {
+    if hold.waiting() > 0 {
+        hold.expires_at = hold.created_at + to_micros(horizon);
+    }
+    hold
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -115,6 +115,8 @@ pub enum Call {
         key: String,
         receipt: String,
         quantity: i64,
+        /// The state the units arrive in (`None`: unset, sellable).
+        state: Option<State>,
     },
     CancelReceipt {
         key: String,
@@ -190,8 +192,9 @@ impl Call {
     /// exactly when these are equal.
     pub fn fingerprint(&self) -> String {
         let mut call = self.with_key("");
-        // An AdjustStock without a state is of sellable units: the same request.
-        if let Call::AdjustStock { state, .. } = &mut call
+        // An AdjustStock or a ReceiveStock without a state is of sellable units: the same
+        // request.
+        if let Call::AdjustStock { state, .. } | Call::ReceiveStock { state, .. } = &mut call
             && *state == Some(State::Sellable)
         {
             *state = None;
@@ -375,11 +378,13 @@ impl Call {
                 key: k,
                 receipt,
                 quantity,
+                state,
             } => Request::ReceiveStock(proto::ReceiveStockRequest {
                 receipt_id: ns.name(receipt),
                 quantity: *quantity,
                 idempotency_key: key(k),
                 reason: String::new(),
+                state: state.map_or(0, |s| s.proto() as i32),
             }),
             Call::CancelReceipt { key: k, receipt } => {
                 Request::CancelReceipt(proto::CancelReceiptRequest {

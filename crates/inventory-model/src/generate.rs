@@ -447,10 +447,18 @@ impl Generator {
                     "po-none".to_owned()
                 };
                 if matches!(kind, Kind::Receive) {
+                    let state = if self.rng.chance(15) {
+                        Some(State::QualityControl)
+                    } else if self.rng.chance(5) {
+                        Some(State::Sellable)
+                    } else {
+                        None
+                    };
                     Call::ReceiveStock {
                         key: self.key(),
                         receipt,
                         quantity: self.rng.range(1, 4),
+                        state,
                     }
                 } else {
                     Call::CancelReceipt {
@@ -531,6 +539,7 @@ impl Generator {
                         key: self.key(),
                         receipt,
                         quantity: self.rng.range(1, 4),
+                        state: None,
                     },
                 ];
                 let mut story = story.into_iter();

@@ -211,6 +211,9 @@ fn json(request: &Request) -> String {
             put("receipt_id", quote(&r.receipt_id));
             put("quantity", r.quantity.to_string());
             put("idempotency_key", quote(&r.idempotency_key));
+            if r.state != 0 {
+                put("state", state(r.state));
+            }
         }
         Request::CancelReceipt(r) => {
             put("receipt_id", quote(&r.receipt_id));

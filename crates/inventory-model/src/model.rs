@@ -798,15 +798,16 @@ impl Model {
                 }
                 let answer = Answer::Reservation(next.reservations[index].view());
                 // Waiting units are a commitment, not a checkout hold: a hold with units
-                // waiting keeps every unit past its checkout expiry (until the wait horizon,
-                // which no run reaches).
-                if next.reservations[index].waiting() == 0 {
+                // waiting lasts until the wait horizon (which no run reaches), and no ttl
+                // moves it, so it does not lapse.
+                let waits = next.reservations[index].waiting() > 0;
+                if !waits {
                     next.end_hold(index, ResState::Expired);
                 }
                 vec![Expected {
                     answer,
                     next,
-                    lapse: true,
+                    lapse: !waits,
                 }]
             }
             Call::GetReservation { reservation } => {
@@ -841,8 +842,11 @@ impl Model {
                 ..
             } => next.expect_stock(call, receipt, sku, location, *quantity, *day),
             Call::ReceiveStock {
-                receipt, quantity, ..
-            } => next.receive(call, receipt, *quantity),
+                receipt,
+                quantity,
+                state,
+                ..
+            } => next.receive(call, receipt, *quantity, *state),
             Call::CancelReceipt { receipt, .. } => next.cancel_receipt(call, receipt),
         }
     }
@@ -1428,7 +1432,16 @@ impl Model {
         vec![self.fixed(call, answer)]
     }
 
-    fn receive(mut self, call: &Call, receipt: &str, quantity: i64) -> Vec<Expected> {
+    /// Units of an open receipt arrive. Sellable ones go to its own pre-orders first (see
+    /// [`Model::fill_received`]); ones that arrive in quality control or damaged are on hand
+    /// and unsellable, and fill nothing.
+    fn receive(
+        mut self,
+        call: &Call,
+        receipt: &str,
+        quantity: i64,
+        state: Option<State>,
+    ) -> Vec<Expected> {
         let Some(r) = self.receipts.get_mut(receipt) else {
             return self.refusals(call, &[(Code::NotFound, "RECEIPT_NOT_FOUND")], true);
         };
@@ -1440,8 +1453,13 @@ impl Model {
             r.state = RecState::Received;
         }
         let (sku, location) = (r.sku.clone(), r.location.clone());
-        self.cell_mut(&sku, &location).on_hand += quantity;
-        self.fill_received(&sku, &location, receipt, quantity);
+        let cell = self.cell_mut(&sku, &location);
+        cell.on_hand += quantity;
+        match state {
+            None | Some(State::Sellable) => self.fill_received(&sku, &location, receipt, quantity),
+            Some(State::QualityControl) => cell.quality_control += quantity,
+            Some(State::Damaged) => cell.damaged += quantity,
+        }
         let answer = Answer::Receipt(self.receipt_view(receipt, true));
         vec![self.fixed(call, answer)]
     }
@@ -1471,8 +1489,6 @@ impl Model {
         self.fill_freed(&freed);
     }
 
-    /// The checkout hold of a reservation that waits runs out: its held units go back, its
-    /// waiting units go on waiting.
     fn fill_freed(&mut self, freed: &[(String, String, i64)]) {
         let places: BTreeSet<(String, String)> = freed
             .iter()

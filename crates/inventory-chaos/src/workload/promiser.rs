@@ -139,6 +139,7 @@ pub(super) async fn promiser(
                     quantity: rng.random_range(1..=4),
                     idempotency_key: key,
                     reason: "dock".into(),
+                    ..Default::default()
                 };
                 let _ = call!(replica, receive_stock, request);
             }
@@ -198,6 +199,7 @@ pub(super) async fn promiser(
                     quantity: rng.random_range(1..=2),
                     idempotency_key: format!("{key}-dock{dock}"),
                     reason: "dock".into(),
+                    ..Default::default()
                 };
                 let (first, second) = (receive(1), receive(2));
                 let _ = tokio::join!(async { call!(replica, receive_stock, first) }, async {

@@ -3,7 +3,8 @@
 //! Invariants relied on: a reservation's lines keep their SKU and quantity; only their
 //! `confirmed` and `released` counts grow, and only while the reservation's row is locked;
 //! `state` moves only away from `HELD`. "Expired" is judged by PostgreSQL's clock, one clock for every
-//! replica, so a hold past `expires_at` reads as `EXPIRED` everywhere at once, swept or not.
+//! replica, so a hold past `expires_at` reads as `EXPIRED` everywhere at once, swept or not
+//! (unless units of it wait for stock: see `effective_state!`).
 //! The clock is read when the statement acts (`clock_timestamp()`), never at the start of its
 //! transaction (`now()`): a transaction that waited on a lock must not judge, or date, by the
 //! moment it began.
@@ -35,8 +36,9 @@ macro_rules! any_confirmed {
 
 /// The state every reader sees: a hold past its expiry with nothing waiting is expired, swept
 /// or not (confirmed, if some of its units were). One with waiting units stays held past it:
-/// the sweeper lets its held units lapse, and it waits on up to the wait horizon. A macro so
-/// that constant statements can include it (`concat!`).
+/// a release before this one made it with its checkout `ttl`, and the sweeper moves its
+/// expiry to the wait horizon (this release makes such holds last until the horizon from the
+/// start). A macro so that constant statements can include it (`concat!`).
 macro_rules! effective_state {
     () => {
         concat!(

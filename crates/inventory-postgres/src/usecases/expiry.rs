@@ -4,8 +4,9 @@
 //!
 //! Readers never wait for this: a hold past `expires_at` already reads as expired (see
 //! `reservations`); sweeping only settles the stock and records the event. A hold with units
-//! waiting for stock is the exception: it reads as held past its checkout expiry, and the
-//! sweeper moves that expiry to the wait horizon instead of ending it (`wait_on`).
+//! waiting for stock is the exception: it is made to last until the wait horizon
+//! (`rules::committed`), and one made otherwise (by a release before this one) reads as held
+//! past its checkout expiry until the sweeper moves that expiry to the horizon (`wait_on`).
 
 use std::{
     collections::HashSet,
@@ -220,10 +221,12 @@ impl PgStore {
     }
 
     /// Of `due` (locked, past their expiry), each hold with units waiting made less than the
-    /// wait horizon ago waits on: waiting demand is a commitment, not a checkout hold. Its
-    /// expiry moves to the horizon (a `RESERVATION_EXTENDED` event each), and it keeps every
-    /// unit, held ones included, until then, or until it is confirmed, released or cancelled;
-    /// at the horizon it expires like any hold. Answers the others, and how many waited on.
+    /// wait horizon ago waits on: waiting demand is a commitment, not a checkout hold. This
+    /// release makes such holds last until the horizon already (`rules::committed`); one a
+    /// release before it made with its checkout `ttl` has its expiry moved to the horizon
+    /// here (a `RESERVATION_EXTENDED` event each) and keeps every unit, held ones included,
+    /// until then, or until it is confirmed, released or cancelled. At the horizon it expires
+    /// like any hold. Answers the others, and how many waited on.
     async fn wait_on(
         &self,
         tx: &Transaction<'_>,

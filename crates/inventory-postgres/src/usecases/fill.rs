@@ -246,17 +246,30 @@ impl PgStore {
         crate::plumbing::metrics::store()
             .free_while_waiting
             .record(u64::try_from(found).unwrap_or(0), self.tenant_attribute());
+        // Place by place: one that fails (a lock wait past the bound behind a busy SKU) is
+        // tried again next pass, and keeps none of the others from their fill.
         let mut filled = 0;
+        let mut failed = None;
         for (sku, location, _) in &places {
-            filled += self.bounded(self.refill_at(sku, location)).await?;
+            match self.bounded(self.refill_at(sku, location)).await {
+                Ok(0) => {}
+                Ok(units) => {
+                    filled += units;
+                    crate::plumbing::metrics::store()
+                        .refilled
+                        .add(units, self.tenant_attribute());
+                    self.outbox_written();
+                }
+                Err(error) => {
+                    tracing::warn!(%error, %sku, %location, "cannot refill holds waiting here");
+                    failed = Some(error);
+                }
+            }
         }
-        if filled > 0 {
-            crate::plumbing::metrics::store()
-                .refilled
-                .add(filled, self.tenant_attribute());
-            self.outbox_written();
+        match failed {
+            Some(error) if filled == 0 => Err(error),
+            _ => Ok(filled),
         }
-        Ok(filled)
     }
 
     /// One place of [`refill`](Self::refill): its SKU's row locked, its row read, and the

@@ -129,7 +129,8 @@ impl ReservationStore for PgStore {
                             .filter_map(|(line, _)| stock.get(&line.sku).map(|s| s.now))
                             .max()
                             .ok_or_else(|| Error::internal("a placed line without its stock"))?;
-                        Ok(write_hold(tx, command, ttl, now, &lines, placed).await?)
+                        let horizon = self.wait_horizon;
+                        Ok(write_hold(tx, command, ttl, now, horizon, &lines, placed).await?)
                     }
                 }
             };
@@ -220,6 +221,10 @@ impl ReservationStore for PgStore {
             let now = header.read_at;
             let mut reservation = header.with_lines(lines);
             let expires_at = match rules::extend(&reservation, now, command.ttl, max_hold) {
+                // A hold that waits for stock keeps the wait horizon: nothing to write.
+                Ok(expires_at) if expires_at == reservation.expires_at => {
+                    return Ok(Step::Read(Ok(reservation)));
+                }
                 Ok(expires_at) => expires_at,
                 Err(refusal) => return Ok(Step::Read(Err(refusal))),
             };
@@ -392,6 +397,7 @@ async fn write_hold(
     command: &Reserve,
     ttl: Ttl,
     now: SystemTime,
+    horizon: Duration,
     lines: &[(&Line, FenceToken)],
     placed: Vec<Vec<Placement>>,
 ) -> Result<Reservation, Error> {
@@ -404,7 +410,7 @@ async fn write_hold(
         .collect();
     let hold = Hold {
         command,
-        reservation: rules::new_hold(command, held, now, ttl),
+        reservation: rules::committed(rules::new_hold(command, held, now, ttl), horizon),
         fences: lines.iter().map(|(_, fence)| *fence).collect(),
         placements: placed.into_iter().flatten().collect(),
     };

@@ -111,7 +111,9 @@ impl PgStore {
                 &command.receipt_id,
                 MovementKind::Received,
                 cause,
-                |total, at, receipt| rules::receive(total, at, receipt, command.quantity),
+                |total, at, receipt| {
+                    rules::receive(total, at, receipt, command.quantity, command.state)
+                },
             )
             .await
         })
@@ -258,7 +260,9 @@ async fn change_receipt(
     };
     let mut record = StateChange::new(kind, cause);
     record.receipt = Some(receipt.id.as_str());
-    if kind == MovementKind::Received {
+    // Units that arrived sellable go to the receipt's own pre-orders first; ones that
+    // arrived unsellable (into quality control, damaged) fill nothing until they pass.
+    if kind == MovementKind::Received && decided.delta.unsellable() == 0 {
         record.received = Some((&receipt.id, after.received - receipt.received));
     }
     // The stock first, and the fill (which unpegs what it fills), then the receipt's counts.

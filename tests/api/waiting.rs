@@ -883,13 +883,14 @@ async fn units_received_into_quality_control_fill_pre_orders_only_once_they_pass
         })
         .await
         .unwrap();
-    expect(&app, "PO-Q", "OVEN", 4, 14).await;
+    expect(&app, "PO-Q", "OVEN", 6, 14).await;
     let pre = client
         .reserve(preorder("p", "OVEN", 3))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(units(&pre), (0, 0, 3));
+    expect(&app, "PO-R", "OVEN", 5, 20).await;
     let into_qc = ReceiveStockRequest {
         receipt_id: "PO-Q".into(),
         quantity: 4,
@@ -902,7 +903,10 @@ async fn units_received_into_quality_control_fill_pre_orders_only_once_they_pass
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(received.state(), ReceiptState::Received);
+    assert_eq!(
+        (received.state(), received.remainder, received.preordered),
+        (ReceiptState::Open, 2, 3)
+    );
     let level = received.level.unwrap();
     assert_eq!(
         (
@@ -916,6 +920,19 @@ async fn units_received_into_quality_control_fill_pre_orders_only_once_they_pass
     assert_eq!(
         units(&app.reservation(&pre.reservation_id).await),
         (0, 0, 3)
+    );
+    // PO-Q can bring two of the three units pegged to it: the third waits with no receipt
+    // able to bring it, and PO-R's five are promised to it first (4, not 5, by the 20th).
+    let promised: Vec<(i64, i64)> = app
+        .total("OVEN")
+        .await
+        .available_to_promise
+        .iter()
+        .map(|s| (s.at.as_ref().unwrap().seconds, s.quantity))
+        .collect();
+    assert_eq!(
+        promised,
+        [(december(14).seconds, 0), (december(20).seconds, 4)]
     );
     // A retry receives nothing more; the same key for sellable units is another request.
     client.receive_stock(into_qc.clone()).await.unwrap();

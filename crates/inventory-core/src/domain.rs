@@ -959,13 +959,12 @@ impl Receipt {
         self.state == ReceiptState::Open && self.expected_at < now
     }
 
-    /// Pre-ordered units still pegged to it once it is closed (cancelled, or received
-    /// without filling them): demand with no receipt behind it, counted as backorders are.
+    /// Pre-ordered units pegged to it that it can no longer bring: every one once it is
+    /// closed (cancelled, or received without filling them), and while open those beyond its
+    /// remainder (units that arrived into quality control, or whose fill skipped a hold).
+    /// Demand with no receipt behind it, counted as backorders are.
     pub fn at_risk(&self) -> i64 {
-        match self.state {
-            ReceiptState::Open => 0,
-            _ => self.preordered,
-        }
+        (self.preordered - self.remainder()).max(0)
     }
 }
 

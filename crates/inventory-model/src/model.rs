@@ -483,29 +483,23 @@ impl Model {
             .flat_map(|l| l.allocs.iter().map(move |a| (l.sku.as_str(), a)))
     }
 
-    fn closed(&self, receipt: &Option<String>) -> bool {
-        receipt.as_ref().is_some_and(|id| {
-            self.receipts
-                .get(id)
-                .is_none_or(|r| r.state != RecState::Open)
-        })
-    }
-
-    /// Units waiting with no open receipt at a location: backorders, and pre-orders of
-    /// closed receipts (cancelled, or received without filling them), which count as
+    /// Units waiting with no receipt able to bring them at a location: backorders, and the
+    /// pre-ordered units of each receipt there beyond what it has still to bring (all of them
+    /// once it is closed: cancelled, or received without filling them), which count as
     /// backorders do: in the backorder room of new demand and in `available_to_promise`.
     fn backorder_demand(&self, sku: &str, location: &str) -> i64 {
-        self.held_allocs()
+        let backordered: i64 = self
+            .held_allocs()
             .filter(|(s, a)| *s == sku && a.location == location)
-            .map(|(_, a)| {
-                a.backordered
-                    + if self.closed(&a.receipt) {
-                        a.preordered
-                    } else {
-                        0
-                    }
-            })
-            .sum()
+            .map(|(_, a)| a.backordered)
+            .sum();
+        let at_risk: i64 = self
+            .receipts
+            .iter()
+            .filter(|(_, r)| r.sku == sku && r.location == location)
+            .map(|(id, r)| (self.preordered_to(id) - r.remainder()).max(0))
+            .sum();
+        backordered + at_risk
     }
 
     fn preordered_to(&self, receipt: &str) -> i64 {
@@ -649,7 +643,7 @@ impl Model {
                 let brought: i64 = open
                     .iter()
                     .filter(|(_, r)| r.day <= day)
-                    .map(|(id, r)| r.remainder() - self.preordered_to(id))
+                    .map(|(id, r)| (r.remainder() - self.preordered_to(id)).max(0))
                     .sum();
                 (i64::from(day), (free - backorders + brought).max(0))
             })

@@ -28,6 +28,20 @@ async fn backorder_limit(app: &TestApp, sku: &str, limit: i64) {
         .unwrap();
 }
 
+/// Creates `sku` with nothing on hand.
+async fn new_sku(app: &TestApp, sku: &str) {
+    app.client
+        .clone()
+        .set_stock(SetStockRequest {
+            sku: sku.into(),
+            on_hand: 0,
+            idempotency_key: format!("new-{sku}"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
 fn backorder(key: &str, sku: &str, quantity: i64) -> ReserveRequest {
     ReserveRequest {
         allow_backorder: true,
@@ -197,15 +211,7 @@ async fn a_backorder_waits_within_the_limit_and_is_filled_oldest_first_as_stock_
 async fn a_pre_order_is_pegged_to_a_receipt_and_filled_when_it_is_received() {
     let app = spawn_app().await;
     let mut client = app.client.clone();
-    client
-        .set_stock(SetStockRequest {
-            sku: "BOOK".into(),
-            on_hand: 0,
-            idempotency_key: "new-book".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    new_sku(&app, "BOOK").await;
     expect(&app, "PO-1", "BOOK", 5, 14).await;
     let first = client
         .reserve(preorder("p1", "BOOK", 3))
@@ -344,15 +350,7 @@ async fn a_cancelled_receipt_puts_its_pre_orders_at_risk_and_other_stock_fills_t
 async fn a_cancelled_receipts_pre_orders_count_so_the_next_receipt_is_not_promised_twice() {
     let app = spawn_app().await;
     let mut client = app.client.clone();
-    client
-        .set_stock(SetStockRequest {
-            sku: "KETTLE".into(),
-            on_hand: 0,
-            idempotency_key: "new-kettle".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    new_sku(&app, "KETTLE").await;
     expect(&app, "PO-1", "KETTLE", 5, 10).await;
     let older = client
         .reserve(preorder("p", "KETTLE", 5))
@@ -741,15 +739,7 @@ async fn a_hold_still_waiting_at_the_wait_horizon_expires() {
 async fn a_fill_skipped_because_the_hold_was_locked_is_made_up_by_the_refill_pass() {
     let app = crate::helpers::spawn_app_without_sweeper().await;
     let mut client = app.client.clone();
-    client
-        .set_stock(SetStockRequest {
-            sku: "VASE".into(),
-            on_hand: 0,
-            idempotency_key: "new-vase".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    new_sku(&app, "VASE").await;
     backorder_limit(&app, "VASE", 5).await;
     let hold = client
         .reserve(backorder("b", "VASE", 3))
@@ -874,15 +864,7 @@ async fn a_late_receipt_is_reported_and_promised_from_now_on() {
 async fn units_received_into_quality_control_fill_pre_orders_only_once_they_pass() {
     let app = spawn_app().await;
     let mut client = app.client.clone();
-    client
-        .set_stock(SetStockRequest {
-            sku: "OVEN".into(),
-            on_hand: 0,
-            idempotency_key: "new-oven".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    new_sku(&app, "OVEN").await;
     expect(&app, "PO-Q", "OVEN", 6, 14).await;
     let pre = client
         .reserve(preorder("p", "OVEN", 3))

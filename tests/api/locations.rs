@@ -908,3 +908,117 @@ async fn verify_names_a_hold_at_a_location_without_a_stock_row() {
     assert!(!ok, "{out}");
     assert!(out.contains("west"), "{out}");
 }
+
+/// What a SKU has available, and may promise by a date, is the sum of what each active
+/// location has: a location short of its safety stock hides no unit another location has, and
+/// an inactive location's units and receipts promise nothing. In every answer that carries the
+/// total: a write's, an event's and GetStock's.
+#[tokio::test]
+async fn a_skus_total_is_the_sum_of_what_its_active_locations_have() {
+    use inventory_server::proto::{ExpectStockRequest, SetStockPolicyRequest};
+    let app = spawn_app().await;
+    location(&app, "east", 1, true).await;
+    location(&app, "west", 2, true).await;
+    stock_at(&app, "MUG", "east", 10).await;
+    stock_at(&app, "MUG", "west", 5).await;
+    let mut client = app.client.clone();
+    let policy = |location: &str, safety: i64, key: &str| SetStockPolicyRequest {
+        sku: "MUG".into(),
+        location_id: location.into(),
+        safety_stock: Some(safety),
+        idempotency_key: key.into(),
+        reason: "store buffer".into(),
+        ..Default::default()
+    };
+    // east keeps back 15 of its 10: 5 short. west's 5 are still for sale.
+    let total = client
+        .set_stock_policy(policy("east", 15, "east-15"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (total.on_hand, total.safety_stock, total.available),
+        (15, 15, 5),
+        "{total:?}"
+    );
+    let held = app.hold("west-five", &[("MUG", 5)]).await;
+    assert_eq!(allocations(&held), [("west".to_owned(), 5)]);
+    let now = client
+        .get_stock(get_stock(&["MUG"]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(now.levels[0].available, 0);
+
+    // west closes with 4 new units: they are not for sale while it is inactive.
+    location(&app, "west", 2, false).await;
+    stock_at(&app, "MUG", "west", 4).await;
+    let head = app.positioned().await;
+    let mut stream = watch(&app, head).await;
+    let total = client
+        .set_stock_policy(policy("east", 8, "east-8"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (total.on_hand, total.reserved, total.available),
+        (19, 5, 2),
+        "east's 2 free units, none of inactive west's 4: {total:?}"
+    );
+    let replayed = client
+        .set_stock_policy(policy("east", 8, "east-8"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replayed, total, "a retry answers what the first call did");
+    let event = take(&mut stream, 1).await.remove(0);
+    let Some(event::Payload::StockStateChanged(changed)) = &event.payload else {
+        panic!("{event:?}");
+    };
+    assert_eq!(changed.level.as_ref().map(|l| l.available), Some(2));
+    // Only east's receipts promise: west's 3 do not, while it is inactive.
+    let at = |day: i64| prost_types::Timestamp {
+        seconds: 1_893_456_000 + day * 86_400,
+        nanos: 0,
+    };
+    for (receipt, location, quantity, day) in [("PO-W", "west", 3, 10), ("PO-E", "east", 4, 20)] {
+        client
+            .expect_stock(ExpectStockRequest {
+                receipt_id: receipt.into(),
+                sku: "MUG".into(),
+                location_id: location.into(),
+                quantity,
+                expected_at: Some(at(day)),
+                idempotency_key: format!("expect-{receipt}"),
+                reason: "purchase order".into(),
+            })
+            .await
+            .unwrap();
+    }
+    let levels = client
+        .get_stock(GetStockRequest {
+            skus: vec!["MUG".into()],
+            by_location: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let total = &levels.levels[0];
+    assert_eq!((total.available, total.incoming), (2, 7), "{total:?}");
+    let promised: Vec<(i64, i64)> = total
+        .available_to_promise
+        .iter()
+        .map(|p| (p.at.as_ref().unwrap().seconds, p.quantity))
+        .collect();
+    assert_eq!(
+        promised,
+        [(at(20).seconds, 6)],
+        "east's 2 and PO-E's 4 by its date"
+    );
+    let west = levels
+        .location_levels
+        .iter()
+        .find(|l| l.location_id == "west")
+        .unwrap();
+    assert_eq!(west.available, 4, "a location's own figure stays its own");
+}

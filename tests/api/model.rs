@@ -672,7 +672,8 @@ async fn the_model_and_the_server_agree_on_seeded_sequences() {
 /// documented rules still allow. Each agrees with the documented rules and diverges under its
 /// stricter one. When a change makes the server follow a stricter rule, its sequence here
 /// stops diverging: make that rule the model's default in the same commit, and its sequence
-/// stays here with no rule named, a regression the default model must agree with.
+/// stays here with no rule named, a regression the default model must agree with (every one
+/// is, for now: no stricter rule is open).
 #[tokio::test]
 async fn the_stricter_rules_find_the_open_stock_state_defects() {
     use inventory_model::{LineSpec, call::State};
@@ -758,9 +759,10 @@ async fn the_stricter_rules_find_the_open_stock_state_defects() {
                 reserve(4, 3, false, true),
             ],
         ),
-        // A SKU's total counts an inactive location's units as available.
+        // Fixed: a SKU's total counted an inactive location's units as available. Now it is
+        // the sum of its active locations' own.
         (
-            "totals_per_location",
+            "",
             vec![
                 Call::UpsertLocation {
                     location: "north".into(),
@@ -774,6 +776,36 @@ async fn the_stricter_rules_find_the_open_stock_state_defects() {
                     delta: 6,
                     state: Some(State::Sellable),
                 },
+            ],
+        ),
+        // Fixed: a location short of its safety stock hid another location's free units
+        // from the SKU's total (`available` and `available_to_promise`) while a Reserve
+        // took them.
+        (
+            "",
+            vec![
+                count(1, 4),
+                Call::UpsertLocation {
+                    location: "north".into(),
+                    priority: 1,
+                    active: true,
+                },
+                Call::AdjustStock {
+                    key: key(3),
+                    sku: "MUG".into(),
+                    location: "north".into(),
+                    delta: 2,
+                    state: Some(State::Sellable),
+                },
+                Call::SetStockPolicy {
+                    key: key(4),
+                    sku: "MUG".into(),
+                    location: "north".into(),
+                    safety_stock: Some(5),
+                    backorder_limit: None,
+                },
+                expect(5, "po4", 3, 9),
+                reserve(6, 4, false, false),
             ],
         ),
     ];

@@ -44,8 +44,8 @@ pub struct SkuStock {
     pub waits_until: Option<SystemTime>,
 }
 
-/// Units of a line placed at one location, and the levels right after (each placement is one
-/// movement, so `total.version` is the version it produced).
+/// Units of a line placed at one location (always an active one), and the levels right after
+/// (each placement is one movement, so `total.version` is the version it produced).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
     pub location: LocationId,
@@ -71,6 +71,20 @@ pub enum Unplaced {
 }
 
 impl SkuStock {
+    /// The SKU's total as it stands, with its `apart` worked out over its rows (a row whose
+    /// location is not among `locations` counts as inactive).
+    fn total_now(&self, locations: &[Location]) -> StockLevel {
+        let active = |row: &StockLevel| {
+            locations
+                .iter()
+                .any(|l| Some(&l.id) == row.location.as_ref() && l.active)
+        };
+        StockLevel {
+            apart: StockLevel::apart_over(self.at.iter().map(|row| (row, active(row)))),
+            ..self.total.clone()
+        }
+    }
+
     /// The locations `line` may take units from, in the order the policy tries them, with
     /// what each has available.
     fn candidates(
@@ -161,13 +175,14 @@ impl SkuStock {
                 let row = &mut self.at[index];
                 row.reserved += take;
                 row.version = self.total.version;
+                let level = row.clone();
                 Placement {
-                    location: row.location.clone().expect("a location's row"),
+                    location: level.location.clone().expect("a location's row"),
                     units: take,
                     waiting: States::default(),
                     receipt: None,
-                    level: row.clone(),
-                    total: self.total.clone(),
+                    level,
+                    total: self.total_now(locations),
                 }
             })
             .collect())
@@ -247,13 +262,14 @@ impl SkuStock {
             row.reserved += held;
             row.states = row.states.plus(&waiting);
             row.version = self.total.version;
+            let level = row.clone();
             return Some(Placement {
                 location,
                 units: held,
                 waiting,
                 receipt: peg,
-                level: row.clone(),
-                total: self.total.clone(),
+                level,
+                total: self.total_now(locations),
             });
         }
         None

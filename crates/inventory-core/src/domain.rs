@@ -744,6 +744,13 @@ pub struct StockLevel {
     pub location: Option<LocationId>,
     /// Unsellable units, policy and waiting demand.
     pub states: States,
+    /// Of a SKU's total: the units its [`free`](Self::free) counts that no active location
+    /// can sell (the free units of inactive locations, and a safety stock not met at an
+    /// active one, which other locations' units do not make up), so that the total's
+    /// [`available`](Self::available) is the sum of its active locations' own (see
+    /// [`StockLevel::apart_over`]). 0 for a location's level, and in a total stored before
+    /// it was worked out (which then reads the older figure of the summed rows).
+    pub apart: i64,
 }
 
 impl StockLevel {
@@ -756,13 +763,42 @@ impl StockLevel {
             version,
             location: None,
             states: States::default(),
+            apart: 0,
         }
     }
 
     /// What a new hold may take: `on_hand - reserved - safety_stock - unsellable`, never
-    /// below 0.
+    /// below 0. Of a SKU's total: the sum of what each active location has available.
     pub fn available(&self) -> i64 {
-        (self.sellable() - self.reserved - self.states.safety_stock).max(0)
+        (self.free() - self.apart).max(0)
+    }
+
+    /// The level as its rows sum it: without the [`apart`](Self::apart) a total answers
+    /// with (the core decides on the sums; what the active locations have is worked out
+    /// where all the rows are read).
+    pub fn summed(&self) -> StockLevel {
+        StockLevel {
+            apart: 0,
+            ..self.clone()
+        }
+    }
+
+    /// A total's [`apart`](Self::apart) over its location rows `at`, each with whether its
+    /// location is active.
+    pub fn apart_over<'a>(at: impl IntoIterator<Item = (&'a StockLevel, bool)>) -> i64 {
+        at.into_iter()
+            .map(|(level, active)| level.share_apart(active))
+            .sum()
+    }
+
+    /// This location level's share of its total's [`apart`](Self::apart): all its free
+    /// units while its location is inactive, what its safety stock lacks while it is active.
+    pub fn share_apart(&self, active: bool) -> i64 {
+        if active {
+            self.free().min(0)
+        } else {
+            self.free()
+        }
     }
 
     /// Units on the shelf that may be sold: `on_hand` less the unsellable ones.

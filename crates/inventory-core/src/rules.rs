@@ -49,6 +49,7 @@ pub fn adjust_stock(
             version: 1,
             location: None,
             states: state.delta(delta),
+            apart: 0,
         });
     };
     if delta > 0 {
@@ -121,6 +122,7 @@ pub fn set_stock(current: Option<&StockLevel>, command: &SetStock) -> Result<Sto
             version: 1,
             location: None,
             states: state.delta(command.on_hand),
+            apart: 0,
         });
     };
     let delta = count_delta(current, command)?;
@@ -369,6 +371,42 @@ pub fn available_to_promise(level: &StockLevel, receipts: &[&Receipt]) -> Vec<(S
         }
     }
     steps
+}
+
+/// What may be promised of a SKU's total by date: the sum of what each active location
+/// promises by then (`locations`: each active location's level and the receipts it counts),
+/// at every date one of them steps on. Before its first step a location promises what it
+/// has free less what waits there with no open receipt behind it, never below 0. A total
+/// promises no unit an active location could not give: never a free unit of an inactive
+/// location, or one that another location's unmet safety stock would take back.
+pub fn total_promise(locations: &[(&StockLevel, Vec<&Receipt>)]) -> Vec<(SystemTime, i64)> {
+    let each: Vec<(i64, Vec<(SystemTime, i64)>)> = locations
+        .iter()
+        .map(|(level, receipts)| {
+            let at_risk: i64 = receipts.iter().map(|r| r.at_risk()).sum();
+            let now = (level.free() - level.states.backordered - at_risk).max(0);
+            (now, available_to_promise(level, receipts))
+        })
+        .collect();
+    let mut dates: Vec<SystemTime> = each
+        .iter()
+        .flat_map(|(_, steps)| steps.iter().map(|(date, _)| *date))
+        .collect();
+    dates.sort();
+    dates.dedup();
+    dates
+        .into_iter()
+        .map(|date| {
+            let units = each
+                .iter()
+                .map(|(now, steps)| match steps.first() {
+                    Some((first, _)) if *first <= date => promised_by(steps, date),
+                    _ => *now,
+                })
+                .sum();
+            (date, units)
+        })
+        .collect()
 }
 
 /// `steps` (of [`available_to_promise`]) as a reader is told them at `now`: a step dated

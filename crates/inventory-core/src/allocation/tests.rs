@@ -37,6 +37,7 @@ fn stock(rows: &[(&str, i64, i64)]) -> SkuStock {
             version: 3,
             location: Some(id(l)),
             states: Default::default(),
+            apart: 0,
         })
         .collect();
     SkuStock {

@@ -17,6 +17,7 @@ fn level(on_hand: i64, reserved: i64, version: i64) -> StockLevel {
         version,
         location: None,
         states: Default::default(),
+        apart: 0,
     }
 }
 

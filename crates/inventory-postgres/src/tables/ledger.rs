@@ -100,6 +100,8 @@ pub(crate) struct NewMovement<'a> {
     /// The receipt the movement belongs to.
     pub receipt: Option<&'a str>,
     pub cause: Cause<'a>,
+    /// Whether the location is active (its share of the total's `apart`).
+    pub active: bool,
 }
 
 impl<'a> NewMovement<'a> {
@@ -113,6 +115,7 @@ impl<'a> NewMovement<'a> {
             states_delta: States::default(),
             receipt: None,
             cause: Cause::default(),
+            active: moved.active,
         }
     }
 
@@ -147,11 +150,17 @@ impl<'a> NewMovement<'a> {
     /// The SKU's `available` (over every location: a storefront sells the SKU, not a
     /// location's units) before the change.
     fn available_before(&self) -> i64 {
+        let undo = |level: &StockLevel| StockLevel {
+            on_hand: level.on_hand - self.on_hand_delta,
+            reserved: level.reserved - self.reserved_delta,
+            states: level.states.minus(&self.states_delta),
+            ..level.clone()
+        };
+        // Only this movement's location changed its share of what is apart.
+        let share = |level: &StockLevel| level.share_apart(self.active);
         StockLevel {
-            on_hand: self.total.on_hand - self.on_hand_delta,
-            reserved: self.total.reserved - self.reserved_delta,
-            states: self.total.states.minus(&self.states_delta),
-            ..self.total.clone()
+            apart: self.total.apart - share(&self.level) + share(&undo(&self.level)),
+            ..undo(&self.total)
         }
         .available()
     }
@@ -351,6 +360,7 @@ fn movement(sku: &Sku, row: &tokio_postgres::Row) -> Result<Movement, Error> {
             version: row.try_get(0).map_err(get_err)?,
             location: Some(LocationId::parse(location).map_err(Error::internal)?),
             states: states(20)?,
+            apart: 0,
         },
         on_hand_delta: row.try_get(2).map_err(get_err)?,
         reserved_delta: row.try_get(3).map_err(get_err)?,

@@ -176,6 +176,7 @@ impl Serialize for Levels<'_> {
             version: level.version,
             location_id: level.location.as_ref().map(|l| l.as_str()),
             states: (!level.states.is_zero()).then(|| level.states.to_array()),
+            apart: level.apart,
         }))
     }
 }
@@ -190,6 +191,9 @@ struct LevelPayload<'a> {
     location_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     states: Option<[i64; 7]>,
+    /// A total's `apart`, while not 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    apart: i64,
 }
 
 /// A level in an event's payload; a location's carries its `location_id`.
@@ -205,6 +209,9 @@ pub(crate) fn level_payload(level: &StockLevel) -> serde_json::Value {
     }
     if !level.states.is_zero() {
         payload["states"] = json!(level.states.to_array());
+    }
+    if level.apart != 0 {
+        payload["apart"] = json!(level.apart);
     }
     payload
 }

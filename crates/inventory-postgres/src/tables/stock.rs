@@ -42,7 +42,8 @@ const CREATE: &str = "
     INSERT INTO stock_locations
         (sku, location_id, on_hand, reserved, version, damaged, quality_control)
     SELECT sku, $2, on_hand, reserved, version, damaged, quality_control FROM s
-    RETURNING on_hand, reserved, version, damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming";
+    RETURNING on_hand, reserved, version, damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming,
+              (SELECT active FROM locations WHERE location_id = $2)";
 
 /// A location's first row for a SKU whose row is locked: nothing there yet.
 const ADD_LOCATION: &str = "
@@ -74,6 +75,9 @@ pub(crate) const LOCK_FREE: &str = "
 /// keeps its locations out too) and, with a fence, while its own is below it. Answers the
 /// totals (no location) and then the location rows, as they are after. `$12`: this release,
 /// refused by the schema floor's gate (SQLSTATE IV001) if the schema moved on past it.
+/// Each total also answers the `apart` of its locations this statement did not move (see
+/// `StockLevel::apart`), and each location row whether its location is active, so that
+/// every movement's total can say what its active locations have available.
 pub(crate) const APPLY: &str = "
     WITH gate AS MATERIALIZED (SELECT inventory_writer_gate($12::integer) AS open), t AS (
         UPDATE stock s
@@ -117,15 +121,34 @@ pub(crate) const APPLY: &str = "
                   l.quality_control, l.safety_stock, l.backorder_limit, l.backordered,
                   l.preordered, l.incoming
     )
-    SELECT sku, NULL::text, on_hand, reserved, version, damaged, quality_control,
-           safety_stock, backorder_limit, backordered, preordered, incoming FROM t
+    SELECT t.sku, NULL::text, t.on_hand, t.reserved, t.version, t.damaged, t.quality_control,
+           t.safety_stock, t.backorder_limit, t.backordered, t.preordered, t.incoming,
+           (SELECT coalesce(sum(CASE WHEN o.active THEN least(x.free, 0) ELSE x.free END), 0)
+            FROM stock_locations r
+                JOIN locations o ON o.location_id = r.location_id,
+                LATERAL (SELECT r.on_hand - r.damaged - r.quality_control - r.reserved
+                                - r.safety_stock AS free) x
+            WHERE r.sku = t.sku
+              AND NOT EXISTS (SELECT FROM l WHERE l.sku = r.sku
+                                             AND l.location_id = r.location_id))::bigint,
+           NULL::boolean
+    FROM t
     UNION ALL
-    SELECT sku, location_id, on_hand, reserved, version, damaged, quality_control,
-           safety_stock, backorder_limit, backordered, preordered, incoming FROM l";
+    SELECT l.sku, l.location_id, l.on_hand, l.reserved, l.version, l.damaged,
+           l.quality_control, l.safety_stock, l.backorder_limit, l.backordered, l.preordered,
+           l.incoming, NULL::bigint, o.active
+    FROM l JOIN locations o ON o.location_id = l.location_id";
 
-const READ_MANY: &str = "
-    SELECT sku, on_hand, reserved, version, damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming
-    FROM stock WHERE sku = ANY($1)";
+/// Each of the SKUs' `apart` over its location rows (see `StockLevel::apart`); a SKU with no
+/// rows is absent (0).
+const APART: &str = "
+    SELECT r.sku, coalesce(sum(CASE WHEN o.active THEN least(x.free, 0) ELSE x.free END), 0)::bigint
+    FROM stock_locations r
+        JOIN locations o ON o.location_id = r.location_id,
+        LATERAL (SELECT r.on_hand - r.damaged - r.quality_control - r.reserved - r.safety_stock
+                 AS free) x
+    WHERE r.sku = ANY($1)
+    GROUP BY r.sku";
 
 pub(crate) const READ_LOCATIONS_MANY: &str = "
     SELECT sku, location_id, on_hand, reserved, version, damaged, quality_control, safety_stock, backorder_limit, backordered, preordered, incoming
@@ -157,13 +180,14 @@ pub(crate) async fn read_at(
 }
 
 /// Creates the SKU with `on_hand` units at `location`; `None` if another transaction created
-/// the SKU first. The level returned is both the total and the location's.
+/// the SKU first. The level returned is both the total and the location's (as a total: with
+/// its `apart`, and whether the location is active).
 pub(crate) async fn create(
     tx: &Transaction<'_>,
     sku: &Sku,
     location: &LocationId,
     first: &StockLevel,
-) -> Result<Option<StockLevel>, tokio_postgres::Error> {
+) -> Result<Option<(StockLevel, bool)>, tokio_postgres::Error> {
     let statement = tx.prepare_cached(CREATE).await?;
     let row = tx
         .query_opt(
@@ -178,7 +202,17 @@ pub(crate) async fn create(
             ],
         )
         .await?;
-    Ok(row.map(|row| total(sku, &row)))
+    Ok(row.map(|row| {
+        let level = total(sku, &row);
+        let active: bool = row.get(10);
+        (
+            StockLevel {
+                apart: level.share_apart(active),
+                ..level
+            },
+            active,
+        )
+    }))
 }
 
 /// Gives a locked SKU an empty row at `location`, which [`apply`] then moves.
@@ -298,6 +332,8 @@ impl<'a> StockMove<'a> {
 pub(crate) struct Moved {
     pub level: StockLevel,
     pub total: StockLevel,
+    /// Whether the location moved is active (its share of the total's `apart`).
+    pub active: bool,
 }
 
 /// What events carry after `moved`: each SKU's last total, then each location's last level,
@@ -435,6 +471,7 @@ pub(crate) async fn apply(
 
     // Walk back from the levels after every movement to each movement's own.
     let mut running_totals: HashMap<&str, StockLevel> = HashMap::with_capacity(totals.len());
+    let mut unmoved_apart: HashMap<&str, i64> = HashMap::with_capacity(totals.len());
     for row in total_rows {
         let sku: &str = row.try_get(0).map_err(Error::internal)?;
         let (sku_ref, on, res, count, states) = totals
@@ -446,6 +483,7 @@ pub(crate) async fn apply(
             states: states_at(row, 5),
             ..total_at(sku_ref, row, 2)
         };
+        unmoved_apart.insert(sku_ref.as_str(), row.try_get(12).map_err(Error::internal)?);
         running_totals.insert(
             sku_ref.as_str(),
             StockLevel {
@@ -457,9 +495,11 @@ pub(crate) async fn apply(
             },
         );
     }
-    let mut running_at: HashMap<(&str, &str), StockLevel> = HashMap::with_capacity(rows.len());
+    let mut running_at: HashMap<(&str, &str), (StockLevel, bool)> =
+        HashMap::with_capacity(rows.len());
     for row in location_rows {
         let after = location_level(row)?;
+        let active: bool = row.try_get(13).map_err(Error::internal)?;
         let (sku_ref, location, on, res, _, states) = rows
             .iter()
             .find(|r| Some(r.1) == after.location.as_ref() && *r.0 == after.sku)
@@ -467,12 +507,15 @@ pub(crate) async fn apply(
             .ok_or_else(|| Error::internal("a location that was not moved"))?;
         running_at.insert(
             (sku_ref.as_str(), location.as_str()),
-            StockLevel {
-                on_hand: after.on_hand - on,
-                reserved: after.reserved - res,
-                states: after.states.minus(&states),
-                ..after
-            },
+            (
+                StockLevel {
+                    on_hand: after.on_hand - on,
+                    reserved: after.reserved - res,
+                    states: after.states.minus(&states),
+                    ..after
+                },
+                active,
+            ),
         );
     }
     let mut moved = Vec::with_capacity(moves.len());
@@ -484,32 +527,52 @@ pub(crate) async fn apply(
         total.reserved += m.reserved;
         total.version += 1;
         total.states = total.states.plus(&m.states);
-        let level = running_at
+        let (level, active) = running_at
             .get_mut(&(m.sku.as_str(), m.location.as_str()))
             .expect("every moved location is answered");
         level.on_hand += m.on_hand;
         level.reserved += m.reserved;
         level.states = level.states.plus(&m.states);
         level.version = total.version;
+        let (level, active) = (level.clone(), *active);
+        // What the SKU's active locations have available after this movement: the rows not
+        // moved as they are, the moved ones as this movement left them.
+        total.apart = unmoved_apart[m.sku.as_str()]
+            + running_at
+                .iter()
+                .filter(|((sku, _), _)| *sku == m.sku.as_str())
+                .map(|(_, (at, active))| at.share_apart(*active))
+                .sum::<i64>();
         moved.push(Moved {
-            level: level.clone(),
+            level,
             total: total.clone(),
+            active,
         });
     }
     Ok(moved)
 }
 
-/// The totals of whichever of `skus` exist, in no particular order.
-pub(crate) async fn read_many(
+/// `totals` (as stored, locked or read by an earlier statement) with their `apart` worked
+/// out over their location rows as they are now: for an answer that moved nothing.
+pub(crate) async fn with_apart(
     client: &impl GenericClient,
-    skus: &[Sku],
-) -> Result<Vec<StockLevel>, Error> {
-    let statement = client.prepare_cached(READ_MANY).await.map_err(from_db)?;
-    let names: Vec<&str> = skus.iter().map(Sku::as_str).collect();
+    totals: &mut [StockLevel],
+) -> Result<(), Error> {
+    if totals.is_empty() {
+        return Ok(());
+    }
+    let statement = client.prepare_cached(APART).await.map_err(from_db)?;
+    let names: Vec<&str> = totals.iter().map(|t| t.sku.as_str()).collect();
     let rows = client.query(&statement, &[&names]).await.map_err(from_db)?;
-    rows.iter()
-        .map(|row| Ok(total_at(&parse_sku(row)?, row, 1)))
-        .collect()
+    for total in totals.iter_mut() {
+        total.apart = 0;
+        for row in &rows {
+            if row.try_get::<_, &str>(0).map_err(Error::internal)? == total.sku.as_str() {
+                total.apart = row.try_get(1).map_err(Error::internal)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The location levels of whichever of `skus` exist, by SKU, then location.

@@ -299,6 +299,9 @@ struct StockPayload {
     /// The total's states; absent while all are 0, and before states existed.
     #[serde(default)]
     states: Option<[i64; 7]>,
+    /// The total's `apart`: absent while 0, and before it was worked out.
+    #[serde(default)]
+    apart: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -364,6 +367,9 @@ struct AvailabilityPayload {
     /// Absent while every state is 0, and in events written before states existed.
     #[serde(default)]
     states: Option<[i64; 7]>,
+    /// Absent while 0, and in events written before it was worked out.
+    #[serde(default)]
+    apart: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -380,6 +386,9 @@ struct LevelPayload {
     /// Absent while every state is 0, and in events written before states existed.
     #[serde(default)]
     states: Option<[i64; 7]>,
+    /// A total's `apart`: absent while 0, and in events written before it was worked out.
+    #[serde(default)]
+    apart: i64,
 }
 
 impl LevelPayload {
@@ -395,6 +404,7 @@ impl LevelPayload {
                 .map(LocationId::parse)
                 .transpose()?,
             states: self.states.map(States::from_array).unwrap_or_default(),
+            apart: self.apart,
         })
     }
 }
@@ -405,9 +415,11 @@ fn total_level(
     sku: Sku,
     (on_hand, reserved, version): (i64, i64, i64),
     states: Option<[i64; 7]>,
+    apart: i64,
 ) -> StockLevel {
     StockLevel {
         states: states.map(States::from_array).unwrap_or_default(),
+        apart,
         ..StockLevel::total(sku, on_hand, reserved, version)
     }
 }
@@ -433,6 +445,7 @@ fn event(row: &Row) -> Result<Event, Error> {
                 sku.clone(),
                 (payload.on_hand, payload.reserved, payload.version),
                 payload.states,
+                payload.apart,
             ),
             sku,
         }
@@ -466,6 +479,7 @@ fn event(row: &Row) -> Result<Event, Error> {
                 sku.clone(),
                 (payload.on_hand, payload.reserved, payload.version),
                 payload.states,
+                payload.apart,
             ),
             location_level: payload
                 .location

@@ -102,6 +102,7 @@ pub(crate) async fn write(
                 .map(|p| stock::Moved {
                     level: p.level.clone(),
                     total: p.total.clone(),
+                    active: true,
                 })
                 .collect();
             (
@@ -115,9 +116,11 @@ pub(crate) async fn write(
         .iter()
         .flat_map(|h| {
             h.placements.iter().map(move |p| {
+                // Units are placed at active locations only.
                 let m = stock::Moved {
                     level: p.level.clone(),
                     total: p.total.clone(),
+                    active: true,
                 };
                 (m, h, p)
             })

@@ -345,7 +345,12 @@ pub(crate) async fn change_states(
     let at = stock::read_at(tx, sku, location).await.map_err(from_db)?;
     let decided = match decide(&total, at.as_ref()) {
         Err(refusal) => return Ok(Err(refusal)),
-        Ok(None) => return Ok(Ok(total)),
+        Ok(None) => {
+            let mut total = [total];
+            stock::with_apart(tx, &mut total).await?;
+            let [total] = total;
+            return Ok(Ok(total));
+        }
         Ok(Some(decided)) => decided,
     };
     let moved = write_states(tx, sku, location, at.as_ref(), &decided, &record).await?;
@@ -378,7 +383,7 @@ pub(crate) async fn write_states(
     }];
     let moved = stock::apply(tx, &moves, &[], true).await?.remove(0);
     debug_assert_eq!(
-        (&moved.total, &moved.level),
+        (&moved.total.summed(), &moved.level),
         (&decided.total, &decided.at),
         "the stored levels are the decided ones"
     );
@@ -395,6 +400,7 @@ pub(crate) async fn write_states(
     Ok(Moved {
         total: super::fill::after_fills(moved.total, &filled),
         level: moved.level,
+        active: moved.active,
     })
 }
 

@@ -152,30 +152,36 @@ impl StockStore for PgStore {
         self.bounded(async {
             let client = self.pool.get().await.map_err(from_pool)?;
             let position = |sku: &Sku| query.skus().iter().position(|s| s == sku);
-            let (mut totals, mut by_location) = if query.by_location {
-                // One statement, one snapshot: the totals are the sums of the locations (and
-                // a SKU's version is its newest location's, since every movement is one
-                // location's).
-                let by_location = stock::read_locations_many(&client, query.skus()).await?;
-                let mut totals: Vec<StockLevel> = Vec::new();
-                for level in &by_location {
-                    match totals.iter_mut().find(|t| t.sku == level.sku) {
-                        Some(t) => {
-                            t.on_hand += level.on_hand;
-                            t.reserved += level.reserved;
-                            t.states = t.states.plus(&level.states);
-                            t.version = t.version.max(level.version);
-                        }
-                        None => totals.push(StockLevel {
-                            location: None,
-                            ..level.clone()
-                        }),
-                    }
-                }
-                (totals, by_location)
-            } else {
-                (stock::read_many(&client, query.skus()).await?, Vec::new())
+            // One snapshot: the locations and the SKUs' rows at each, read in one
+            // statement each, sent together. A SKU's total is the sum of its rows (its
+            // version its newest row's, since every movement is one location's), and what it
+            // has available is the sum of what its active locations have.
+            let (all, mut by_location) = tokio::try_join!(
+                locations::all(&client),
+                stock::read_locations_many(&client, query.skus()),
+            )?;
+            let active = |level: &StockLevel| {
+                all.iter()
+                    .any(|l| Some(&l.id) == level.location.as_ref() && l.active)
             };
+            let mut totals: Vec<StockLevel> = Vec::new();
+            for level in &by_location {
+                let share = level.share_apart(active(level));
+                match totals.iter_mut().find(|t| t.sku == level.sku) {
+                    Some(t) => {
+                        t.on_hand += level.on_hand;
+                        t.reserved += level.reserved;
+                        t.states = t.states.plus(&level.states);
+                        t.version = t.version.max(level.version);
+                        t.apart += share;
+                    }
+                    None => totals.push(StockLevel {
+                        location: None,
+                        apart: share,
+                        ..level.clone()
+                    }),
+                }
+            }
             let missing: Vec<_> = query
                 .skus()
                 .iter()
@@ -202,20 +208,33 @@ impl StockStore for PgStore {
                 crate::tables::receipts::counted_of(&client, &incoming).await?
             };
             let now = std::time::SystemTime::now();
+            let counted = |level: &StockLevel| -> Vec<&inventory_core::domain::Receipt> {
+                open.iter()
+                    .filter(|r| r.sku == level.sku && level.location.as_ref() == Some(&r.location))
+                    .collect()
+            };
+            // Never a date in the past: a late receipt's units are promised from now.
             let promise = |level: &StockLevel| {
-                let counted: Vec<&inventory_core::domain::Receipt> = open
+                rules::promised_from(rules::available_to_promise(level, &counted(level)), now)
+            };
+            let total_promise = |total: &StockLevel| {
+                let here: Vec<(&StockLevel, Vec<&inventory_core::domain::Receipt>)> = by_location
                     .iter()
-                    .filter(|r| {
-                        r.sku == level.sku
-                            && level.location.as_ref().is_none_or(|l| *l == r.location)
-                    })
+                    .filter(|l| l.sku == total.sku && active(l))
+                    .map(|l| (l, counted(l)))
                     .collect();
-                // Never a date in the past: a late receipt's units are promised from now.
-                rules::promised_from(rules::available_to_promise(level, &counted), now)
+                rules::promised_from(rules::total_promise(&here), now)
+            };
+            let promises = totals.iter().map(total_promise).collect();
+            let location_promises = if query.by_location {
+                by_location.iter().map(promise).collect()
+            } else {
+                by_location.clear();
+                Vec::new()
             };
             Ok(StockLevels {
-                promises: totals.iter().map(promise).collect(),
-                location_promises: by_location.iter().map(promise).collect(),
+                promises,
+                location_promises,
                 totals,
                 by_location,
             })
@@ -310,13 +329,15 @@ fn at_or_default(at: Option<&StockLevel>) -> States {
 }
 
 /// A SKU created by its first change at `location`: the total and the location are equal.
-fn created(level: StockLevel, location: &LocationId) -> Moved {
+fn created((level, active): (StockLevel, bool), location: &LocationId) -> Moved {
     Moved {
         level: StockLevel {
             location: Some(location.clone()),
+            apart: 0,
             ..level.clone()
         },
         total: level,
+        active,
     }
 }
 
@@ -350,8 +371,9 @@ async fn move_on_hand(
 enum Locked {
     /// It existed: its total, locked.
     Existing(StockLevel),
-    /// This change created it (the new row is locked): its level.
-    Created(StockLevel),
+    /// This change created it (the new row is locked): its level, and whether the location
+    /// is active.
+    Created((StockLevel, bool)),
     /// It did not exist, and the core refuses to create it with this change.
     Refused(Error),
 }
@@ -404,10 +426,11 @@ async fn apply_count(
     let total = match lock_or_create(tx, sku, location, || rules::set_stock(None, command)).await? {
         Locked::Existing(total) => total,
         Locked::Created(level) => {
+            let moved = created(level, location);
             return Ok(Ok(Count {
-                total: level.clone(),
-                delta: level.on_hand,
-                moved: Some(created(level, location)),
+                total: moved.total.clone(),
+                delta: moved.total.on_hand,
+                moved: Some(moved),
             }));
         }
         Locked::Refused(refusal) => return Ok(Err(refusal)),
@@ -417,6 +440,9 @@ async fn apply_count(
         Err(refusal) => return Ok(Err(refusal)),
         // The count confirms what is stored: no change, no version, no movement.
         Ok(None) => {
+            let mut total = [total];
+            stock::with_apart(tx, &mut total).await?;
+            let [total] = total;
             return Ok(Ok(Count {
                 total,
                 delta: 0,
@@ -428,7 +454,7 @@ async fn apply_count(
     let states = at_after.states.minus(&at_or_default(at.as_ref()));
     let moved = move_on_hand(tx, sku, location, at.is_some(), delta, states).await?;
     debug_assert_eq!(
-        (&moved.total, &moved.level),
+        (&moved.total.summed(), &moved.level),
         (&total_after, &at_after),
         "the stored levels are the decided ones"
     );
@@ -455,7 +481,7 @@ async fn apply_counts(
     let mut totals: HashMap<Sku, StockLevel> = HashMap::with_capacity(by_key.len());
     let mut before: HashMap<Sku, i64> = HashMap::with_capacity(by_key.len());
     // The counts that created their SKU, by index in the request.
-    let mut creating: Vec<usize> = Vec::new();
+    let mut creating: Vec<(usize, (StockLevel, bool))> = Vec::new();
     let index_of = |count: &SetStock| {
         command
             .counts
@@ -480,8 +506,8 @@ async fn apply_counts(
             .await
             .map_err(from_db)?
             {
-                Some(level) => {
-                    creating.push(index_of(count));
+                Some((level, active)) => {
+                    creating.push((index_of(count), (level.clone(), active)));
                     before.insert(count.sku.clone(), 0);
                     totals.insert(count.sku.clone(), level);
                     continue;
@@ -506,7 +532,7 @@ async fn apply_counts(
         .collect();
     let mut changes: Vec<(usize, i64, bool, States)> = Vec::new();
     for (index, count) in command.counts.iter().enumerate() {
-        if creating.contains(&index) {
+        if creating.iter().any(|(i, _)| *i == index) {
             continue;
         }
         let Some(total) = totals.get_mut(&count.sku) else {
@@ -564,11 +590,25 @@ async fn apply_counts(
         })
         .collect();
     let moved = stock::apply(tx, &moves, &[], true).await?;
+    // The totals as stored: what the writes left (in order, so each SKU's last), and the
+    // SKUs no count changed as they are.
+    let mut unchanged: Vec<StockLevel> = totals
+        .values()
+        .filter(|t| !moved.iter().any(|m| m.total.sku == t.sku))
+        .filter(|t| !creating.iter().any(|(_, (c, _))| c.sku == t.sku))
+        .cloned()
+        .collect();
+    stock::with_apart(tx, &mut unchanged).await?;
+    for total in unchanged
+        .into_iter()
+        .chain(moved.iter().map(|m| m.total.clone()))
+    {
+        totals.insert(total.sku.clone(), total);
+    }
     let mut records = Vec::with_capacity(command.counts.len());
-    for index in &creating {
-        let count = &command.counts[*index];
-        let level = created(rules::set_stock(None, count)?, &count.location);
-        records.push((*index, level, count.on_hand));
+    for (index, level) in creating {
+        let count = &command.counts[index];
+        records.push((index, created(level, &count.location), count.on_hand));
     }
     for ((index, delta, ..), moved) in changes.iter().zip(moved) {
         records.push((*index, moved, *delta));
@@ -650,7 +690,11 @@ async fn apply_transfer(
         to: to.level.clone(),
     };
     debug_assert_eq!(
-        transferred, decided,
+        Transferred {
+            total: transferred.total.summed(),
+            ..transferred.clone()
+        },
+        decided,
         "the stored levels are the decided ones"
     );
     outbox::append_sku_event(
@@ -717,6 +761,9 @@ impl<'a> StockChange<'a> {
         if !total.states.is_zero() {
             payload["states"] = json!(total.states.to_array());
         }
+        if total.apart != 0 {
+            payload["apart"] = json!(total.apart);
+        }
         Self {
             payload,
             movement: NewMovement::new(kind, moved, delta, 0)
@@ -771,7 +818,7 @@ async fn apply_adjustment(
     let states = at_after.states.minus(&at_or_default(at.as_ref()));
     let moved = move_on_hand(tx, sku, location, at.is_some(), command.delta.get(), states).await?;
     debug_assert_eq!(
-        (&moved.total, &moved.level),
+        (&moved.total.summed(), &moved.level),
         (&total_after, &at_after),
         "the stored levels are the decided ones"
     );

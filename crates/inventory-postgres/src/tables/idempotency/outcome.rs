@@ -295,6 +295,12 @@ pub(crate) fn states_of(stored: StoredStates) -> States {
     States::from_array(counts)
 }
 
+/// A total's `apart` as stored in an outcome: absent while 0 (one active location, or its
+/// safety stock met), and in outcomes stored before it was worked out.
+pub(crate) fn no_apart(apart: &i64) -> bool {
+    *apart == 0
+}
+
 /// A level as stored in an outcome.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct StoredLevel {
@@ -306,6 +312,8 @@ pub(crate) struct StoredLevel {
     version: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     states: StoredStates,
+    #[serde(default, skip_serializing_if = "no_apart")]
+    apart: i64,
 }
 
 impl StoredLevel {
@@ -317,6 +325,7 @@ impl StoredLevel {
             reserved: level.reserved,
             version: level.version,
             states: stored_states(&level.states),
+            apart: level.apart,
         }
     }
 
@@ -333,6 +342,7 @@ impl StoredLevel {
                 .transpose()
                 .map_err(Error::internal)?,
             states: states_of(self.states),
+            apart: self.apart,
         })
     }
 }
@@ -396,6 +406,8 @@ pub(crate) enum AdjustOutcome {
         version: i64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         states: StoredStates,
+        #[serde(default, skip_serializing_if = "no_apart")]
+        apart: i64,
     },
     UnknownSku,
     /// Fewer units in the state removed than the delta (absent before states existed).
@@ -422,6 +434,7 @@ impl AdjustOutcome {
                 reserved: level.reserved,
                 version: level.version,
                 states: stored_states(&level.states),
+                apart: level.apart,
             },
             Err(Error::UnknownSkus(_)) => Self::UnknownSku,
             Err(Error::InsufficientStock(shortfalls)) => Self::InsufficientStock {
@@ -454,8 +467,10 @@ impl AdjustOutcome {
                 reserved,
                 version,
                 states,
+                apart,
             } => Ok(StockLevel {
                 states: states_of(states),
+                apart,
                 ..StockLevel::total(sku, on_hand, reserved, version)
             }),
             Self::UnknownSku => Err(Error::UnknownSkus(vec![sku])),
@@ -495,6 +510,9 @@ pub(crate) enum BatchSetOutcome {
         /// Each level's states, in the same order; absent while all are 0.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         states: Option<Vec<StoredStates>>,
+        /// Each level's `apart`, in the same order; absent while all are 0.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        apart: Option<Vec<i64>>,
     },
     Refused {
         index: usize,
@@ -515,6 +533,10 @@ impl BatchSetOutcome {
                     .iter()
                     .any(|l| !l.states.is_zero())
                     .then(|| levels.iter().map(|l| stored_states(&l.states)).collect()),
+                apart: levels
+                    .iter()
+                    .any(|l| l.apart != 0)
+                    .then(|| levels.iter().map(|l| l.apart).collect()),
             },
             Err((index, error)) => Self::Refused {
                 index: *index,
@@ -525,14 +547,20 @@ impl BatchSetOutcome {
 
     pub(crate) fn into_result(self, command: &BatchSetStock) -> Result<Vec<StockLevel>, Error> {
         match self {
-            Self::Set { levels, states } => {
+            Self::Set {
+                levels,
+                states,
+                apart,
+            } => {
                 let mut states = states.unwrap_or_default().into_iter();
+                let mut apart = apart.unwrap_or_default().into_iter();
                 Ok(command
                     .counts
                     .iter()
                     .zip(levels)
                     .map(|(count, (on_hand, reserved, version))| StockLevel {
                         states: states_of(states.next().flatten()),
+                        apart: apart.next().unwrap_or_default(),
                         ..StockLevel::total(count.sku.clone(), on_hand, reserved, version)
                     })
                     .collect())
@@ -561,6 +589,8 @@ pub(crate) enum SetOutcome {
         version: i64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         states: StoredStates,
+        #[serde(default, skip_serializing_if = "no_apart")]
+        apart: i64,
     },
     BelowReserved {
         reserved: i64,
@@ -584,6 +614,7 @@ impl SetOutcome {
                 reserved: level.reserved,
                 version: level.version,
                 states: stored_states(&level.states),
+                apart: level.apart,
             },
             Err(Error::CountBelowReserved { reserved, .. }) => Self::BelowReserved {
                 reserved: *reserved,
@@ -609,8 +640,10 @@ impl SetOutcome {
                 reserved,
                 version,
                 states,
+                apart,
             } => Ok(StockLevel {
                 states: states_of(states),
+                apart,
                 ..StockLevel::total(sku, on_hand, reserved, version)
             }),
             Self::BelowReserved { reserved } => Err(Error::CountBelowReserved {

@@ -808,6 +808,36 @@ async fn the_stricter_rules_find_the_open_stock_state_defects() {
                 reserve(6, 4, false, false),
             ],
         ),
+        // Found by `make model` (seed 7793456382508727942) once totals were per location: a
+        // cancel of a cancelled receipt answered the total as summed, counting an inactive
+        // location's safety stock against the active one's units.
+        (
+            "",
+            vec![
+                count(1, 4),
+                expect(2, "po1", 4, 260),
+                Call::UpsertLocation {
+                    location: "south".into(),
+                    priority: 2,
+                    active: false,
+                },
+                Call::SetStockPolicy {
+                    key: key(4),
+                    sku: "MUG".into(),
+                    location: "south".into(),
+                    safety_stock: Some(2),
+                    backorder_limit: Some(1),
+                },
+                Call::CancelReceipt {
+                    key: key(5),
+                    receipt: "po1".into(),
+                },
+                Call::CancelReceipt {
+                    key: key(6),
+                    receipt: "po1".into(),
+                },
+            ],
+        ),
     ];
     let runner = Runner::new(Rules::default()).await;
     for (n, (rules, calls)) in findings.iter().enumerate() {

@@ -249,10 +249,10 @@ async fn change_receipt(
         .map_err(from_db)?;
     // A cancel of a cancelled receipt answers it as it is.
     if kind == MovementKind::ReceiptCancelled && receipt.state == ReceiptState::Cancelled {
-        return Ok(Ok(ReceiptChanged {
-            receipt,
-            level: total,
-        }));
+        let mut level = [total];
+        stock::with_apart(tx, &mut level).await?;
+        let [level] = level;
+        return Ok(Ok(ReceiptChanged { receipt, level }));
     }
     let (decided, after) = match decide(&total, at.as_ref(), &receipt) {
         Err(refusal) => return Ok(Err(refusal)),

@@ -4,7 +4,8 @@ use std::time::SystemTime;
 
 use inventory_core::{
     command::{
-        MovementList, ReceiptChanged, ReceiptList, ReservationList, StockLevels, Transferred,
+        MovementList, Promise, ReceiptChanged, ReceiptList, ReservationList, StockLevels,
+        Transferred,
     },
     domain::{
         Allocation, Location, Movement, MovementKind, Receipt, ReceiptState, Reservation,
@@ -55,7 +56,7 @@ impl Encode for StockLevels {
     type Message = proto::GetStockResponse;
 
     fn into_message(self) -> proto::GetStockResponse {
-        let with_promises = |levels: Vec<StockLevel>, promises: Vec<Vec<(SystemTime, i64)>>| {
+        let with_promises = |levels: Vec<StockLevel>, promises: Vec<Vec<Promise>>| {
             let mut promises = promises.into_iter();
             levels
                 .into_iter()
@@ -64,9 +65,10 @@ impl Encode for StockLevels {
                         .next()
                         .unwrap_or_default()
                         .into_iter()
-                        .map(|(at, quantity)| proto::AvailableToPromise {
-                            at: Some(timestamp(at)),
-                            quantity,
+                        .map(|step| proto::AvailableToPromise {
+                            at: Some(timestamp(step.at)),
+                            quantity: step.units,
+                            max_line_quantity: step.one_line,
                         })
                         .collect(),
                     ..level.into_message()

@@ -11,7 +11,8 @@ use inventory_server::proto::{
 use crate::{
     events::{take, watch},
     helpers::{
-        TestApp, confirm, confirm_part, december, error_reason, release, reserve, spawn_app, stock,
+        TestApp, confirm, confirm_part, december, error_reason, get_stock, release, reserve,
+        spawn_app, stock,
     },
 };
 
@@ -1105,4 +1106,57 @@ async fn a_receipt_arriving_while_reserves_race_promises_no_unit_twice() {
     assert!(level.backordered == 0 || level.available == 0, "{level:?}");
     let (clean, report) = app.verify().await;
     assert!(clean, "{report}");
+}
+
+/// Two receipts of 5 promise 10 units by the second's date, but a pre-order waits for one
+/// receipt, never two: GetStock says what one line gets by each date
+/// (`max_line_quantity`), and that is what one Reserve gets, not a unit more.
+#[tokio::test]
+async fn available_to_promise_says_what_one_line_gets_when_receipts_add_up() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    stock(&app, "PEN", 1).await;
+    expect(&app, "PO-A", "PEN", 5, 10).await;
+    expect(&app, "PO-B", "PEN", 5, 12).await;
+    let steps = async || -> Vec<(i64, i64, i64)> {
+        app.client
+            .clone()
+            .get_stock(get_stock(&["PEN"]))
+            .await
+            .unwrap()
+            .into_inner()
+            .levels[0]
+            .available_to_promise
+            .iter()
+            .map(|p| {
+                (
+                    p.at.as_ref().unwrap().seconds,
+                    p.quantity,
+                    p.max_line_quantity,
+                )
+            })
+            .collect()
+    };
+    let (tenth, twelfth) = (december(10).seconds, december(12).seconds);
+    assert_eq!(steps().await, [(tenth, 6, 6), (twelfth, 11, 6)]);
+    // Seven: the free unit and five of one receipt are not enough.
+    let refused = client
+        .reserve(preorder("seven", "PEN", 7))
+        .await
+        .unwrap_err();
+    assert_eq!(error_reason(&refused), "INSUFFICIENT_STOCK");
+    let six = client
+        .reserve(preorder("six", "PEN", 6))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&six), (1, 0, 5));
+    assert_eq!(steps().await, [(tenth, 0, 0), (twelfth, 5, 5)]);
+    let five = client
+        .reserve(preorder("five", "PEN", 5))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(units(&five), (0, 0, 5));
+    assert_eq!(five.lines[0].allocations[0].receipt_id, "PO-B");
 }

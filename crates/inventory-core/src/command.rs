@@ -482,8 +482,18 @@ pub struct StockLevels {
     /// Per total, then per location level (in the same orders): what may be promised by
     /// each date open receipts are expected on (see
     /// [`available_to_promise`](crate::rules::available_to_promise)).
-    pub promises: Vec<Vec<(SystemTime, i64)>>,
-    pub location_promises: Vec<Vec<(SystemTime, i64)>>,
+    pub promises: Vec<Vec<Promise>>,
+    pub location_promises: Vec<Vec<Promise>>,
+}
+
+/// One step of `available_to_promise`: from `at` on, `units` may be promised (over any
+/// number of orders), and one line of a Reserve may get `one_line` of them (a pre-order
+/// waits for one receipt, never several, so it may be fewer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Promise {
+    pub at: SystemTime,
+    pub units: i64,
+    pub one_line: i64,
 }
 
 impl GetStock {

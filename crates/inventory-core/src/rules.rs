@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime};
 use crate::{
     allocation::{Placement, SkuStock, Unplaced},
     command::{
-        AdjustStock, ExpectStock, MoveStockState, Reserve, SetStock, SetStockPolicy, Settle,
+        AdjustStock, ExpectStock, MoveStockState, Promise, Reserve, SetStock, SetStockPolicy,
+        Settle,
     },
     domain::{
         Allocation, FenceToken, Line, Location, LocationId, MAX_ON_HAND, Receipt, ReceiptState,
@@ -373,51 +374,103 @@ pub fn available_to_promise(level: &StockLevel, receipts: &[&Receipt]) -> Vec<(S
     steps
 }
 
-/// What may be promised of a SKU's total by date: the sum of what each active location
-/// promises by then (`locations`: each active location's level and the receipts it counts),
-/// at every date one of them steps on. Before its first step a location promises what it
-/// has free less what waits there with no open receipt behind it, never below 0. A total
-/// promises no unit an active location could not give: never a free unit of an inactive
-/// location, or one that another location's unmet safety stock would take back.
-pub fn total_promise(locations: &[(&StockLevel, Vec<&Receipt>)]) -> Vec<(SystemTime, i64)> {
-    let each: Vec<(i64, Vec<(SystemTime, i64)>)> = locations
+/// [`available_to_promise`] at one location (`level`, and the receipts it counts), with what
+/// one Reserve line may get by each step: what it may hold now, or more where a pre-order
+/// of the rest fits one open receipt due by then (and by `waits_until`, the end of demand
+/// made now) that has that many unpromised units, and the step at that receipt's date covers
+/// the whole line: exactly the rule [`SkuStock::place_waiting`](crate::allocation::SkuStock::place_waiting)
+/// pegs by, so a line of `one_line` units is taken by then.
+pub fn promises(
+    level: &StockLevel,
+    receipts: &[&Receipt],
+    waits_until: Option<SystemTime>,
+) -> Vec<Promise> {
+    let steps = available_to_promise(level, receipts);
+    let available = level.available();
+    steps
+        .iter()
+        .map(|&(at, units)| {
+            let pegged = receipts
+                .iter()
+                .filter(|r| {
+                    r.state == ReceiptState::Open
+                        && r.expected_at <= at
+                        && waits_until.is_none_or(|end| r.expected_at <= end)
+                })
+                .map(|r| (available + r.unpromised()).min(promised_by(&steps, r.expected_at)))
+                .max()
+                .unwrap_or(0);
+            Promise {
+                at,
+                units,
+                one_line: available.min(units).max(pegged),
+            }
+        })
+        .collect()
+}
+
+/// What may be promised of a SKU's total by date: per date one of its active locations
+/// (`locations`: each one's level and the receipts it counts) steps on, the sum of what each
+/// promises by then, and the most one line may get at any one of them (a line waits at one
+/// location). Before its first step a location promises what it has free less what waits
+/// there with no open receipt behind it, never below 0, and a line what it may hold now of
+/// that. A total promises no unit an active location could not give: never a free unit of an
+/// inactive location, or one that another location's unmet safety stock would take back.
+pub fn total_promise(
+    locations: &[(&StockLevel, Vec<&Receipt>)],
+    waits_until: Option<SystemTime>,
+) -> Vec<Promise> {
+    let each: Vec<(Promise, Vec<Promise>)> = locations
         .iter()
         .map(|(level, receipts)| {
             let at_risk: i64 = receipts.iter().map(|r| r.at_risk()).sum();
-            let now = (level.free() - level.states.backordered - at_risk).max(0);
-            (now, available_to_promise(level, receipts))
+            let units = (level.free() - level.states.backordered - at_risk).max(0);
+            let now = Promise {
+                at: SystemTime::UNIX_EPOCH,
+                units,
+                one_line: level.available().min(units),
+            };
+            (now, promises(level, receipts, waits_until))
         })
         .collect();
     let mut dates: Vec<SystemTime> = each
         .iter()
-        .flat_map(|(_, steps)| steps.iter().map(|(date, _)| *date))
+        .flat_map(|(_, steps)| steps.iter().map(|step| step.at))
         .collect();
     dates.sort();
     dates.dedup();
     dates
         .into_iter()
-        .map(|date| {
-            let units = each
+        .map(|at| {
+            let by_then: Vec<Promise> = each
                 .iter()
-                .map(|(now, steps)| match steps.first() {
-                    Some((first, _)) if *first <= date => promised_by(steps, date),
-                    _ => *now,
+                .map(|(now, steps)| {
+                    steps
+                        .iter()
+                        .rev()
+                        .find(|step| step.at <= at)
+                        .copied()
+                        .unwrap_or(*now)
                 })
-                .sum();
-            (date, units)
+                .collect();
+            Promise {
+                at,
+                units: by_then.iter().map(|p| p.units).sum(),
+                one_line: by_then.iter().map(|p| p.one_line).max().unwrap_or(0),
+            }
         })
         .collect()
 }
 
-/// `steps` (of [`available_to_promise`]) as a reader is told them at `now`: a step dated
-/// in the past (a late receipt's) is promised from now, merged with the others due by then.
-pub fn promised_from(steps: Vec<(SystemTime, i64)>, now: SystemTime) -> Vec<(SystemTime, i64)> {
-    let mut shown: Vec<(SystemTime, i64)> = Vec::with_capacity(steps.len());
-    for (date, units) in steps {
-        let date = date.max(now);
+/// `steps` as a reader is told them at `now`: a step dated in the past (a late receipt's)
+/// is promised from now, merged with the others due by then.
+pub fn promised_from(steps: Vec<Promise>, now: SystemTime) -> Vec<Promise> {
+    let mut shown: Vec<Promise> = Vec::with_capacity(steps.len());
+    for step in steps {
+        let at = step.at.max(now);
         match shown.last_mut() {
-            Some(last) if last.0 == date => last.1 = units,
-            _ => shown.push((date, units)),
+            Some(last) if last.at == at => *last = Promise { at, ..step },
+            _ => shown.push(Promise { at, ..step }),
         }
     }
     shown

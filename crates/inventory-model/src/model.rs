@@ -435,7 +435,7 @@ impl Model {
             levels.insert((sku.clone(), String::new()), self.total(sku, true));
             for location in self.stock[sku].keys() {
                 let mut level = self.level(sku, location);
-                level.promise = self.location_promise(sku, location);
+                level.promise = self.location_promise_lines(sku, location);
                 if !level.is_empty() {
                     levels.insert((sku.clone(), location.clone()), level);
                 }
@@ -581,10 +581,48 @@ impl Model {
         self.promise(sku, Some(location), self.cell(sku, location).free())
     }
 
+    /// A location's `available_to_promise` with what one line gets by each date: what it may
+    /// hold now, or more where the rest fits one open receipt due by then that has that many
+    /// units no pre-order took, and by whose date the location promises the whole line (the
+    /// rule `peg` takes a receipt by).
+    fn location_promise_lines(&self, sku: &str, location: &str) -> Vec<(i64, i64, i64)> {
+        let steps = self.location_promise(sku, location);
+        let available = self.cell(sku, location).free().max(0);
+        let promised = |day: i64| {
+            steps
+                .iter()
+                .rev()
+                .find(|(d, _)| *d <= day)
+                .map_or(0, |(_, q)| *q)
+        };
+        steps
+            .iter()
+            .map(|&(day, units)| {
+                let pegged = self
+                    .receipts
+                    .iter()
+                    .filter(|(_, r)| {
+                        r.sku == sku
+                            && r.location == location
+                            && r.state == RecState::Open
+                            && i64::from(r.day) <= day
+                    })
+                    .map(|(id, r)| {
+                        let unpromised = (r.remainder() - self.preordered_to(id)).max(0);
+                        (available + unpromised).min(promised(i64::from(r.day)))
+                    })
+                    .max()
+                    .unwrap_or(0);
+                (day, units, available.min(units).max(pegged))
+            })
+            .collect()
+    }
+
     /// The total's `available_to_promise` as the sum of each active location's own, on
-    /// every date an open receipt of an active location is due; before a location's first
-    /// date, it promises what it has free less what waits there for no open receipt.
-    fn promise_per_location(&self, sku: &str, locations: &[&String]) -> Vec<(i64, i64)> {
+    /// every date an open receipt of an active location is due (before a location's first
+    /// date, it promises what it has free less what waits there for no open receipt), and the
+    /// most one line gets at any one of them by then.
+    fn promise_per_location(&self, sku: &str, locations: &[&String]) -> Vec<(i64, i64, i64)> {
         let days: BTreeSet<u32> = self
             .receipts
             .values()
@@ -593,22 +631,31 @@ impl Model {
             .collect();
         days.into_iter()
             .map(|day| {
-                let sum = locations
+                let by_then: Vec<(i64, i64)> = locations
                     .iter()
                     .filter(|l| self.active(l))
                     .map(|l| {
-                        let steps = self.location_promise(sku, l);
+                        let steps = self.location_promise_lines(sku, l);
                         steps
                             .iter()
                             .rev()
-                            .find(|(d, _)| *d <= i64::from(day))
-                            .map_or(
-                                (self.cell(sku, l).free() - self.backorder_demand(sku, l)).max(0),
-                                |(_, q)| *q,
+                            .find(|(d, ..)| *d <= i64::from(day))
+                            .map_or_else(
+                                || {
+                                    let units = (self.cell(sku, l).free()
+                                        - self.backorder_demand(sku, l))
+                                    .max(0);
+                                    (units, self.cell(sku, l).free().max(0).min(units))
+                                },
+                                |(_, q, line)| (*q, *line),
                             )
                     })
-                    .sum();
-                (i64::from(day), sum)
+                    .collect();
+                (
+                    i64::from(day),
+                    by_then.iter().map(|(q, _)| q).sum(),
+                    by_then.iter().map(|(_, line)| *line).max().unwrap_or(0),
+                )
             })
             .collect()
     }

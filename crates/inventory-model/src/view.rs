@@ -109,8 +109,9 @@ pub struct Level {
     pub backorder_limit: i64,
     pub backordered: i64,
     pub preordered: i64,
-    /// `(day of January 2030, quantity)`: `available_to_promise`, in GetStock only.
-    pub promise: Vec<(i64, i64)>,
+    /// `(day of January 2030, quantity, max_line_quantity)`: `available_to_promise`, in
+    /// GetStock only.
+    pub promise: Vec<(i64, i64, i64)>,
 }
 
 impl Level {
@@ -216,7 +217,13 @@ pub fn from_level(ns: &Namespace, level: &proto::StockLevel) -> Level {
         promise: level
             .available_to_promise
             .iter()
-            .map(|step| (step.at.as_ref().map_or(0, day_of), step.quantity))
+            .map(|step| {
+                (
+                    step.at.as_ref().map_or(0, day_of),
+                    step.quantity,
+                    step.max_line_quantity,
+                )
+            })
             .collect(),
     }
 }

@@ -747,15 +747,63 @@ mod fill {
 fn promises_dated_in_the_past_are_shown_from_now_merged() {
     use std::time::{Duration, UNIX_EPOCH};
     let day = |n: u64| UNIX_EPOCH + Duration::from_secs(n * 86_400);
+    let step = |at, units| crate::command::Promise {
+        at,
+        units,
+        one_line: units - 1,
+    };
     let now = day(10);
-    let steps = vec![(day(3), 2), (day(7), 5), (day(10), 6), (day(12), 9)];
+    let steps = vec![
+        step(day(3), 2),
+        step(day(7), 5),
+        step(day(10), 6),
+        step(day(12), 9),
+    ];
     assert_eq!(
         crate::rules::promised_from(steps, now),
-        [(day(10), 6), (day(12), 9)]
+        [step(day(10), 6), step(day(12), 9)]
     );
     assert_eq!(
-        crate::rules::promised_from(vec![(day(11), 1)], now),
-        [(day(11), 1)]
+        crate::rules::promised_from(vec![step(day(11), 1)], now),
+        [step(day(11), 1)]
     );
     assert!(crate::rules::promised_from(Vec::new(), now).is_empty());
+}
+
+/// Two receipts of 5 promise 10 by the second's date, but one line gets at most 5 of them
+/// (a pre-order waits for one receipt) plus what it may hold now; past the end of demand
+/// made now, a receipt promises units but takes no line.
+#[test]
+fn one_line_gets_what_one_receipt_brings() {
+    use crate::domain::{LocationId, ReceiptId};
+    use std::time::{Duration, UNIX_EPOCH};
+    let day = |n: u64| UNIX_EPOCH + Duration::from_secs(n * 86_400);
+    let receipt = |id: &str, quantity: i64, due: u64| Receipt {
+        id: ReceiptId::parse(id).unwrap(),
+        sku: sku("A"),
+        location: LocationId::default_location(),
+        quantity,
+        received: 0,
+        preordered: 0,
+        expected_at: day(due),
+        state: ReceiptState::Open,
+        created_at: day(1),
+    };
+    let (first, second) = (receipt("PO-1", 5, 10), receipt("PO-2", 5, 20));
+    let level = StockLevel {
+        location: Some(LocationId::default_location()),
+        ..level(2, 0, 1)
+    };
+    let shown = |end: Option<u64>| -> Vec<(u64, i64, i64)> {
+        crate::rules::promises(&level, &[&first, &second], end.map(day))
+            .iter()
+            .map(|p| {
+                let days = p.at.duration_since(UNIX_EPOCH).unwrap().as_secs() / 86_400;
+                (days, p.units, p.one_line)
+            })
+            .collect()
+    };
+    assert_eq!(shown(None), [(10, 7, 7), (20, 12, 7)]);
+    assert_eq!(shown(Some(15)), [(10, 7, 7), (20, 12, 7)]);
+    assert_eq!(shown(Some(5)), [(10, 7, 2), (20, 12, 2)]);
 }

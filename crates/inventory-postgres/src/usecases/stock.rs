@@ -213,9 +213,12 @@ impl StockStore for PgStore {
                     .filter(|r| r.sku == level.sku && level.location.as_ref() == Some(&r.location))
                     .collect()
             };
+            // A line of a Reserve made now waits until the horizon at most: no receipt due
+            // after it takes one.
+            let waits_until = Some(now + self.wait_horizon);
             // Never a date in the past: a late receipt's units are promised from now.
             let promise = |level: &StockLevel| {
-                rules::promised_from(rules::available_to_promise(level, &counted(level)), now)
+                rules::promised_from(rules::promises(level, &counted(level), waits_until), now)
             };
             let total_promise = |total: &StockLevel| {
                 let here: Vec<(&StockLevel, Vec<&inventory_core::domain::Receipt>)> = by_location
@@ -223,7 +226,7 @@ impl StockStore for PgStore {
                     .filter(|l| l.sku == total.sku && active(l))
                     .map(|l| (l, counted(l)))
                     .collect();
-                rules::promised_from(rules::total_promise(&here), now)
+                rules::promised_from(rules::total_promise(&here, waits_until), now)
             };
             let promises = totals.iter().map(total_promise).collect();
             let location_promises = if query.by_location {

@@ -411,8 +411,9 @@ pub fn promises(
 
 /// What may be promised of a SKU's total by date: per date one of its active locations
 /// (`locations`: each one's level and the receipts it counts) steps on, the sum of what each
-/// promises by then, and the most one line may get at any one of them (a line waits at one
-/// location). Before its first step a location promises what it has free less what waits
+/// promises by then, and the most one line may get: at any one of them (a line waits at one
+/// location), or split over all of them from what they have available now (never above what
+/// the total promises by then). Before its first step a location promises what it has free less what waits
 /// there with no open receipt behind it, never below 0, and a line what it may hold now of
 /// that. A total promises no unit an active location could not give: never a free unit of an
 /// inactive location, or one that another location's unmet safety stock would take back.
@@ -453,10 +454,17 @@ pub fn total_promise(
                         .unwrap_or(*now)
                 })
                 .collect();
+            let units: i64 = by_then.iter().map(|p| p.units).sum();
+            let split: i64 = locations.iter().map(|(level, _)| level.available()).sum();
             Promise {
                 at,
-                units: by_then.iter().map(|p| p.units).sum(),
-                one_line: by_then.iter().map(|p| p.one_line).max().unwrap_or(0),
+                units,
+                one_line: by_then
+                    .iter()
+                    .map(|p| p.one_line)
+                    .max()
+                    .unwrap_or(0)
+                    .max(split.min(units)),
             }
         })
         .collect()

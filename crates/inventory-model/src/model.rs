@@ -621,7 +621,8 @@ impl Model {
     /// The total's `available_to_promise` as the sum of each active location's own, on
     /// every date an open receipt of an active location is due (before a location's first
     /// date, it promises what it has free less what waits there for no open receipt), and the
-    /// most one line gets at any one of them by then.
+    /// most one line gets by then: at any one of them, or split over all of them from what
+    /// they have available now.
     fn promise_per_location(&self, sku: &str, locations: &[&String]) -> Vec<(i64, i64, i64)> {
         let days: BTreeSet<u32> = self
             .receipts
@@ -651,10 +652,22 @@ impl Model {
                             )
                     })
                     .collect();
+                // A line split over the active locations takes what each has available now.
+                let units: i64 = by_then.iter().map(|(q, _)| q).sum();
+                let split: i64 = locations
+                    .iter()
+                    .filter(|l| self.active(l))
+                    .map(|l| self.cell(sku, l).free().max(0))
+                    .sum();
                 (
                     i64::from(day),
-                    by_then.iter().map(|(q, _)| q).sum(),
-                    by_then.iter().map(|(_, line)| *line).max().unwrap_or(0),
+                    units,
+                    by_then
+                        .iter()
+                        .map(|(_, line)| *line)
+                        .max()
+                        .unwrap_or(0)
+                        .max(split.min(units)),
                 )
             })
             .collect()

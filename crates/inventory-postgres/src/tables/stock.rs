@@ -75,9 +75,10 @@ pub(crate) const LOCK_FREE: &str = "
 /// keeps its locations out too) and, with a fence, while its own is below it. Answers the
 /// totals (no location) and then the location rows, as they are after. `$12`: this release,
 /// refused by the schema floor's gate (SQLSTATE IV001) if the schema moved on past it.
-/// Each total also answers the `apart` of its locations this statement did not move (see
-/// `StockLevel::apart`), and each location row whether its location is active, so that
-/// every movement's total can say what its active locations have available.
+/// With `$15`, each total also answers the `apart` of its locations this statement did not
+/// move (see `StockLevel::apart`), and each location row whether its location is active, so
+/// that every movement's total can say what its active locations have available (a Reserve,
+/// which worked that out on the rows it locked, asks for neither: NULL).
 pub(crate) const APPLY: &str = "
     WITH gate AS MATERIALIZED (SELECT inventory_writer_gate($12::integer) AS open), t AS (
         UPDATE stock s
@@ -123,21 +124,25 @@ pub(crate) const APPLY: &str = "
     )
     SELECT t.sku, NULL::text, t.on_hand, t.reserved, t.version, t.damaged, t.quality_control,
            t.safety_stock, t.backorder_limit, t.backordered, t.preordered, t.incoming,
-           (SELECT coalesce(sum(CASE WHEN o.active THEN least(x.free, 0) ELSE x.free END), 0)
-            FROM stock_locations r
-                JOIN locations o ON o.location_id = r.location_id,
-                LATERAL (SELECT r.on_hand - r.damaged - r.quality_control - r.reserved
-                                - r.safety_stock AS free) x
-            WHERE r.sku = t.sku
-              AND NOT EXISTS (SELECT FROM l WHERE l.sku = r.sku
-                                             AND l.location_id = r.location_id))::bigint,
+           CASE WHEN $15::boolean THEN (
+               SELECT coalesce(sum(CASE WHEN o.active THEN least(x.free, 0) ELSE x.free END), 0)
+               FROM stock_locations r
+                   JOIN locations o ON o.location_id = r.location_id,
+                   LATERAL (SELECT r.on_hand - r.damaged - r.quality_control - r.reserved
+                                   - r.safety_stock AS free) x
+               WHERE r.sku = t.sku
+                 AND NOT EXISTS (SELECT FROM l WHERE l.sku = r.sku
+                                                AND l.location_id = r.location_id))::bigint
+           END,
            NULL::boolean
     FROM t
     UNION ALL
     SELECT l.sku, l.location_id, l.on_hand, l.reserved, l.version, l.damaged,
            l.quality_control, l.safety_stock, l.backorder_limit, l.backordered, l.preordered,
-           l.incoming, NULL::bigint, o.active
-    FROM l JOIN locations o ON o.location_id = l.location_id";
+           l.incoming, NULL::bigint,
+           CASE WHEN $15::boolean THEN (SELECT o.active FROM locations o
+                                        WHERE o.location_id = l.location_id) END
+    FROM l";
 
 /// Each of the SKUs' `apart` over its location rows (see `StockLevel::apart`); a SKU with no
 /// rows is absent (0).
@@ -373,6 +378,27 @@ pub(crate) async fn apply(
     fences: &[(&Sku, FenceToken)],
     locked: bool,
 ) -> Result<Vec<Moved>, Error> {
+    apply_with(tx, moves, fences, locked, true).await
+}
+
+/// [`apply`], answering the totals as summed (`apart` 0, every location taken as active):
+/// for a Reserve, which decided the levels its placements leave on the rows it locked.
+pub(crate) async fn apply_summed(
+    tx: &Transaction<'_>,
+    moves: &[StockMove<'_>],
+    fences: &[(&Sku, FenceToken)],
+    locked: bool,
+) -> Result<Vec<Moved>, Error> {
+    apply_with(tx, moves, fences, locked, false).await
+}
+
+async fn apply_with(
+    tx: &Transaction<'_>,
+    moves: &[StockMove<'_>],
+    fences: &[(&Sku, FenceToken)],
+    locked: bool,
+    worked_out: bool,
+) -> Result<Vec<Moved>, Error> {
     if moves.is_empty() {
         return Ok(Vec::new());
     }
@@ -439,7 +465,7 @@ pub(crate) async fn apply(
         tx.query(&lock, &[&t_skus]).await
     };
     let release = crate::plumbing::migrate::RELEASE;
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 15] = [
         &t_skus,
         &t_on,
         &t_res,
@@ -454,6 +480,7 @@ pub(crate) async fn apply(
         &release,
         &t_states,
         &l_states,
+        &worked_out,
     ];
     let (_, answered) = plans::generic(tx, async {
         tokio::try_join!(biased; lock_first, tx.query(&apply, &params))
@@ -483,7 +510,8 @@ pub(crate) async fn apply(
             states: states_at(row, 5),
             ..total_at(sku_ref, row, 2)
         };
-        unmoved_apart.insert(sku_ref.as_str(), row.try_get(12).map_err(Error::internal)?);
+        let unmoved: Option<i64> = row.try_get(12).map_err(Error::internal)?;
+        unmoved_apart.insert(sku_ref.as_str(), unmoved.unwrap_or_default());
         running_totals.insert(
             sku_ref.as_str(),
             StockLevel {
@@ -499,7 +527,8 @@ pub(crate) async fn apply(
         HashMap::with_capacity(rows.len());
     for row in location_rows {
         let after = location_level(row)?;
-        let active: bool = row.try_get(13).map_err(Error::internal)?;
+        let active: Option<bool> = row.try_get(13).map_err(Error::internal)?;
+        let active = active.unwrap_or(true);
         let (sku_ref, location, on, res, _, states) = rows
             .iter()
             .find(|r| Some(r.1) == after.location.as_ref() && *r.0 == after.sku)
@@ -537,12 +566,16 @@ pub(crate) async fn apply(
         let (level, active) = (level.clone(), *active);
         // What the SKU's active locations have available after this movement: the rows not
         // moved as they are, the moved ones as this movement left them.
-        total.apart = unmoved_apart[m.sku.as_str()]
-            + running_at
-                .iter()
-                .filter(|((sku, _), _)| *sku == m.sku.as_str())
-                .map(|(_, (at, active))| at.share_apart(*active))
-                .sum::<i64>();
+        total.apart = if worked_out {
+            unmoved_apart[m.sku.as_str()]
+                + running_at
+                    .iter()
+                    .filter(|((sku, _), _)| *sku == m.sku.as_str())
+                    .map(|(_, (at, active))| at.share_apart(*active))
+                    .sum::<i64>()
+        } else {
+            0
+        };
         moved.push(Moved {
             level,
             total: total.clone(),

@@ -157,7 +157,7 @@ pub(crate) async fn write(
     // each hold's event before its movement and any availability event).
     let (applied, ..) = tokio::try_join!(
         biased;
-        stock::apply(tx, &moves, &fences, true),
+        stock::apply_summed(tx, &moves, &fences, true),
         async { reservations::insert_many(tx, &new).await.map_err(from_db) },
         async { outbox::append_reservation_events(tx, &events).await.map_err(from_db) },
         async { ledger::append(tx, &movements).await.map_err(from_db) },
@@ -165,7 +165,10 @@ pub(crate) async fn write(
         async { idempotency::unclaim_many(tx, unclaim).await.map_err(from_db) },
     )?;
     debug_assert!(
-        applied.iter().zip(&moved).all(|(a, (m, ..))| a == m),
+        applied
+            .iter()
+            .zip(&moved)
+            .all(|(a, (m, ..))| a.level == m.level && a.total == m.total.summed()),
         "the stored levels are the decided ones"
     );
     Ok(())

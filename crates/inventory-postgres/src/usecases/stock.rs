@@ -152,10 +152,11 @@ impl StockStore for PgStore {
         self.bounded(async {
             let client = self.pool.get().await.map_err(from_pool)?;
             let position = |sku: &Sku| query.skus().iter().position(|s| s == sku);
-            // One snapshot: the locations and the SKUs' rows at each, read in one
-            // statement each, sent together. A SKU's total is the sum of its rows (its
-            // version its newest row's, since every movement is one location's), and what it
-            // has available is the sum of what its active locations have.
+            // The locations and the SKUs' rows at each: two statements, sent together (a
+            // location made inactive between them is seen by one of them only; the next read
+            // sees it). A SKU's total is the sum of its rows (its version its newest row's,
+            // since every movement is one location's), and what it has available is the sum
+            // of what its active locations have. The rows are one statement: one snapshot.
             let (all, mut by_location) = tokio::try_join!(
                 locations::all(&client),
                 stock::read_locations_many(&client, query.skus()),

@@ -13,7 +13,8 @@
 //! | `operator` | every call, in the tenant its `inventory-tenant` header names (its own without one) | every caller's |
 //!
 //! Every caller also belongs to exactly one tenant (`tenant=` on its credentials line, the
-//! tenant claim of its JWT, `default` otherwise and without authentication), and every call
+//! tenant claim of its JWT; `default` without authentication, and without either while one
+//! tenant is served: serving several, a tenant is never implied), and every call
 //! works in that tenant's data only: another tenant's SKUs, reservations and events are not
 //! there for it at all. An `admin` is the admin of its own tenant. Only an `operator` (for
 //! support) acts in a tenant it chooses per call, and each of its calls is logged as such.
@@ -208,6 +209,9 @@ pub struct AuthSources {
     pub tokens_file: Option<PathBuf>,
     pub jwt: Option<JwtSettings>,
     pub defaults: CallerLimits,
+    /// More than one tenant is served: every caller names its tenant (`tenant=` on its
+    /// credentials line, the tenant claim of its JWT), and none is `default`'s by omission.
+    pub tenant_required: bool,
 }
 
 impl AuthSources {
@@ -240,9 +244,11 @@ impl AuthSources {
                 &String::from_utf8_lossy(contents.next().map_or(&[][..], Vec::as_slice)),
                 self.defaults,
                 self.jwt.is_some(),
+                self.tenant_required,
             )?,
             None => Authenticator::empty(self.defaults),
         };
+        authenticator.tenant_required = self.tenant_required;
         if let Some(settings) = &self.jwt {
             let text = String::from_utf8_lossy(contents.next().map_or(&[][..], Vec::as_slice));
             authenticator.jwt = Some(jwt::Verifier::parse(settings, &text)?);
@@ -267,6 +273,9 @@ pub struct Authenticator {
     named: HashMap<String, CallerLimits>,
     defaults: CallerLimits,
     jwt: Option<jwt::Verifier>,
+    /// Every caller names its tenant: a signed token of a subject no line maps needs the
+    /// tenant claim (see [`AuthSources::tenant_required`]).
+    tenant_required: bool,
 }
 
 impl fmt::Debug for Authenticator {
@@ -341,6 +350,7 @@ impl Authenticator {
             named: HashMap::new(),
             defaults,
             jwt: None,
+            tenant_required: false,
         }
     }
 
@@ -365,7 +375,7 @@ impl Authenticator {
 
     /// A credentials file's text, with no default limits and no JWT.
     pub fn parse(text: &str) -> Result<Self, Vec<String>> {
-        Self::parse_with(text, CallerLimits::default(), false)
+        Self::parse_with(text, CallerLimits::default(), false, false)
     }
 
     /// Reads a credentials file: one `<name> <role> <credential> [<limit>=<n> ...]` per line,
@@ -377,7 +387,12 @@ impl Authenticator {
     /// several lines gives its limits on one, or the same on each. Every problem is
     /// reported with its line number. `jwt`: signed tokens are accepted too, so a file
     /// that names no credential (only limits, or nothing) is fine.
-    fn parse_with(text: &str, defaults: CallerLimits, jwt: bool) -> Result<Self, Vec<String>> {
+    fn parse_with(
+        text: &str,
+        defaults: CallerLimits,
+        jwt: bool,
+        tenant_required: bool,
+    ) -> Result<Self, Vec<String>> {
         let mut authenticator = Self::empty(defaults);
         let mut problems = Vec::new();
         let mut limited: HashMap<String, (usize, CallerLimits)> = HashMap::new();
@@ -432,6 +447,12 @@ impl Authenticator {
                 .copied()
                 .partition(|option| option.starts_with("tenant="));
             let tenant = match tenant_options.as_slice() {
+                [] if tenant_required => {
+                    problems.push(problem(
+                        "names no tenant=, and this server serves several (TENANTS): a caller's tenant is never implied".into(),
+                    ));
+                    continue;
+                }
                 [] => Tenant::default_tenant(),
                 [option] => match Tenant::parse(&option["tenant=".len()..]) {
                     Ok(tenant) => tenant,
@@ -605,6 +626,18 @@ impl Authenticator {
                         }
                         return Ok(principal.clone());
                     }
+                    // Power over every tenant comes from the operator's own configuration
+                    // (a line naming the subject), never from a claim: whoever can shape a
+                    // token's claims at the issuer (a tenant's admin editing its mappings)
+                    // would otherwise make itself the admin of every tenant.
+                    let role = role.map_err(|problem| {
+                        Status::unauthenticated(format!("invalid token: {problem}"))
+                    })?;
+                    if role == Role::Operator {
+                        return Err(Status::permission_denied(format!(
+                            "a token's claims cannot make its caller an operator: name the subject on a line of role operator ({JWT_CALLERS}<subject>)"
+                        )));
+                    }
                     let caller = Caller::parse(&format!("{JWT_CALLERS}{subject}")).map_err(
                         |problem| {
                             Status::unauthenticated(format!(
@@ -612,10 +645,19 @@ impl Authenticator {
                             ))
                         },
                     )?;
+                    let tenant = match claimed {
+                        Some(tenant) => tenant,
+                        None if self.tenant_required => {
+                            return Err(Status::permission_denied(
+                                "the token names no tenant, and this server serves several: a caller's tenant is never implied",
+                            ));
+                        }
+                        None => Tenant::default_tenant(),
+                    };
                     Ok(Principal {
                         caller,
                         role,
-                        tenant: claimed.unwrap_or_else(Tenant::default_tenant),
+                        tenant,
                         limits: self.defaults,
                     })
                 }

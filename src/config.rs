@@ -495,7 +495,8 @@ pub struct AuthArgs {
     #[arg(long, env = "JWT_ROLE_CLAIM", default_value = "inventory_role")]
     pub jwt_role_claim: String,
 
-    /// The JWT claim that names the caller's tenant; a token without it is tenant `default`'s.
+    /// The JWT claim that names the caller's tenant; a token without it is tenant `default`'s
+    /// while one tenant is served, and refused while several are.
     #[arg(long, env = "JWT_TENANT_CLAIM", default_value = "inventory_tenant")]
     pub jwt_tenant_claim: String,
 
@@ -683,11 +684,12 @@ impl Settings {
         let database = args.database.settings(&mut problems);
         let redis = args.redis.settings(&mut problems);
         let server = args.server.settings(&mut problems);
-        let auth = args.auth.settings(&args.server, &mut problems);
+        let tenants = args.tenant.settings(&args.database.database, &mut problems);
+        let several = tenants.as_ref().is_some_and(|t| t.tenants.len() > 1);
+        let auth = args.auth.settings(&args.server, several, &mut problems);
         let inventory = args.inventory.settings(&args.redis.leases, &mut problems);
         let upkeep = args.upkeep.settings(&mut problems);
         let peer = args.peer.settings(&mut problems);
-        let tenants = args.tenant.settings(&args.database.database, &mut problems);
         if let Some(tenants) = &tenants
             && args.auth.auth_disabled
             && tenants.tenants != [inventory_core::domain::Tenant::default_tenant()]
@@ -982,7 +984,13 @@ impl AuthArgs {
     }
 
     /// `server`: where bearer tokens would arrive, to refuse taking them in the clear.
-    fn settings(&self, server: &ServerArgs, problems: &mut Vec<String>) -> Option<AuthSettings> {
+    /// `tenant_required`: more than one tenant is served, so every caller names its own.
+    fn settings(
+        &self,
+        server: &ServerArgs,
+        tenant_required: bool,
+        problems: &mut Vec<String>,
+    ) -> Option<AuthSettings> {
         let jwt = self.jwt(problems);
         let credentials = self.auth_tokens_file.is_some() || self.jwt_jwks_file.is_some();
         let defaults = self.defaults(problems);
@@ -990,6 +998,7 @@ impl AuthArgs {
             tokens_file: self.auth_tokens_file.clone(),
             jwt,
             defaults,
+            tenant_required,
         };
         let authenticator = match (credentials, self.auth_disabled) {
             (true, true) => {

@@ -29,7 +29,9 @@ pub struct JwtSettings {
     pub audience: String,
     /// The claim that names the caller (`sub` by default).
     pub caller_claim: String,
-    /// The claim that carries the role (`reader`, `reserver`, `watcher` or `admin`).
+    /// The claim that carries the role (`reader`, `reserver`, `watcher` or `admin`) of a
+    /// subject no credentials line maps. `operator` is refused there: only a line makes a
+    /// caller an operator.
     pub role_claim: String,
     /// The claim that names the caller's tenant; a token without it is tenant `default`'s.
     pub tenant_claim: String,
@@ -50,6 +52,10 @@ struct Key {
     algorithm: Algorithm,
     key: DecodingKey,
 }
+
+/// What a verified token says: the caller claim, the role claim (or why it names no role),
+/// the tenant claim.
+pub(super) type Verified = (String, Result<Role, String>, Option<Tenant>);
 
 /// A compact JWS: three base64url parts.
 pub(super) fn looks_like_jwt(token: &str) -> bool {
@@ -137,9 +143,10 @@ impl Verifier {
         }
     }
 
-    /// The caller's name and role, if `token` is signed by one of the keys and its claims
+    /// The caller's name, role (or why its role claim names none: only a subject no line
+    /// maps needs one) and tenant, if `token` is signed by one of the keys and its claims
     /// hold; otherwise why not (never the token itself).
-    pub(super) fn verify(&self, token: &str) -> Result<(String, Role, Option<Tenant>), String> {
+    pub(super) fn verify(&self, token: &str) -> Result<Verified, String> {
         let header =
             decode_header(token).map_err(|error| format!("unreadable header ({error})"))?;
         let candidates = self.keys.iter().filter(|key| {
@@ -170,7 +177,7 @@ impl Verifier {
     fn principal(
         &self,
         claims: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<(String, Role, Option<Tenant>), String> {
+    ) -> Result<Verified, String> {
         let text = |claim: &str| {
             claims
                 .get(claim)
@@ -178,13 +185,14 @@ impl Verifier {
                 .ok_or_else(|| format!("claim '{claim}' is missing or not a string"))
         };
         let caller = text(&self.settings.caller_claim)?;
-        let role = text(&self.settings.role_claim)?;
-        let role = Role::parse(role).ok_or_else(|| {
-            format!(
-                "claim '{}' must be reader, reserver, watcher, admin or operator",
-                self.settings.role_claim
-            )
-        })?;
+        let role = text(&self.settings.role_claim).and_then(|role| {
+            Role::parse(role).ok_or_else(|| {
+                format!(
+                    "claim '{}' must be reader, reserver, watcher or admin",
+                    self.settings.role_claim
+                )
+            })
+        });
         // Absent: the caller's tenant is its credentials line's, or `default`.
         let tenant =
             match claims.get(&self.settings.tenant_claim) {

@@ -139,6 +139,7 @@ fn jwt_names_are_kept_for_signed_callers_and_subjects_need_a_jwks() {
         "checkout reserver jwt:spiffe://shop.example/sa/checkout max_holds=3\n",
         CallerLimits::default(),
         true,
+        false,
     )
     .unwrap();
     let principal = &mapped.subjects["spiffe://shop.example/sa/checkout"];
@@ -260,4 +261,29 @@ fn the_same_caller_name_in_two_tenants_has_a_place_in_flight_in_each() {
     assert!(gate.admit(&caller("brand_a")).is_err());
     drop((first, other_tenant));
     assert!(gate.admit(&caller("brand_a")).is_ok());
+}
+
+/// Serving several tenants, a caller's tenant is never implied: a line without `tenant=` is
+/// refused at load, naming the line (and `tenant=default` is as good as any). Serving one,
+/// a line without it stays `default`'s, as before tenants.
+#[test]
+fn with_several_tenants_served_every_line_names_its_tenant() {
+    let text = format!(
+        "shop reserver token-sha256:{}\noutlet reserver token-sha256:{} tenant=outlet\nold reserver token-sha256:{} tenant=default\n",
+        digest_hex(b"shop"),
+        digest_hex(b"outlet"),
+        digest_hex(b"old"),
+    );
+    let problems =
+        Authenticator::parse_with(&text, CallerLimits::default(), false, true).unwrap_err();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("line 1") && problems[0].contains("tenant="),
+        "{problems:?}"
+    );
+    let one = Authenticator::parse_with(&text, CallerLimits::default(), false, false).unwrap();
+    assert_eq!(
+        one.tokens[&sha256(b"shop")].tenant,
+        Tenant::default_tenant()
+    );
 }

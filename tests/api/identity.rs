@@ -199,6 +199,7 @@ async fn signed_tokens_are_checked_for_key_issuer_audience_expiry_and_algorithm(
             leeway: Duration::from_secs(5),
         }),
         defaults: CallerLimits::default(),
+        tenant_required: false,
     };
     let mut settings = test_settings(fresh_database().await);
     settings.auth.authenticator = sources.load().unwrap();
@@ -303,6 +304,41 @@ async fn signed_tokens_are_checked_for_key_issuer_audience_expiry_and_algorithm(
             .await,
         1
     );
+
+    // Operator power (every tenant's data) comes from a line only, never from a claim: a
+    // token of an unmapped subject claiming `operator` is refused, with a tenant header too,
+    // and reads nothing. A mapped subject needs no role claim at all: its line's role holds.
+    let claims_operator = first.token(claims("tenant-admin", "operator", "inventory", hour));
+    for tenant in [None, Some("outlet")] {
+        let mut request = with_token(get_stock(&["SKU-1"]), Some(&claims_operator));
+        if let Some(tenant) = tenant {
+            request.metadata_mut().insert(
+                inventory_server::auth::TENANT_HEADER,
+                tenant.parse().unwrap(),
+            );
+        }
+        let status = client.get_stock(request).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::PermissionDenied,
+            "{tenant:?}: {status:?}"
+        );
+        assert!(status.message().contains("operator"), "{status:?}");
+    }
+    let mut roleless = claims(
+        "spiffe://shop.example/ns/orders/sa/checkout",
+        "",
+        "inventory",
+        hour,
+    );
+    roleless.as_object_mut().unwrap().remove("inventory_role");
+    client
+        .reserve(with_token(
+            reserve("k4", &[("SKU-1", 1)]),
+            Some(&first.token(roleless)),
+        ))
+        .await
+        .expect("a mapped subject's role is its line's, with no role claim");
 
     let refused = [
         (
@@ -625,4 +661,55 @@ async fn metrics_name_configured_callers_and_the_access_log_says_who_did_what() 
         "the unauthenticated call is _OTHER: {page}"
     );
     assert!(!page.contains("stolen"));
+}
+
+/// Serving several tenants, a signed token's tenant is never implied: a token without the
+/// tenant claim is refused (`PERMISSION_DENIED`) rather than taken for `default`'s, whose
+/// rows are every row written before tenants; one that names its tenant works in it.
+#[tokio::test]
+async fn with_several_tenants_a_token_without_its_tenant_claim_is_refused() {
+    let scratch = Scratch::new("jwks-tenants");
+    let jwks_file = scratch.0.join("jwks.json");
+    let signer = Signer::new("2026-12");
+    std::fs::write(&jwks_file, jwks(&[&signer])).unwrap();
+    let sources = AuthSources {
+        tokens_file: None,
+        jwt: Some(JwtSettings {
+            jwks_file,
+            issuer: "https://id.shop.example".into(),
+            audience: "inventory".into(),
+            caller_claim: "sub".into(),
+            role_claim: "inventory_role".into(),
+            tenant_claim: "inventory_tenant".into(),
+            leeway: Duration::from_secs(5),
+        }),
+        defaults: CallerLimits::default(),
+        tenant_required: true,
+    };
+    let database = fresh_database().await;
+    crate::tenants::migrate_tenants(&database, &["brand_a"]).await;
+    let mut settings = test_settings(database);
+    settings.auth.authenticator = sources.load().unwrap();
+    settings.auth.sources = Some(sources);
+    settings.tenants = inventory_server::tenants::TenantSettings::parse(
+        "default,brand_a",
+        inventory_server::tenants::TenantLimits::default(),
+    )
+    .unwrap();
+    let app = spawn_app_with(settings).await;
+    let channel = app.channel().await;
+    let hour = now() + 3600;
+
+    let unnamed = signer.token(claims("checkout", "reader", "inventory", hour));
+    assert_eq!(
+        read(channel.clone(), Some(&unnamed)).await,
+        Code::PermissionDenied
+    );
+    let mut named = claims("checkout", "reader", "inventory", hour);
+    named["inventory_tenant"] = "brand_a".into();
+    assert_eq!(
+        read(channel, Some(&signer.token(named))).await,
+        Code::NotFound,
+        "brand_a's reader reads brand_a's stock (no such SKU there)"
+    );
 }

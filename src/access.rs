@@ -7,8 +7,8 @@
 //! metrics with the label and hands one [`Entry`] to the [`AccessLog`], which formats and
 //! writes it on a thread of its own: a call never waits for a log line. When the writer falls
 //! behind, entries are dropped and counted (`inventory.access_log.dropped`), never queued
-//! without bound. Every write and every refused or failed call is logged; successful reads
-//! (and health checks) are sampled (`ACCESS_LOG_READ_SAMPLE`).
+//! without bound. Every write, every refused or failed call and every call of an operator is
+//! logged; other successful reads (and health checks) are sampled (`ACCESS_LOG_READ_SAMPLE`).
 
 use std::{
     io::Write as _,
@@ -261,7 +261,8 @@ impl AccessLog {
 
     /// Hands a finished call to the writer, if it is to be logged.
     pub fn record(&self, entry: Entry) {
-        let write = WRITES.contains(&entry.name) || entry.code != Code::Ok;
+        // An operator's calls cross tenants: every one is logged, its reads too.
+        let write = WRITES.contains(&entry.name) || entry.code != Code::Ok || entry.note.operator();
         if !write {
             if self.every == 0 {
                 return;
@@ -392,5 +393,33 @@ mod tests {
         log.record(entry("ListLocations", Code::Ok));
         drop(log);
         assert_eq!(received.iter().count(), 0);
+    }
+
+    /// An operator acts across tenants: each of its calls is logged, however reads are
+    /// sampled.
+    #[test]
+    fn every_call_of_an_operator_is_logged_its_reads_too() {
+        let (lines, received) = std::sync::mpsc::channel();
+        let log = AccessLog::start(&AccessLogSettings {
+            enabled: true,
+            read_sample: 0.0,
+            sink: Sink::Channel(lines),
+        })
+        .unwrap();
+        let by_operator = || {
+            let read = entry("GetStock", Code::Ok);
+            read.note.lock().operator = true;
+            read
+        };
+        log.record(by_operator());
+        log.record(entry("GetStock", Code::Ok));
+        log.record(by_operator());
+        drop(log);
+        let lines: Vec<serde_json::Value> = received
+            .iter()
+            .map(|line| serde_json::from_str(&line).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        assert!(lines.iter().all(|line| line["operator"] == true));
     }
 }

@@ -145,6 +145,12 @@ pub struct TenantArgs {
     /// Units one tenant's live holds may keep together, fleet-wide; unset: unlimited.
     #[arg(long, env = "TENANT_MAX_HELD_UNITS")]
     pub tenant_max_held_units: Option<u64>,
+
+    /// Event subscriptions of one tenant: rows of its schema, and series of every replica's
+    /// metrics, so never unbounded.
+    #[arg(long, env = "TENANT_MAX_SUBSCRIPTIONS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub tenant_max_subscriptions: u32,
 }
 
 impl TenantArgs {
@@ -171,6 +177,7 @@ impl TenantArgs {
                 max_holds: self.tenant_max_holds,
                 max_held_units: self.tenant_max_held_units,
             },
+            max_subscriptions: Some(self.tenant_max_subscriptions),
         };
         TenantSettings::parse(&database.tenants, limits)
             .map_err(|found| problems.extend(found))

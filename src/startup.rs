@@ -563,7 +563,8 @@ impl Core {
             let store = PgStore::new(pool, database.pool.operation_bound())
                 .for_tenant(tenant)
                 .with_pause_points(pauses.clone())
-                .with_wait_horizon(config.wait_horizon);
+                .with_wait_horizon(config.wait_horizon)
+                .with_max_subscriptions(tenants.limits.max_subscriptions);
             let mut config = config.clone();
             config.tenant_caps = Some((tenant.clone(), tenants.limits.caps));
             let leases = RedisLeases::new(redis.for_tenant(tenant), leases.clone());

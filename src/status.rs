@@ -228,6 +228,13 @@ fn status_of(error: Error) -> Status {
         Error::TooManyWatchers => {
             exhausted(ErrorReason::TooManyWatchers, message, HashMap::new(), None)
         }
+        // No RetryInfo: only deleting a subscription makes room.
+        Error::TooManySubscriptions { limit } => with_reason(
+            Code::ResourceExhausted,
+            ErrorReason::TooManySubscriptions,
+            message,
+            HashMap::from([("limit".to_owned(), limit.to_string())]),
+        ),
         Error::DeadlineExceeded => with_reason(
             Code::DeadlineExceeded,
             ErrorReason::DeadlineExceeded,

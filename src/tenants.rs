@@ -78,6 +78,8 @@ pub struct TenantLimits {
     pub max_in_flight: Option<u32>,
     /// Live holds and held units of all its callers, fleet-wide (`TENANT_QUOTA_EXCEEDED`).
     pub caps: HoldCaps,
+    /// Its event subscriptions (`TOO_MANY_SUBSCRIPTIONS`); `None`: unlimited.
+    pub max_subscriptions: Option<u32>,
 }
 
 /// One tenant's wired core and what its calls share.

@@ -77,3 +77,48 @@ fn reservations_are_kept_at_least_as_long_as_the_keys_that_replay_them() {
         "{stderr}"
     );
 }
+
+/// Serving several tenants, nothing makes a caller tenant `default`'s by omission: without
+/// authentication every call would be, so the server refuses to start; and a credentials line
+/// without `tenant=` stops it, naming the line.
+#[test]
+fn serving_several_tenants_no_caller_is_of_a_tenant_by_omission() {
+    let base = |command: &mut Command| {
+        command
+            .args(["serve"])
+            .env("DATABASE_URL", "postgres://localhost/db")
+            .env("REDIS_URL", "redis://localhost")
+            .env("TENANTS", "default,brand_a");
+    };
+    let mut disabled = server();
+    base(&mut disabled);
+    let output = disabled.env("AUTH_DISABLED", "true").output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("AUTH_DISABLED") && stderr.contains("TENANTS"),
+        "{stderr}"
+    );
+
+    let file = std::env::temp_dir().join(format!("tenantless-{}", std::process::id()));
+    std::fs::write(
+        &file,
+        format!(
+            "shop reserver token-sha256:{}\noutlet reserver token-sha256:{} tenant=brand_a\n",
+            "ab".repeat(32),
+            "cd".repeat(32)
+        ),
+    )
+    .unwrap();
+    let mut named = server();
+    base(&mut named);
+    let output = named.env("AUTH_TOKENS_FILE", &file).output().unwrap();
+    std::fs::remove_file(&file).unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("line 1") && stderr.contains("tenant="),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("line 2"), "{stderr}");
+}

@@ -580,3 +580,54 @@ async fn after_a_cut_a_subscription_is_refused_until_acknowledged_where_it_goes_
     let next = take_after_opening(&mut stream, head_then, 1).await;
     assert_eq!(next[0].sequence, head_then + 1);
 }
+
+/// A tenant's subscriptions are bounded (`TENANT_MAX_SUBSCRIPTIONS`): one more is
+/// `RESOURCE_EXHAUSTED` with the limit, even when several are created at once; one that exists
+/// is still answered at the limit, and deleting one makes room.
+#[tokio::test]
+async fn a_tenants_subscriptions_are_bounded() {
+    let mut settings = crate::helpers::test_settings(crate::helpers::fresh_database().await);
+    settings.tenants.limits.max_subscriptions = Some(2);
+    let app = crate::helpers::spawn_app_with(settings).await;
+    let attempts = join_all((0..5).map(|n| {
+        let mut client = app.client.clone();
+        async move {
+            client
+                .create_subscription(CreateSubscriptionRequest {
+                    name: format!("racer-{n}"),
+                    filter: Some(held_of("A")),
+                    from_oldest: false,
+                })
+                .await
+        }
+    }))
+    .await;
+    let made = attempts.iter().filter(|a| a.is_ok()).count();
+    assert_eq!(made, 2, "{attempts:?}");
+    for refused in attempts.iter().filter_map(|a| a.as_ref().err()) {
+        assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+        assert_eq!(error_reason(refused), "TOO_MANY_SUBSCRIPTIONS");
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM event_subscriptions").await,
+        2
+    );
+    let first = attempts
+        .iter()
+        .find_map(|a| a.as_ref().ok())
+        .unwrap()
+        .get_ref()
+        .clone();
+    // At the limit, one that exists is answered as it is.
+    let again = create(&app, &first.name, held_of("A"), false).await;
+    assert_eq!(again.name, first.name);
+    app.client
+        .clone()
+        .delete_subscription(DeleteSubscriptionRequest {
+            name: first.name.clone(),
+            allow_missing: false,
+        })
+        .await
+        .unwrap();
+    create(&app, "after-delete", held_of("A"), false).await;
+}

@@ -607,6 +607,7 @@ async fn a_tenants_callers_share_its_cap_on_holds_and_other_tenants_sell_on() {
             max_holds: Some(2),
             max_held_units: None,
         },
+        max_subscriptions: None,
     })
     .await;
     stock_in(&app, "CAP-1", 100, &[A_ADMIN, B_ADMIN]).await;
@@ -709,6 +710,7 @@ async fn a_tenants_callers_share_its_calls_in_flight_and_other_tenants_are_serve
     let app = spawn_tenants(TenantLimits {
         max_in_flight: Some(1),
         caps: Default::default(),
+        max_subscriptions: None,
     })
     .await;
     stock_in(&app, "FLY-1", 10, &[A_ADMIN, B_ADMIN]).await;

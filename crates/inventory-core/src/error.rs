@@ -205,6 +205,10 @@ pub enum Error {
     #[error("the server is at its limit of open event streams")]
     TooManyWatchers,
 
+    /// The tenant has as many subscriptions as it may (`TENANT_MAX_SUBSCRIPTIONS`).
+    #[error("the tenant has {limit} subscriptions, as many as it may: delete one first")]
+    TooManySubscriptions { limit: u32 },
+
     /// The caller's deadline passed (or cannot be met) before the call finished. A mutating
     /// call may still have taken effect: retry with the same idempotency key to find out.
     #[error("the deadline passed before the call finished")]
@@ -370,6 +374,7 @@ impl Error {
             | Self::TenantQuotaExceeded { .. }
             | Self::TenantNotServed { .. }
             | Self::TooManyWatchers
+            | Self::TooManySubscriptions { .. }
             | Self::DeadlineExceeded
             | Self::LeaseLost { .. }
             | Self::SchemaTooNew { .. }

@@ -68,6 +68,8 @@ pub struct PgStore {
     /// How long waiting demand may wait from when its reservation was made (see
     /// `expiry.rs`, `wait_on`); no pre-order is pegged to a receipt due later.
     pub(crate) wait_horizon: Duration,
+    /// Most subscriptions the tenant may have; `None`: unlimited.
+    pub(crate) max_subscriptions: Option<u32>,
 }
 
 impl PgStore {
@@ -88,7 +90,14 @@ impl PgStore {
             )]),
             order_locks: None,
             wait_horizon: inventory_core::domain::DEFAULT_WAIT_HORIZON,
+            max_subscriptions: None,
         }
+    }
+
+    /// The same store, with at most `limit` subscriptions (`None`: unlimited).
+    pub fn with_max_subscriptions(mut self, limit: Option<u32>) -> Self {
+        self.max_subscriptions = limit;
+        self
     }
 
     /// The same store, with waiting demand kept `horizon` from when its reservation was made.

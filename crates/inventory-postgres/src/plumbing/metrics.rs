@@ -183,6 +183,34 @@ pub(crate) fn reserve_committed(
         .record(started.elapsed().as_secs_f64(), &path);
 }
 
+/// How many subscriptions each tenant had as its sweeper last read them.
+static SUBSCRIPTION_COUNTS: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// `inventory_subscriptions` of `tenant` from now on.
+pub(crate) fn subscriptions_counted(tenant: &str, count: u64) {
+    static GAUGE: OnceLock<()> = OnceLock::new();
+    GAUGE.get_or_init(|| {
+        global::meter("inventory-postgres")
+            .u64_observable_gauge("inventory.subscriptions")
+            .with_description("Event subscriptions of the tenant, as the sweeper last read them")
+            .with_callback(|observer| {
+                let counts = SUBSCRIPTION_COUNTS.lock().expect("subscription counts");
+                for (tenant, count) in counts.iter() {
+                    observer.observe(
+                        *count,
+                        &[opentelemetry::KeyValue::new("tenant", tenant.clone())],
+                    );
+                }
+            })
+            .build();
+    });
+    SUBSCRIPTION_COUNTS
+        .lock()
+        .expect("subscription counts")
+        .insert(tenant.to_owned(), count);
+}
+
 /// One subscription as the sweeper last read it: name, lag, lost.
 pub(crate) type SubscriptionReading = (String, u64, bool);
 

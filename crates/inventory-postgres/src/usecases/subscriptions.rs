@@ -30,14 +30,23 @@ macro_rules! columns {
 
 /// Never below what retention removed by the time it is written (a prune that ran since the
 /// start was read).
+/// A new subscription, unless the tenant has `$5` already (NULL: no limit) or one of this
+/// name exists.
 const CREATE: &str = "
     INSERT INTO event_subscriptions (name, filter, acked_position, acked_epoch)
     SELECT $1, $2, greatest($3, s.pruned_through),
            CASE WHEN $3 >= s.pruned_through THEN $4
                 ELSE (SELECT epoch FROM stream_epochs WHERE starts_after < s.pruned_through
                       ORDER BY seq DESC LIMIT 1) END
-    FROM event_stream s WHERE s.id = 1
+    FROM event_stream s
+    WHERE s.id = 1
+      AND ($5::bigint IS NULL OR (SELECT count(*) FROM event_subscriptions) < $5::bigint)
     ON CONFLICT (name) DO NOTHING";
+
+/// One creator of the schema's subscriptions at a time, so the count `CREATE` checks is not
+/// passed by two at once (its own statement's snapshot is taken once the lock is held). The
+/// two-key form: its key space is apart from the order locks' single keys.
+const ONE_CREATOR: &str = "SELECT pg_advisory_xact_lock(hashtext(current_schema()), 20)";
 
 const GET: &str = concat!(
     "SELECT ",
@@ -220,10 +229,17 @@ impl PgStore {
     }
 }
 
+/// Most subscriptions of one tenant with series of their own: every subscription name would
+/// be a label value on every replica, so only the ones an alert is about are: lost ones
+/// first, then relays', then the most behind (`inventory_subscriptions` says how many there
+/// are).
+pub const SUBSCRIPTION_SERIES: usize = 20;
+
 impl PgStore {
-    /// `inventory_subscription_lag` and `_lost`, by tenant and subscription.
+    /// `inventory_subscription_lag` and `_lost` of the tenant's [`SUBSCRIPTION_SERIES`] worst
+    /// subscriptions, and `inventory_subscriptions`, how many it has.
     pub async fn refresh_subscription_gauges(&self) -> Result<(), Error> {
-        let readings = self
+        let mut readings: Vec<crate::plumbing::metrics::SubscriptionReading> = self
             .list_subscriptions()
             .await?
             .into_iter()
@@ -235,6 +251,14 @@ impl PgStore {
                 )
             })
             .collect();
+        let count = readings.len();
+        let relay = |name: &str| name.starts_with("relay.");
+        readings.sort_by(|a, b| (b.2, relay(&b.0), b.1, &a.0).cmp(&(a.2, relay(&a.0), a.1, &b.0)));
+        readings.truncate(SUBSCRIPTION_SERIES);
+        crate::plumbing::metrics::subscriptions_counted(
+            &self.tenant_attribute()[0].value.to_string(),
+            count as u64,
+        );
         let tenant = self.tenant_attribute()[0].value.to_string();
         crate::plumbing::metrics::subscriptions_read(&tenant, readings);
         Ok(())
@@ -249,28 +273,41 @@ impl SubscriptionStore for PgStore {
         start_epoch: Option<EpochId>,
     ) -> Result<Subscription, Error> {
         let filter = store_filter(&command.filter);
+        let limit = self.max_subscriptions;
         let found = self
             .bounded(async {
-                let client = self.pool().get().await.map_err(from_pool)?;
-                let statement = client.prepare_cached(CREATE).await.map_err(from_db)?;
-                client
-                    .execute(
-                        &statement,
-                        &[
-                            &command.name.as_str(),
-                            &filter,
-                            &start,
-                            &start_epoch.map(|e| e.0),
-                        ],
-                    )
+                let mut client = self.pool().get().await.map_err(from_pool)?;
+                let tx = client.transaction().await.map_err(from_db)?;
+                if limit.is_some() {
+                    tx.execute(ONE_CREATOR, &[]).await.map_err(from_db)?;
+                }
+                let statement = tx.prepare_cached(CREATE).await.map_err(from_db)?;
+                tx.execute(
+                    &statement,
+                    &[
+                        &command.name.as_str(),
+                        &filter,
+                        &start,
+                        &start_epoch.map(|e| e.0),
+                        &limit.map(i64::from),
+                    ],
+                )
+                .await
+                .map_err(from_db)?;
+                let statement = tx.prepare_cached(GET).await.map_err(from_db)?;
+                let row = tx
+                    .query_opt(&statement, &[&command.name.as_str()])
                     .await
                     .map_err(from_db)?;
-                let statement = client.prepare_cached(GET).await.map_err(from_db)?;
-                let row = client
-                    .query_one(&statement, &[&command.name.as_str()])
-                    .await
-                    .map_err(from_db)?;
-                subscription(&row)
+                tx.commit().await.map_err(from_db)?;
+                match row {
+                    Some(row) => subscription(&row),
+                    // Not made, and none of this name: the tenant has its most.
+                    None => match limit {
+                        Some(limit) => Err(Error::TooManySubscriptions { limit }),
+                        None => Err(Error::SubscriptionNotFound(command.name.clone())),
+                    },
+                }
             })
             .await?;
         if store_filter(&found.filter) != filter {

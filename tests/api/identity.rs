@@ -138,6 +138,19 @@ fn jwks(signers: &[&Signer]) -> String {
     serde_json::json!({ "keys": signers.iter().map(|s| &s.jwk).collect::<Vec<_>>() }).to_string()
 }
 
+/// How the tests' issuer signs: its `iss`, the `inventory` audience, the default claims.
+fn jwt_settings(jwks_file: std::path::PathBuf) -> JwtSettings {
+    JwtSettings {
+        jwks_file,
+        issuer: "https://id.shop.example".into(),
+        audience: "inventory".into(),
+        caller_claim: "sub".into(),
+        role_claim: "inventory_role".into(),
+        tenant_claim: "inventory_tenant".into(),
+        leeway: Duration::from_secs(5),
+    }
+}
+
 fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -189,15 +202,7 @@ async fn signed_tokens_are_checked_for_key_issuer_audience_expiry_and_algorithm(
     .unwrap();
     let sources = AuthSources {
         tokens_file: Some(tokens),
-        jwt: Some(JwtSettings {
-            jwks_file: jwks_file.clone(),
-            issuer: "https://id.shop.example".into(),
-            audience: "inventory".into(),
-            caller_claim: "sub".into(),
-            role_claim: "inventory_role".into(),
-            tenant_claim: "inventory_tenant".into(),
-            leeway: Duration::from_secs(5),
-        }),
+        jwt: Some(jwt_settings(jwks_file.clone())),
         defaults: CallerLimits::default(),
         tenant_required: false,
     };
@@ -674,15 +679,7 @@ async fn with_several_tenants_a_token_without_its_tenant_claim_is_refused() {
     std::fs::write(&jwks_file, jwks(&[&signer])).unwrap();
     let sources = AuthSources {
         tokens_file: None,
-        jwt: Some(JwtSettings {
-            jwks_file,
-            issuer: "https://id.shop.example".into(),
-            audience: "inventory".into(),
-            caller_claim: "sub".into(),
-            role_claim: "inventory_role".into(),
-            tenant_claim: "inventory_tenant".into(),
-            leeway: Duration::from_secs(5),
-        }),
+        jwt: Some(jwt_settings(jwks_file)),
         defaults: CallerLimits::default(),
         tenant_required: true,
     };

@@ -355,15 +355,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn writes_and_failures_are_always_logged_and_reads_are_sampled() {
+    /// A log writing to a channel, sampling `read_sample` of successful reads.
+    fn started(read_sample: f64) -> (AccessLog, std::sync::mpsc::Receiver<String>) {
         let (lines, received) = std::sync::mpsc::channel();
         let log = AccessLog::start(&AccessLogSettings {
             enabled: true,
-            read_sample: 0.25,
+            read_sample,
             sink: Sink::Channel(lines),
         })
         .unwrap();
+        (log, received)
+    }
+
+    #[test]
+    fn writes_and_failures_are_always_logged_and_reads_are_sampled() {
+        let (log, received) = started(0.25);
         for _ in 0..8 {
             log.record(entry("GetStock", Code::Ok));
         }
@@ -382,13 +388,7 @@ mod tests {
 
     #[test]
     fn a_read_sample_of_zero_logs_no_successful_read() {
-        let (lines, received) = std::sync::mpsc::channel();
-        let log = AccessLog::start(&AccessLogSettings {
-            enabled: true,
-            read_sample: 0.0,
-            sink: Sink::Channel(lines),
-        })
-        .unwrap();
+        let (log, received) = started(0.0);
         log.record(entry("GetStock", Code::Ok));
         log.record(entry("ListLocations", Code::Ok));
         drop(log);
@@ -399,13 +399,7 @@ mod tests {
     /// sampled.
     #[test]
     fn every_call_of_an_operator_is_logged_its_reads_too() {
-        let (lines, received) = std::sync::mpsc::channel();
-        let log = AccessLog::start(&AccessLogSettings {
-            enabled: true,
-            read_sample: 0.0,
-            sink: Sink::Channel(lines),
-        })
-        .unwrap();
+        let (log, received) = started(0.0);
         let by_operator = || {
             let read = entry("GetStock", Code::Ok);
             read.note.lock().operator = true;

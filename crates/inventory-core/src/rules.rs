@@ -440,6 +440,7 @@ pub fn total_promise(
         .collect();
     dates.sort();
     dates.dedup();
+    let split: i64 = locations.iter().map(|(level, _)| level.available()).sum();
     dates
         .into_iter()
         .map(|at| {
@@ -455,7 +456,6 @@ pub fn total_promise(
                 })
                 .collect();
             let units: i64 = by_then.iter().map(|p| p.units).sum();
-            let split: i64 = locations.iter().map(|(level, _)| level.available()).sum();
             Promise {
                 at,
                 units,

@@ -608,6 +608,17 @@ pub(crate) async fn with_apart(
     Ok(())
 }
 
+/// One total with its `apart` worked out as [`with_apart`] does.
+pub(crate) async fn worked_out(
+    client: &impl GenericClient,
+    total: StockLevel,
+) -> Result<StockLevel, Error> {
+    let mut total = [total];
+    with_apart(client, &mut total).await?;
+    let [total] = total;
+    Ok(total)
+}
+
 /// The location levels of whichever of `skus` exist, by SKU, then location.
 pub(crate) async fn read_locations_many(
     client: &impl GenericClient,

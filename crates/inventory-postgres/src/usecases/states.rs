@@ -249,9 +249,7 @@ async fn change_receipt(
         .map_err(from_db)?;
     // A cancel of a cancelled receipt answers it as it is.
     if kind == MovementKind::ReceiptCancelled && receipt.state == ReceiptState::Cancelled {
-        let mut level = [total];
-        stock::with_apart(tx, &mut level).await?;
-        let [level] = level;
+        let level = stock::worked_out(tx, total).await?;
         return Ok(Ok(ReceiptChanged { receipt, level }));
     }
     let (decided, after) = match decide(&total, at.as_ref(), &receipt) {
@@ -345,12 +343,7 @@ pub(crate) async fn change_states(
     let at = stock::read_at(tx, sku, location).await.map_err(from_db)?;
     let decided = match decide(&total, at.as_ref()) {
         Err(refusal) => return Ok(Err(refusal)),
-        Ok(None) => {
-            let mut total = [total];
-            stock::with_apart(tx, &mut total).await?;
-            let [total] = total;
-            return Ok(Ok(total));
-        }
+        Ok(None) => return Ok(Ok(stock::worked_out(tx, total).await?)),
         Ok(Some(decided)) => decided,
     };
     let moved = write_states(tx, sku, location, at.as_ref(), &decided, &record).await?;

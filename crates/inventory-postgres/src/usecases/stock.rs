@@ -444,11 +444,8 @@ async fn apply_count(
         Err(refusal) => return Ok(Err(refusal)),
         // The count confirms what is stored: no change, no version, no movement.
         Ok(None) => {
-            let mut total = [total];
-            stock::with_apart(tx, &mut total).await?;
-            let [total] = total;
             return Ok(Ok(Count {
-                total,
+                total: stock::worked_out(tx, total).await?,
                 delta: 0,
                 moved: None,
             }));
